@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+#include "buf.h"
+
+#include <stdio.h>
+
+void buf_free(buf_t *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->off = b->len = b->cap = 0;
+}
+
+int buf_reserve(buf_t *b, size_t extra, char **ret_space)
+{
+    size_t need;
+    if (!size_add_ok(b->len, extra, &need) || need > b->max)
+        return -ENOBUFS;
+    if (b->off + need <= b->cap) {
+        *ret_space = b->data + b->off + b->len;
+        return 0;
+    }
+    if (need <= b->cap && b->off > 0) {
+        memmove(b->data, b->data + b->off, b->len);
+        b->off = 0;
+        *ret_space = b->data + b->len;
+        return 0;
+    }
+    size_t ncap = b->cap ? b->cap : 256;
+    while (ncap < need) {
+        if (!size_mul_ok(ncap, 2, &ncap))
+            return -ENOBUFS;
+    }
+    if (ncap > b->max && need <= b->max)
+        ncap = b->max;
+    char *n = malloc(ncap);
+    if (!n)
+        return -ENOMEM;
+    if (b->len)
+        memcpy(n, b->data + b->off, b->len);
+    free(b->data);
+    b->data = n;
+    b->cap = ncap;
+    b->off = 0;
+    *ret_space = b->data + b->len;
+    return 0;
+}
+
+int buf_append(buf_t *b, const void *p, size_t n)
+{
+    char *space;
+    int r = buf_reserve(b, n, &space);
+    if (r < 0)
+        return r;
+    if (n)
+        memcpy(space, p, n);
+    b->len += n;
+    return 0;
+}
+
+int buf_printf(buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    char small[256];
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return -EINVAL;
+    if ((size_t)n < sizeof small)
+        return buf_append(b, small, (size_t)n);
+    char *space;
+    int r = buf_reserve(b, (size_t)n + 1, &space);
+    if (r < 0)
+        return r;
+    va_start(ap, fmt);
+    (void)vsnprintf(space, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+void buf_consume(buf_t *b, size_t n)
+{
+    if (n >= b->len) {
+        b->off = 0;
+        b->len = 0;
+        return;
+    }
+    b->off += n;
+    b->len -= n;
+}
+
+void buf_shrink_if_idle(buf_t *b, size_t keep)
+{
+    if (b->len == 0 && b->cap > keep)
+        buf_free(b);
+}

@@ -1,0 +1,737 @@
+/* SPDX-License-Identifier: MIT */
+#include "conn.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+
+#include "common/log.h"
+#include "server.h"
+
+#define CONN_IN_MAX (HTTP_MAX_HEAD + 256 * 1024)
+#define CONN_READ_CHUNK (256 * 1024)
+
+static void conn_on_event(loop_t *l, watcher_t *w, uint32_t ev);
+static void conn_on_deadline(loop_t *l, timer_t_ *t);
+static void conn_process_input(conn_t *c);
+static void conn_update_interest(conn_t *c);
+
+static void conn_destroy(void *p)
+{
+    conn_t *c = p;
+    server_t *s = c->srv;
+    if (c->ops && c->ops->on_close) {
+        const handler_ops_t *ops = c->ops;
+        c->ops = NULL;
+        ops->on_close(c, true);
+    }
+    timer_disarm(s->loop, &c->deadline);
+    loop_unwatch(s->loop, &c->w);
+    safe_close(c->fd);
+    safe_close(c->file_fd);
+    buf_free(&c->in);
+    buf_free(&c->out);
+    buf_free(&c->body);
+    free(c->head_copy);
+    free(c);
+}
+
+static void conn_unlink(conn_t *c)
+{
+    server_t *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (s->conns == c)
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+    s->n_conns--;
+}
+
+void conn_abort(conn_t *c)
+{
+    if (c->dead)
+        return;
+    c->dead = true;
+    c->state = CS_CLOSING;
+    loop_unwatch(c->srv->loop, &c->w);
+    timer_disarm(c->srv->loop, &c->deadline);
+    conn_unlink(c);
+    if (loop_defer(c->srv->loop, conn_destroy, c) < 0)
+        conn_destroy(c);
+}
+
+void conn_free_all(server_t *srv)
+{
+    while (srv->conns)
+        conn_abort(srv->conns);
+}
+
+int conn_accept(server_t *srv, int fd)
+{
+    conn_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        safe_close(fd);
+        return -ENOMEM;
+    }
+    c->srv = srv;
+    c->fd = fd;
+    c->file_fd = -EBADF;
+    c->state = CS_HEAD;
+    buf_init(&c->in, CONN_IN_MAX);
+    buf_init(&c->out, CONN_OUT_MAX);
+    buf_init(&c->body, 0);
+    watcher_init(&c->w, fd, conn_on_event, c);
+    timer_init(&c->deadline, conn_on_deadline, c);
+    c->last_progress_ms = loop_now_ms(srv->loop);
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    srv->n_conns++;
+    int r = loop_watch(srv->loop, &c->w, EPOLLIN | EPOLLRDHUP);
+    if (r < 0) {
+        conn_abort(c);
+        return r;
+    }
+    conn_update_interest(c);
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------------ */
+
+size_t conn_out_pending(const conn_t *c) { return c->out.len + (size_t)c->file_left; }
+
+static void conn_finish_response(void *p);
+
+static void conn_maybe_finish(conn_t *c)
+{
+    if (c->resp_done && c->out.len == 0 && c->file_left == 0 && c->state == CS_REQUEST) {
+        c->state = CS_FINISHING; /* conn_finish_response decides what comes next */
+        if (loop_defer(c->srv->loop, conn_finish_response, c) < 0)
+            conn_abort(c);
+    }
+}
+
+static int conn_write_some(conn_t *c)
+{
+    while (c->out.len > 0) {
+        ssize_t n = send(c->fd, buf_head(&c->out), c->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN)
+                return 0;
+            return negative_errno();
+        }
+        buf_consume(&c->out, (size_t)n);
+        c->last_progress_ms = loop_now_ms(c->srv->loop);
+    }
+    while (c->file_left > 0) {
+        off_t off = (off_t)c->file_off;
+        size_t want = (size_t)MIN(c->file_left, (uint64_t)1 << 30);
+        ssize_t n = sendfile(c->fd, c->file_fd, &off, want);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN)
+                return 0;
+            return negative_errno();
+        }
+        if (n == 0)
+            return -EIO; /* the file shrank: fail the connection rather than send short */
+        c->file_off += (uint64_t)n;
+        c->file_left -= (uint64_t)n;
+        c->last_progress_ms = loop_now_ms(c->srv->loop);
+    }
+    if (c->file_fd >= 0 && c->file_left == 0)
+        c->file_fd = safe_close(c->file_fd);
+    return 0;
+}
+
+void conn_flush(conn_t *c)
+{
+    if (c->dead || c->state == CS_HIJACKED)
+        return;
+    if (conn_write_some(c) < 0) {
+        conn_abort(c);
+        return;
+    }
+    buf_shrink_if_idle(&c->out, 64 * 1024);
+    conn_update_interest(c);
+    conn_maybe_finish(c);
+}
+
+static int conn_append_head(conn_t *c, int status, const char *ctype, int64_t clen,
+                            const char *extra)
+{
+    int r = buf_printf(&c->out, "HTTP/1.1 %d %s\r\n", status, http_reason(status));
+    if (r >= 0 && ctype)
+        r = buf_printf(&c->out, "Content-Type: %s\r\n", ctype);
+    if (r >= 0 && clen >= 0)
+        r = buf_printf(&c->out, "Content-Length: %lld\r\n", (long long)clen);
+    if (r >= 0 && clen < 0 && c->resp_chunked)
+        r = buf_printf(&c->out, "Transfer-Encoding: chunked\r\n");
+    if (r >= 0 && !c->keep_alive)
+        r = buf_printf(&c->out, "Connection: close\r\n");
+    else if (r >= 0 && c->req.minor == 0)
+        r = buf_printf(&c->out, "Connection: keep-alive\r\n");
+    if (r >= 0 && extra)
+        r = buf_printf(&c->out, "%s", extra);
+    if (r >= 0)
+        r = buf_append(&c->out, "\r\n", 2);
+    return r;
+}
+
+static int conn_start(conn_t *c, int status)
+{
+    if (c->resp_started || c->dead)
+        return -EALREADY;
+    c->resp_started = true;
+    c->status = status;
+    /* A body we will not read in full cannot be drained without bound: close after. */
+    if (c->body_left > CONN_DRAIN_MAX && !c->collecting && !c->ops)
+        c->keep_alive = false;
+    return 0;
+}
+
+int conn_respond(conn_t *c, int status, const char *ctype, const void *body, size_t len,
+                 const char *extra)
+{
+    int r = conn_start(c, status);
+    if (r < 0)
+        return r;
+    if (c->body_left > CONN_DRAIN_MAX)
+        c->keep_alive = false;
+    r = conn_append_head(c, status, ctype, (int64_t)len, extra);
+    if (r >= 0 && len && !(c->req.method.len == 4 && memcmp(c->req.method.p, "HEAD", 4) == 0))
+        r = buf_append(&c->out, body, len);
+    if (r < 0) {
+        conn_abort(c);
+        return r;
+    }
+    c->resp_done = true;
+    conn_flush(c);
+    return 0;
+}
+
+int conn_respond_json(conn_t *c, int status, json_t *j)
+{
+    if (!j) {
+        conn_abort(c);
+        return -ENOMEM;
+    }
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) {
+        conn_abort(c);
+        return -ENOMEM;
+    }
+    int r = conn_respond(c, status, "application/json", s, strlen(s), NULL);
+    free(s);
+    return r;
+}
+
+int conn_respond_error(conn_t *c, int status, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (c->resp_started) {
+        conn_abort(c);
+        return -EALREADY;
+    }
+    return conn_respond_json(c, status, json_pack("{s:s}", "error", msg));
+}
+
+int conn_respond_errno(conn_t *c, int err, const char *what)
+{
+    int status;
+    const char *msg;
+    switch (err) {
+    case -ENOENT: status = 404; msg = "not found"; break;
+    case -EISDIR: status = 409; msg = "is a directory"; break;
+    case -ENOTDIR: status = 409; msg = "not a directory"; break;
+    case -EEXIST: status = 409; msg = "already exists"; break;
+    case -ENOTEMPTY: status = 409; msg = "directory not empty"; break;
+    case -ELOOP: status = 400; msg = "a path component is a symlink, which this API does not follow"; break;
+    case -EACCES:
+    case -EPERM: status = 403; msg = "permission denied"; break;
+    case -ENAMETOOLONG: status = 400; msg = "path too long"; break;
+    case -EINVAL: status = 400; msg = "invalid argument"; break;
+    case -EFBIG:
+    case -E2BIG: status = 413; msg = "too large"; break;
+    case -ENOSPC:
+    case -EDQUOT: status = 507; msg = "no space left"; break;
+    case -ENOMEM: status = 503; msg = "out of memory"; break;
+    case -EMFILE:
+    case -ENFILE: status = 503; msg = "too many open files"; break;
+    default: status = 500; msg = strerror(-err); break;
+    }
+    if (status == 507)
+        status = 500;
+    return conn_respond_error(c, status, "%s: %s", what, msg);
+}
+
+int conn_respond_file(conn_t *c, int fd, uint64_t off, uint64_t len)
+{
+    int r = conn_start(c, 200);
+    if (r < 0) {
+        safe_close(fd);
+        return r;
+    }
+    r = conn_append_head(c, 200, "application/octet-stream", (int64_t)len, NULL);
+    if (r < 0) {
+        safe_close(fd);
+        conn_abort(c);
+        return r;
+    }
+    c->file_fd = fd;
+    c->file_off = off;
+    c->file_left = len;
+    c->resp_done = true;
+    conn_flush(c);
+    return 0;
+}
+
+int conn_stream_begin(conn_t *c, int status, const char *ctype, const char *extra)
+{
+    int r = conn_start(c, status);
+    if (r < 0)
+        return r;
+    c->resp_chunked = c->req.minor >= 1;
+    if (!c->resp_chunked)
+        c->keep_alive = false; /* HTTP/1.0: the stream ends when the connection closes */
+    r = conn_append_head(c, status, ctype, -1, extra);
+    if (r < 0) {
+        conn_abort(c);
+        return r;
+    }
+    return 0;
+}
+
+int conn_stream_chunk_fill(conn_t *c, size_t max, size_t (*fill)(void *ctx, char *dst), void *ctx)
+{
+    char *space;
+    if (c->dead)
+        return -EPIPE;
+    int r = buf_reserve(&c->out, max + 12, &space);
+    if (r < 0)
+        return r;
+    size_t hdr = c->resp_chunked ? 10 : 0;
+    size_t n = fill(ctx, space + hdr);
+    if (n == 0)
+        return 0;
+    if (c->resp_chunked) {
+        static const char hex[] = "0123456789abcdef";
+        for (int k = 7; k >= 0; k--)
+            space[7 - k] = hex[(n >> (k * 4)) & 15];
+        space[8] = '\r';
+        space[9] = '\n';
+        memcpy(space + hdr + n, "\r\n", 2);
+        c->out.len += hdr + n + 2;
+    } else {
+        c->out.len += n;
+    }
+    return 0;
+}
+
+struct copy_ctx {
+    const void *p;
+    size_t n;
+};
+static size_t copy_fill(void *ctx, char *dst)
+{
+    struct copy_ctx *cc = ctx;
+    memcpy(dst, cc->p, cc->n);
+    return cc->n;
+}
+
+int conn_stream_chunk(conn_t *c, const void *p, size_t n)
+{
+    struct copy_ctx cc = { p, n };
+    return conn_stream_chunk_fill(c, n, copy_fill, &cc);
+}
+
+int conn_stream_end(conn_t *c)
+{
+    if (c->dead)
+        return -EPIPE;
+    if (c->resp_chunked) {
+        int r = buf_append(&c->out, "0\r\n\r\n", 5);
+        if (r < 0) {
+            conn_abort(c);
+            return r;
+        }
+    }
+    c->resp_done = true;
+    conn_flush(c);
+    return 0;
+}
+
+/* ---- request plumbing -------------------------------------------------------------------- */
+
+void conn_set_handler(conn_t *c, const handler_ops_t *ops, void *data)
+{
+    c->ops = ops;
+    c->hdata = data;
+}
+
+uint64_t conn_body_left(const conn_t *c) { return c->body_left; }
+
+void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c))
+{
+    if (c->body_left > max) {
+        c->keep_alive = false;
+        conn_respond_error(c, 413, "request body too large (max %zu bytes)", max);
+        return;
+    }
+    buf_init(&c->body, max);
+    c->collecting = true;
+    c->collect_done = done;
+    conn_process_input(c);
+}
+
+void conn_stream_body(conn_t *c) { conn_process_input(c); }
+
+void conn_resume_body(conn_t *c)
+{
+    if (!c->body_paused)
+        return;
+    c->body_paused = false;
+    conn_process_input(c);
+}
+
+int conn_hijack(conn_t *c, int *ret_fd, buf_t *ret_pending)
+{
+    if (c->dead || c->resp_started)
+        return -EALREADY;
+    *ret_pending = c->in;
+    buf_init(&c->in, CONN_IN_MAX);
+    *ret_fd = c->fd;
+    loop_unwatch(c->srv->loop, &c->w);
+    c->fd = -EBADF;
+    c->state = CS_HIJACKED;
+    c->ops = NULL;
+    conn_abort(c);
+    return 0;
+}
+
+/* Deliver body bytes sitting in `in` to the collector or the handler. Returns false if the
+ * connection went away or reading must pause. */
+static bool conn_deliver_body(conn_t *c)
+{
+    while (c->in.len > 0 && c->body_left > 0 && !c->body_paused && !c->dead) {
+        size_t n = (size_t)MIN((uint64_t)c->in.len, c->body_left);
+        if (c->collecting) {
+            if (buf_append(&c->body, buf_head(&c->in), n) < 0) {
+                c->keep_alive = false;
+                conn_respond_error(c, 413, "request body too large");
+                return false;
+            }
+        } else if (c->ops && c->ops->on_body) {
+            int taken = c->ops->on_body(c, buf_head(&c->in), n);
+            if (taken < 0) {
+                c->keep_alive = false;
+                conn_respond_error(c, -taken, "request body refused");
+                return false;
+            }
+            n = (size_t)taken;
+            if (n == 0) {
+                c->body_paused = true;
+                return false;
+            }
+        } else {
+            return false; /* nobody wants the body now; drain after the response */
+        }
+        buf_consume(&c->in, n);
+        c->body_left -= n;
+    }
+    if (c->body_left == 0 && !c->dead) {
+        if (c->collecting) {
+            c->collecting = false;
+            void (*done)(conn_t *) = c->collect_done;
+            c->collect_done = NULL;
+            done(c);
+        } else if (c->ops && c->ops->on_body_end && c->ops->on_body) {
+            const handler_ops_t *ops = c->ops;
+            ops->on_body_end(c);
+        }
+        return false;
+    }
+    return !c->dead;
+}
+
+static bool conn_wants_body(const conn_t *c)
+{
+    return c->state == CS_REQUEST && c->body_left > 0 && !c->body_paused &&
+           (c->collecting || (c->ops && c->ops->on_body));
+}
+
+static void conn_begin_request(conn_t *c, int head_len)
+{
+    free(c->head_copy);
+    c->head_copy = malloc((size_t)head_len);
+    if (!c->head_copy) {
+        conn_abort(c);
+        return;
+    }
+    memcpy(c->head_copy, buf_head(&c->in), (size_t)head_len);
+    buf_consume(&c->in, (size_t)head_len);
+    (void)http_parse_request(c->head_copy, (size_t)head_len, &c->req);
+    c->state = CS_REQUEST;
+    c->keep_alive = c->req.keep_alive;
+    c->body_left = c->req.content_length;
+    c->resp_started = c->resp_done = c->resp_chunked = false;
+    c->body_paused = c->collecting = false;
+    c->ops = NULL;
+    c->hdata = NULL;
+    c->last_progress_ms = loop_now_ms(c->srv->loop);
+    router_dispatch(c);
+}
+
+static void conn_fail_head(conn_t *c, int status)
+{
+    static const char *const msgs[] = { [0] = "malformed request", [1] = "request head too large",
+                                        [2] = "HTTP version not supported" };
+    const char *m = status == 431 ? msgs[1] : status == 505 ? msgs[2] : msgs[0];
+    c->state = CS_REQUEST;
+    c->keep_alive = false;
+    c->req.minor = 1;
+    conn_respond_error(c, status, "%s", m);
+}
+
+/* Read what the socket has, within the buffer cap. Returns bytes read, 0 on EOF, -EAGAIN. */
+static ssize_t conn_read(conn_t *c, size_t max)
+{
+    char *space;
+    size_t want = MIN((size_t)CONN_READ_CHUNK, max);
+    if (want == 0)
+        return -ENOBUFS;
+    if (buf_reserve(&c->in, want, &space) < 0) {
+        want = c->in.max - c->in.len;
+        if (want == 0 || buf_reserve(&c->in, want, &space) < 0)
+            return -ENOBUFS;
+    }
+    for (;;) {
+        ssize_t n = recv(c->fd, space, want, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno == EAGAIN ? -EAGAIN : negative_errno();
+        c->in.len += (size_t)n;
+        if (n > 0)
+            c->last_progress_ms = loop_now_ms(c->srv->loop);
+        return n;
+    }
+}
+
+static void conn_process_input(conn_t *c)
+{
+    for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
+        if (c->state == CS_HEAD && c->in.len > 0) {
+            if (c->head_started_ms == 0)
+                c->head_started_ms = loop_now_ms(c->srv->loop);
+            int r = http_parse_request(buf_head(&c->in), c->in.len, &c->req);
+            if (r < 0) {
+                conn_fail_head(c, -r);
+                return;
+            }
+            if (r > 0) {
+                c->head_started_ms = 0;
+                conn_begin_request(c, r);
+                continue;
+            }
+        } else if (c->state == CS_REQUEST && c->in.len > 0 && c->body_left > 0) {
+            if (!conn_deliver_body(c))
+                break;
+            continue;
+        } else if (c->state == CS_DRAIN && c->in.len > 0 && c->body_left > 0) {
+            size_t n = (size_t)MIN((uint64_t)c->in.len, c->body_left);
+            buf_consume(&c->in, n);
+            c->body_left -= n;
+            if (c->body_left == 0) {
+                c->state = CS_HEAD;
+                continue;
+            }
+        }
+        bool want = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
+        if (!want)
+            break;
+        size_t room = c->state == CS_HEAD ? HTTP_MAX_HEAD + 1 - MIN(c->in.len, HTTP_MAX_HEAD)
+                                          : CONN_READ_CHUNK;
+        if (c->state != CS_HEAD && c->in.len >= CONN_READ_CHUNK)
+            break;
+        ssize_t n = conn_read(c, room);
+        if (n == -EAGAIN)
+            break;
+        if (n == 0 || n < 0) {
+            if (c->state == CS_REQUEST && c->body_left > 0 && !c->resp_started) {
+                /* client gave up mid-body: nothing to answer */
+            }
+            conn_abort(c);
+            return;
+        }
+    }
+    if (!c->dead)
+        conn_update_interest(c);
+}
+
+static void conn_finish_response(void *p)
+{
+    conn_t *c = p;
+    if (c->dead)
+        return;
+    if (c->ops && c->ops->on_close) {
+        const handler_ops_t *ops = c->ops;
+        c->ops = NULL;
+        ops->on_close(c, false);
+    }
+    c->ops = NULL;
+    c->hdata = NULL;
+    buf_free(&c->body);
+    c->collecting = false;
+    c->resp_started = c->resp_done = false;
+    free(c->head_copy);
+    c->head_copy = NULL;
+    if (!c->keep_alive) {
+        (void)shutdown(c->fd, SHUT_WR);
+        conn_abort(c);
+        return;
+    }
+    if (c->body_left > CONN_DRAIN_MAX) {
+        conn_abort(c);
+        return;
+    }
+    c->state = c->body_left > 0 ? CS_DRAIN : CS_HEAD;
+    c->rdhup_ignored = false;
+    c->last_progress_ms = loop_now_ms(c->srv->loop);
+    buf_shrink_if_idle(&c->in, 4096);
+    conn_process_input(c);
+}
+
+/* ---- events and deadlines ---------------------------------------------------------------- */
+
+static void conn_update_interest(conn_t *c)
+{
+    if (c->dead)
+        return;
+    uint32_t ev = c->rdhup_ignored ? 0 : EPOLLRDHUP;
+    bool reading = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
+    if (reading)
+        ev |= EPOLLIN;
+    if (c->out.len > 0 || c->file_left > 0)
+        ev |= EPOLLOUT;
+    if (loop_watch(c->srv->loop, &c->w, ev) < 0) {
+        conn_abort(c);
+        return;
+    }
+    const server_config_t *cfg = &c->srv->cfg;
+    uint64_t due;
+    if (c->state == CS_HEAD)
+        due = c->in.len == 0 ? c->last_progress_ms + cfg->keepalive_ms
+                             : c->head_started_ms + cfg->head_timeout_ms;
+    else if (reading)
+        due = c->last_progress_ms + cfg->body_timeout_ms;
+    else if (ev & EPOLLOUT)
+        due = c->last_progress_ms + cfg->write_timeout_ms;
+    else {
+        timer_disarm(c->srv->loop, &c->deadline);
+        return;
+    }
+    uint64_t now = loop_now_ms(c->srv->loop);
+    /* Re-arming on every event would churn the heap; the timer re-checks when it fires. */
+    if (!timer_armed(&c->deadline) || c->deadline.due_ms > due)
+        (void)timer_arm(c->srv->loop, &c->deadline, due > now ? due - now : 0);
+}
+
+static void conn_on_deadline(loop_t *l, timer_t_ *t)
+{
+    conn_t *c = t->data;
+    (void)l;
+    const server_config_t *cfg = &c->srv->cfg;
+    uint64_t now = loop_now_ms(c->srv->loop);
+    bool reading = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
+    bool writing = c->out.len > 0 || c->file_left > 0;
+    uint64_t due;
+    if (c->state == CS_HEAD)
+        due = c->in.len == 0 ? c->last_progress_ms + cfg->keepalive_ms
+                             : c->head_started_ms + cfg->head_timeout_ms;
+    else if (reading)
+        due = c->last_progress_ms + cfg->body_timeout_ms;
+    else if (writing)
+        due = c->last_progress_ms + cfg->write_timeout_ms;
+    else
+        return;
+    if (due > now) {
+        (void)timer_arm(c->srv->loop, &c->deadline, due - now);
+        return;
+    }
+    if (c->state == CS_HEAD && c->in.len == 0) {
+        conn_abort(c); /* idle keep-alive connection */
+        return;
+    }
+    if ((c->state == CS_HEAD || reading) && !c->resp_started) {
+        log_debug("%s: request timed out", c->peer);
+        c->state = CS_REQUEST;
+        c->keep_alive = false;
+        if (c->ops && c->ops->on_close) {
+            const handler_ops_t *ops = c->ops;
+            c->ops = NULL;
+            ops->on_close(c, true);
+        }
+        c->collecting = false;
+        c->body_left = 0;
+        conn_respond_error(c, 408, "request timed out");
+        return;
+    }
+    conn_abort(c);
+}
+
+static void conn_on_event(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    conn_t *c = w->data;
+    (void)l;
+    if (ev & (EPOLLERR | EPOLLHUP)) {
+        conn_abort(c);
+        return;
+    }
+    if (ev & EPOLLOUT) {
+        bool was_full = c->out.len >= CONN_OUT_LOW;
+        conn_flush(c);
+        if (c->dead)
+            return;
+        if (was_full && c->out.len < CONN_OUT_LOW && c->ops && c->ops->on_drain)
+            c->ops->on_drain(c);
+        if (c->dead)
+            return;
+    }
+    if (ev & EPOLLIN) {
+        conn_process_input(c);
+        if (c->dead)
+            return;
+    }
+    if ((ev & EPOLLRDHUP) && !(c->w.events & EPOLLIN)) {
+        /* The peer closed while we were not reading (a response is streaming): check that it
+         * is a real close and not pipelined bytes, then stop the work for it. */
+        char b;
+        ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            conn_abort(c);
+            return;
+        }
+        /* Pipelined data is waiting: stop listening for RDHUP until the next request. */
+        c->rdhup_ignored = true;
+        (void)loop_watch(c->srv->loop, &c->w, c->w.events & ~(uint32_t)EPOLLRDHUP);
+    }
+}

@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/* One HTTP/1.1 connection: reads heads and bodies, hands requests to handlers, writes
+ * responses (fixed, chunked streams, or a file by sendfile) with bounded buffers. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/buf.h"
+#include "common/loop.h"
+#include "http.h"
+
+typedef struct server server_t;
+typedef struct conn conn_t;
+
+/* Output buffer: producers pause above HIGH and resume (on_drain) below LOW. */
+#define CONN_OUT_HIGH (256 * 1024)
+#define CONN_OUT_LOW (64 * 1024)
+#define CONN_OUT_MAX (4 * 1024 * 1024)
+#define CONN_DRAIN_MAX (1024 * 1024) /* unread body drained for keep-alive, at most */
+
+typedef struct {
+    /* Body bytes as they arrive. Return how many were taken (fewer pauses body reading until
+     * conn_resume_body()), or a negative HTTP status to fail the request. */
+    int (*on_body)(conn_t *c, const char *p, size_t n);
+    /* The whole declared body has been delivered. */
+    void (*on_body_end)(conn_t *c);
+    /* The output buffer fell below CONN_OUT_LOW. */
+    void (*on_drain)(conn_t *c);
+    /* The connection is going away (or the response is complete): release handler state. */
+    void (*on_close)(conn_t *c, bool aborted);
+} handler_ops_t;
+
+struct conn {
+    server_t *srv;
+    int fd;
+    watcher_t w;
+    timer_t_ deadline;
+    uint64_t last_progress_ms;
+    uint64_t head_started_ms;
+    enum { CS_HEAD, CS_REQUEST, CS_FINISHING, CS_DRAIN, CS_CLOSING, CS_HIJACKED } state;
+    bool rdhup_ignored;
+    buf_t in;
+    buf_t out;
+    http_request_t req;
+    char *head_copy; /* the request head, owned; req views point into it */
+    uint64_t body_left;    /* declared body bytes not yet read from the socket */
+    uint64_t drain_budget;
+    bool body_paused;
+    bool collecting; /* body is being collected into `body` */
+    buf_t body;
+    void (*collect_done)(conn_t *c);
+    /* response */
+    bool resp_started, resp_chunked, resp_done, keep_alive;
+    int status;
+    int file_fd;
+    uint64_t file_off, file_left;
+    const handler_ops_t *ops;
+    void *hdata;
+    bool dead;
+    bool authed;
+    char peer[64];
+    conn_t *prev, *next;
+};
+
+int conn_accept(server_t *srv, int fd);
+void conn_free_all(server_t *srv);
+
+/* Responses. Headers are "Name: value\r\n" lines (may be NULL). */
+int conn_respond(conn_t *c, int status, const char *content_type, const void *body, size_t len,
+                 const char *extra_headers);
+int conn_respond_json(conn_t *c, int status, json_t *j); /* steals j */
+int conn_respond_error(conn_t *c, int status, const char *fmt, ...) _printf_(3, 4);
+/* Map -errno to a status and answer with its message. */
+int conn_respond_errno(conn_t *c, int err, const char *what);
+int conn_respond_file(conn_t *c, int fd, uint64_t off, uint64_t len); /* takes fd */
+int conn_stream_begin(conn_t *c, int status, const char *content_type, const char *extra_headers);
+/* Append one chunk. The payload is written by fill(), which gets room for at most max bytes and
+ * returns how many it wrote. Lets producers encode straight into the output buffer. */
+int conn_stream_chunk_fill(conn_t *c, size_t max, size_t (*fill)(void *ctx, char *dst), void *ctx);
+int conn_stream_chunk(conn_t *c, const void *p, size_t n);
+int conn_stream_end(conn_t *c);
+size_t conn_out_pending(const conn_t *c);
+static inline bool conn_out_full(const conn_t *c) { return c->out.len >= CONN_OUT_HIGH; }
+void conn_flush(conn_t *c);
+
+/* Handler plumbing. */
+void conn_set_handler(conn_t *c, const handler_ops_t *ops, void *data);
+/* Collect the body (at most max bytes, else 413) then call done(c); c->body holds it. */
+void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c));
+void conn_stream_body(conn_t *c);        /* deliver body to ops->on_body */
+void conn_resume_body(conn_t *c);
+uint64_t conn_body_left(const conn_t *c); /* bytes not yet delivered */
+/* Take the socket away from HTTP (proxy). Bytes already read past the head are returned in
+ * *ret_pending (owned by the caller). The connection object is freed later. */
+int conn_hijack(conn_t *c, int *ret_fd, buf_t *ret_pending);
+void conn_abort(conn_t *c);

@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: MIT */
+/* POST /v1/exec: run a command and stream its output as NDJSON events.
+ * Data flow: pipe -> outpipe_read (UTF-8 split kept) -> encoded event straight into the
+ * connection's bounded output buffer. When that buffer is above its high mark the pipes are
+ * paused, so a slow client makes the command block on write instead of growing the server. */
+#include "exec.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include "common/log.h"
+#include "proc.h"
+#include "routes.h"
+#include "server.h"
+
+#define PING_MS 15000
+#define DRAIN_MS 2000
+
+extern char **environ;
+
+void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void *data)
+{
+    *op = (outpipe_t){ .stream = stream };
+    watcher_init(&op->w, fd, cb, data);
+}
+
+ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry)
+{
+    size_t held = op->carry.n;
+    memcpy(buf, op->carry.b, held);
+    ssize_t n;
+    do
+        n = read(op->w.fd, buf + held, cap - held - 4);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno == EAGAIN ? -EAGAIN : negative_errno();
+    op->carry.n = 0;
+    if (n == 0) {
+        op->eof = true;
+        return (ssize_t)held;
+    }
+    size_t len = held + (size_t)n;
+    if (!keep_carry)
+        return (ssize_t)len;
+    return (ssize_t)utf8_split_tail(buf, len, &op->carry);
+}
+
+void outpipe_close(loop_t *l, outpipe_t *op)
+{
+    loop_unwatch(l, &op->w);
+    op->w.fd = safe_close(op->w.fd);
+    op->eof = true;
+}
+
+typedef struct {
+    server_t *srv;
+    conn_t *conn;
+    child_t child;
+    spawned_t sp;
+    outpipe_t out, err;
+    watcher_t in_w;
+    char *in_data;
+    size_t in_len, in_off;
+    timer_t_ timeout_t, ping_t, drain_t;
+    uint64_t start_ms, exit_ms;
+    int wstatus;
+    bool exited, timed_out, finished, base64, op_counted;
+} exec_t;
+
+static void exec_maybe_free(exec_t *e);
+
+static void exec_free(void *p)
+{
+    exec_t *e = p;
+    loop_t *l = e->srv->loop;
+    outpipe_close(l, &e->out);
+    outpipe_close(l, &e->err);
+    loop_unwatch(l, &e->in_w);
+    safe_close(e->in_w.fd);
+    timer_disarm(l, &e->timeout_t);
+    timer_disarm(l, &e->ping_t);
+    timer_disarm(l, &e->drain_t);
+    if (e->op_counted)
+        server_op_end(e->srv);
+    free(e->in_data);
+    free(e);
+}
+
+static void exec_kill(exec_t *e)
+{
+    /* The leader is not reaped yet (only the SIGCHLD handler reaps, and it tells us), so the
+     * process group id still belongs to this command. */
+    if (!e->exited)
+        (void)kill(-e->child.pid, SIGKILL);
+}
+
+static void exec_emit(exec_t *e, const char *line, size_t n)
+{
+    if (!e->conn || e->finished)
+        return;
+    if (conn_stream_chunk(e->conn, line, n) < 0) {
+        conn_abort(e->conn);
+        return;
+    }
+    timer_arm(e->srv->loop, &e->ping_t, PING_MS);
+}
+
+static void exec_finish(exec_t *e)
+{
+    if (e->finished || !e->conn)
+        return;
+    char line[256];
+    int n = event_encode_exit(line, sizeof line, e->wstatus, e->timed_out, e->exit_ms - e->start_ms);
+    exec_emit(e, line, (size_t)n);
+    e->finished = true;
+    timer_disarm(e->srv->loop, &e->ping_t);
+    timer_disarm(e->srv->loop, &e->drain_t);
+    outpipe_close(e->srv->loop, &e->out);
+    outpipe_close(e->srv->loop, &e->err);
+    conn_t *c = e->conn;
+    conn_stream_end(c); /* on_close follows once the stream is written */
+}
+
+static void exec_check_done(exec_t *e)
+{
+    if (e->exited && e->out.eof && e->err.eof)
+        exec_finish(e);
+}
+
+struct enc_ctx {
+    const char *stream;
+    const unsigned char *p;
+    size_t n;
+    bool base64;
+};
+static size_t enc_fill(void *ctx, char *dst)
+{
+    struct enc_ctx *ec = ctx;
+    return event_encode_output(dst, ec->stream, ec->p, ec->n, ec->base64);
+}
+
+static void exec_pause(exec_t *e, bool pause)
+{
+    uint32_t ev = pause ? 0 : EPOLLIN;
+    if (!e->out.eof)
+        (void)loop_watch(e->srv->loop, &e->out.w, ev);
+    if (!e->err.eof)
+        (void)loop_watch(e->srv->loop, &e->err.w, ev);
+}
+
+static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    exec_t *e = w->data;
+    outpipe_t *op = w == &e->out.w ? &e->out : &e->err;
+    unsigned char buf[EXEC_READ_CHUNK + 8];
+    (void)ev;
+    for (int i = 0; i < 16 && e->conn && !op->eof; i++) {
+        if (conn_out_full(e->conn)) {
+            exec_pause(e, true); /* resumed by on_drain */
+            return;
+        }
+        ssize_t n = outpipe_read(op, buf, sizeof buf, !e->base64);
+        if (n == -EAGAIN)
+            break;
+        if (n < 0) {
+            outpipe_close(l, op);
+            break;
+        }
+        if (n > 0) {
+            struct enc_ctx ec = { op->stream, buf, (size_t)n, e->base64 };
+            if (conn_stream_chunk_fill(e->conn, event_output_max((size_t)n), enc_fill, &ec) < 0) {
+                conn_abort(e->conn);
+                return;
+            }
+            timer_arm(l, &e->ping_t, PING_MS);
+            if (e->exited)
+                timer_arm(l, &e->drain_t, DRAIN_MS);
+        }
+        if (op->eof)
+            outpipe_close(l, op);
+    }
+    if (e->conn)
+        conn_flush(e->conn);
+    exec_check_done(e);
+}
+
+static void exec_on_stdin(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    exec_t *e = w->data;
+    (void)ev;
+    while (e->in_off < e->in_len) {
+        ssize_t n = write(w->fd, e->in_data + e->in_off, e->in_len - e->in_off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n < 0)
+            break; /* EPIPE: the command does not read stdin */
+        e->in_off += (size_t)n;
+    }
+    loop_unwatch(l, w);
+    w->fd = safe_close(w->fd); /* one-shot stdin: EOF after the data */
+}
+
+static void exec_on_exit(child_t *ch, int wstatus)
+{
+    exec_t *e = ch->data;
+    e->exited = true;
+    e->wstatus = wstatus;
+    e->exit_ms = monotonic_ms();
+    timer_disarm(e->srv->loop, &e->timeout_t);
+    if (!e->conn) {
+        exec_maybe_free(e);
+        return;
+    }
+    /* Drain what is left in the pipes; grandchildren may hold them open, so bounded. */
+    timer_arm(e->srv->loop, &e->drain_t, DRAIN_MS);
+    exec_check_done(e);
+}
+
+static void exec_on_drain_timer(loop_t *l, timer_t_ *t)
+{
+    exec_t *e = t->data;
+    (void)l;
+    if (e->conn && conn_out_full(e->conn)) {
+        timer_arm(l, t, DRAIN_MS); /* the client is slow, not the pipes idle */
+        return;
+    }
+    exec_finish(e);
+}
+
+static void exec_on_timeout(loop_t *l, timer_t_ *t)
+{
+    exec_t *e = t->data;
+    (void)l;
+    e->timed_out = true;
+    exec_kill(e);
+}
+
+static void exec_on_ping(loop_t *l, timer_t_ *t)
+{
+    exec_t *e = t->data;
+    static const char ping[] = "{\"event\":\"ping\"}\n";
+    (void)l;
+    exec_emit(e, ping, sizeof ping - 1);
+    if (e->conn)
+        conn_flush(e->conn);
+}
+
+static void exec_maybe_free(exec_t *e)
+{
+    if (e->conn || !e->exited)
+        return;
+    if (loop_defer(e->srv->loop, exec_free, e) < 0)
+        exec_free(e);
+}
+
+static void exec_conn_drain(conn_t *c)
+{
+    exec_t *e = c->hdata;
+    if (e && !e->finished)
+        exec_pause(e, false);
+}
+
+static void exec_conn_close(conn_t *c, bool aborted)
+{
+    exec_t *e = c->hdata;
+    (void)aborted;
+    c->hdata = NULL;
+    e->conn = NULL;
+    /* A client that went away must not leave its command running unattended. */
+    exec_kill(e);
+    outpipe_close(e->srv->loop, &e->out);
+    outpipe_close(e->srv->loop, &e->err);
+    timer_disarm(e->srv->loop, &e->ping_t);
+    timer_disarm(e->srv->loop, &e->drain_t);
+    if (e->op_counted) {
+        server_op_end(e->srv);
+        e->op_counted = false;
+    }
+    exec_maybe_free(e);
+}
+
+static const handler_ops_t exec_ops = {
+    .on_drain = exec_conn_drain,
+    .on_close = exec_conn_close,
+};
+
+static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
+{
+    server_t *s = c->srv;
+    exec_t *e = calloc(1, sizeof *e);
+    if (!e) {
+        conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    spawned_t sp;
+    int r = spawn_command(spec, &sp);
+    if (r < 0) {
+        free(e);
+        conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], strerror(-r));
+        return;
+    }
+    e->srv = s;
+    e->conn = c;
+    e->sp = sp;
+    e->base64 = spec->base64;
+    e->start_ms = monotonic_ms();
+    e->child = (child_t){ .pid = sp.pid, .on_exit = exec_on_exit, .data = e };
+    server_child_add(s, &e->child);
+    outpipe_init(&e->out, sp.out_fd, "stdout", exec_on_pipe, e);
+    outpipe_init(&e->err, sp.err_fd, "stderr", exec_on_pipe, e);
+    watcher_init(&e->in_w, sp.in_fd, exec_on_stdin, e);
+    timer_init(&e->timeout_t, exec_on_timeout, e);
+    timer_init(&e->ping_t, exec_on_ping, e);
+    timer_init(&e->drain_t, exec_on_drain_timer, e);
+    server_op_begin(s);
+    e->op_counted = true;
+    conn_set_handler(c, &exec_ops, e);
+
+    if (spec->has_stdin) {
+        e->in_data = TAKE_PTR(spec->stdin_data);
+        e->in_len = spec->stdin_len;
+        (void)loop_watch(s->loop, &e->in_w, EPOLLOUT);
+    }
+    if (spec->timeout_ms)
+        timer_arm(s->loop, &e->timeout_t, spec->timeout_ms);
+    (void)loop_watch(s->loop, &e->out.w, EPOLLIN);
+    (void)loop_watch(s->loop, &e->err.w, EPOLLIN);
+
+    conn_stream_begin(c, 200, "application/x-ndjson",
+                      "Cache-Control: no-store\r\nX-Accel-Buffering: no\r\n");
+    char line[64];
+    int n = snprintf(line, sizeof line, "{\"event\":\"start\",\"pid\":%d}\n", (int)sp.pid);
+    exec_emit(e, line, (size_t)n);
+    conn_flush(c);
+}
+
+static void exec_body(conn_t *c, json_t *o)
+{
+    exec_spec_t spec;
+    const char *err = NULL;
+    int r = exec_spec_parse(o, environ, &spec, &err);
+    if (r < 0) {
+        conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
+        return;
+    }
+    if (spec.background)
+        proc_start(c, &spec, true);
+    else if (spec.stdin_stream)
+        conn_respond_error(c, 400, "stdin:true (a stdin stream) needs background:true");
+    else
+        exec_start_foreground(c, &spec);
+    exec_spec_done(&spec);
+}
+
+void route_exec(conn_t *c, const route_params_t *p)
+{
+    (void)p;
+    route_with_json_body(c, EXEC_MAX_BODY, exec_body);
+}

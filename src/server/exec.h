@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: MIT */
+/* Reading a child's output pipe in UTF-8-safe pieces; shared by foreground exec and background
+ * processes. */
+#pragma once
+
+#include "common/loop.h"
+#include "spawn.h"
+
+typedef struct {
+    watcher_t w;
+    const char *stream; /* "stdout" | "stderr" */
+    utf8_carry_t carry;
+    bool eof;
+} outpipe_t;
+
+void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void *data);
+/* Read once into buf (cap >= EXEC_READ_CHUNK + 4). Returns the number of bytes to emit now
+ * (may be 0), -EAGAIN when nothing is there, or 0 with op->eof set at end of file (any held
+ * UTF-8 bytes are then emitted). */
+ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry);
+void outpipe_close(loop_t *l, outpipe_t *op);

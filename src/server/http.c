@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: MIT */
+#include "http.h"
+
+#include <string.h>
+
+/* RFC 9110 tchar. */
+static bool is_tchar(unsigned char c)
+{
+    if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+        return true;
+    return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static bool is_vchar(unsigned char c) { return c > 0x20 && c < 0x7F; }
+
+/* Find the CRLF ending the line starting at `pos`; bare CR or LF is an error. */
+static int find_eol(const char *buf, size_t len, size_t pos, size_t *ret_eol)
+{
+    for (size_t i = pos; i < len; i++) {
+        if (buf[i] == '\r') {
+            if (i + 1 >= len)
+                return 0;
+            if (buf[i + 1] != '\n')
+                return -400;
+            *ret_eol = i;
+            return 1;
+        }
+        if (buf[i] == '\n')
+            return -400;
+    }
+    return 0;
+}
+
+static int parse_request_line(sv_t line, http_request_t *req)
+{
+    size_t i = 0;
+    while (i < line.len && is_tchar((unsigned char)line.p[i]))
+        i++;
+    if (i == 0 || i >= line.len || line.p[i] != ' ')
+        return -400;
+    req->method = sv_make(line.p, i);
+    size_t t0 = ++i;
+    while (i < line.len && is_vchar((unsigned char)line.p[i]))
+        i++;
+    if (i == t0 || i >= line.len || line.p[i] != ' ')
+        return -400;
+    req->target = sv_make(line.p + t0, i - t0);
+    sv_t ver = sv_make(line.p + i + 1, line.len - i - 1);
+    if (ver.len != 8 || memcmp(ver.p, "HTTP/", 5) != 0 || ver.p[6] != '.' || ver.p[5] < '0' ||
+        ver.p[5] > '9' || ver.p[7] < '0' || ver.p[7] > '9')
+        return -400;
+    if (ver.p[5] != '1')
+        return -505;
+    req->minor = ver.p[7] - '0';
+    if (req->target.p[0] != '/')
+        return -400;
+    const char *q = memchr(req->target.p, '?', req->target.len);
+    if (q) {
+        req->path = sv_make(req->target.p, (size_t)(q - req->target.p));
+        req->query = sv_make(q + 1, req->target.len - req->path.len - 1);
+    } else {
+        req->path = req->target;
+        req->query = sv_make(req->target.p + req->target.len, 0);
+    }
+    return 0;
+}
+
+static bool token_list_has(sv_t v, const char *tok)
+{
+    size_t i = 0;
+    while (i < v.len) {
+        while (i < v.len && (v.p[i] == ' ' || v.p[i] == '\t' || v.p[i] == ','))
+            i++;
+        size_t s = i;
+        while (i < v.len && v.p[i] != ',' && v.p[i] != ' ' && v.p[i] != '\t')
+            i++;
+        if (i > s && sv_eq_lit_nocase(sv_make(v.p + s, i - s), tok))
+            return true;
+    }
+    return false;
+}
+
+static int parse_header_line(sv_t line, http_header_t *h)
+{
+    size_t i = 0;
+    if (line.len > 0 && (line.p[0] == ' ' || line.p[0] == '\t'))
+        return -400; /* obs-fold */
+    while (i < line.len && is_tchar((unsigned char)line.p[i]))
+        i++;
+    if (i == 0 || i >= line.len || line.p[i] != ':')
+        return -400; /* empty name, non-token byte, or space before the colon */
+    h->name = sv_make(line.p, i);
+    i++;
+    while (i < line.len && (line.p[i] == ' ' || line.p[i] == '\t'))
+        i++;
+    size_t end = line.len;
+    while (end > i && (line.p[end - 1] == ' ' || line.p[end - 1] == '\t'))
+        end--;
+    for (size_t k = i; k < end; k++) {
+        unsigned char c = (unsigned char)line.p[k];
+        if (!(is_vchar(c) || c == ' ' || c == '\t'))
+            return -400; /* control or non-ASCII byte */
+    }
+    h->value = sv_make(line.p + i, end - i);
+    return 0;
+}
+
+/* Apply the framing headers; duplicates must agree. */
+static int apply_header(http_request_t *req, const http_header_t *h, sv_t *host)
+{
+    if (sv_eq_lit_nocase(h->name, "content-length")) {
+        uint64_t v;
+        if (parse_u64(h->value, HTTP_MAX_CONTENT_LENGTH, &v) < 0)
+            return -400;
+        if (req->has_content_length && v != req->content_length)
+            return -400;
+        req->has_content_length = true;
+        req->content_length = v;
+    } else if (sv_eq_lit_nocase(h->name, "transfer-encoding")) {
+        req->has_transfer_encoding = true;
+    } else if (sv_eq_lit_nocase(h->name, "host")) {
+        if (host->p && !sv_eq(*host, h->value))
+            return -400;
+        *host = h->value;
+    } else if (sv_eq_lit_nocase(h->name, "connection")) {
+        if (token_list_has(h->value, "close"))
+            req->keep_alive = false;
+        else if (token_list_has(h->value, "keep-alive"))
+            req->keep_alive = true;
+        if (token_list_has(h->value, "upgrade"))
+            req->upgrade = true;
+    }
+    return 0;
+}
+
+int http_parse_request(const char *buf, size_t len, http_request_t *req)
+{
+    size_t scan = len > HTTP_MAX_HEAD ? HTTP_MAX_HEAD : len;
+    size_t eol, pos = 0;
+    int r;
+
+    memset(req, 0, offsetof(http_request_t, headers));
+    req->n_headers = 0;
+    req->has_content_length = req->has_transfer_encoding = req->upgrade = false;
+    req->content_length = 0;
+
+    r = find_eol(buf, scan, 0, &eol);
+    if (r <= 0)
+        return r < 0 ? r : (len >= HTTP_MAX_HEAD ? -431 : 0);
+    r = parse_request_line(sv_make(buf, eol), req);
+    if (r < 0)
+        return r;
+    req->keep_alive = req->minor >= 1;
+    pos = eol + 2;
+
+    sv_t host = { NULL, 0 };
+    for (;;) {
+        r = find_eol(buf, scan, pos, &eol);
+        if (r <= 0)
+            return r < 0 ? r : (len >= HTTP_MAX_HEAD ? -431 : 0);
+        if (eol == pos)
+            break;
+        if (req->n_headers >= HTTP_MAX_HEADERS)
+            return -431;
+        http_header_t *h = &req->headers[req->n_headers];
+        r = parse_header_line(sv_make(buf + pos, eol - pos), h);
+        if (r < 0)
+            return r;
+        r = apply_header(req, h, &host);
+        if (r < 0)
+            return r;
+        req->n_headers++;
+        pos = eol + 2;
+    }
+    if (req->has_content_length && req->has_transfer_encoding)
+        return -400;
+    req->head_len = eol + 2;
+    return (int)req->head_len;
+}
+
+bool http_header_get(const http_request_t *req, const char *name, sv_t *ret)
+{
+    for (size_t i = 0; i < req->n_headers; i++)
+        if (sv_eq_lit_nocase(req->headers[i].name, name)) {
+            *ret = req->headers[i].value;
+            return true;
+        }
+    return false;
+}
+
+const char *http_reason(int status)
+{
+    switch (status) {
+    case 101: return "Switching Protocols";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 416: return "Range Not Satisfiable";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+    }
+}

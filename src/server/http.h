@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/* HTTP/1.1 request-head parser. Pure: never allocates, never relies on NUL, caps everything.
+ * The strict rules it enforces are listed in docs/protocol.md ("HTTP framing"). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/strutil.h"
+
+#define HTTP_MAX_HEAD (64 * 1024)
+#define HTTP_MAX_HEADERS 100
+#define HTTP_MAX_CONTENT_LENGTH (UINT64_C(1) << 53)
+
+typedef struct {
+    sv_t name;
+    sv_t value;
+} http_header_t;
+
+typedef struct {
+    sv_t method;
+    sv_t target; /* as sent */
+    sv_t path;   /* target up to '?' */
+    sv_t query;  /* after '?', raw */
+    int minor;   /* HTTP/1.<minor> */
+    http_header_t headers[HTTP_MAX_HEADERS];
+    size_t n_headers;
+    bool has_content_length;
+    uint64_t content_length;
+    bool has_transfer_encoding;
+    bool keep_alive;
+    bool upgrade;
+    size_t head_len;
+} http_request_t;
+
+/* Parse a request head from buf[0..len).
+ * Returns the head length (> 0) when complete, 0 when more bytes are needed, or a negative
+ * HTTP status (-400, -431, -505) when the head is refused. */
+int http_parse_request(const char *buf, size_t len, http_request_t *req);
+
+/* Case-insensitive header lookup; the first match. */
+bool http_header_get(const http_request_t *req, const char *name, sv_t *ret);
+
+const char *http_reason(int status);

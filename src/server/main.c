@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+/* sbx-server: configuration from the environment (drop-in for the reference server's knobs),
+ * then the event loop. */
+#include <stdio.h>
+#include <sys/resource.h>
+
+#include "common/log.h"
+#include "server.h"
+
+static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, uint64_t *ret)
+{
+    const char *v = getenv(name);
+    if (!v) {
+        *ret = def;
+        return 0;
+    }
+    uint64_t n;
+    if (parse_u64_str(v, max, &n) < 0 || n < min) {
+        log_error("%s=%s: expected a whole number between %llu and %llu", name, v,
+                  (unsigned long long)min, (unsigned long long)max);
+        return -EINVAL;
+    }
+    *ret = n;
+    return 0;
+}
+
+static int parse_config(int argc, char **argv, server_config_t *cfg)
+{
+    bool allow_no_auth = false;
+    uint64_t port, idle;
+    *cfg = (server_config_t){ .head_timeout_ms = 10000, .body_timeout_ms = 60000,
+                              .write_timeout_ms = 120000, .keepalive_ms = 75000 };
+    for (int i = 1; i < argc; i++) {
+        if (streq(argv[i], "--allow-no-auth"))
+            allow_no_auth = true; /* argv only: a job's user-supplied env can never set it */
+        else if (streq(argv[i], "--version")) {
+            printf("sbx-server %s (protocol %d)\n", SBX_VERSION, SBX_PROTOCOL);
+            exit(0);
+        } else if (streq(argv[i], "--allow-unconfined")) {
+            /* accepted for compatibility; only meaningful in host mode */
+        } else {
+            log_error("unknown argument %s (known: --allow-no-auth, --allow-unconfined, --version)",
+                      argv[i]);
+            return -EINVAL;
+        }
+    }
+    if (env_u64("SBX_PORT", SBX_DEFAULT_PORT, 1, 65535, &port) < 0 ||
+        env_u64("SBX_IDLE_TIMEOUT", 0, 0, 31536000, &idle) < 0 ||
+        env_u64("SBX_MAX_CONNECTIONS", 512, 1, 1000000, &cfg->max_connections) < 0)
+        return -EINVAL;
+    cfg->port = (uint16_t)port;
+    cfg->idle_timeout_ms = idle * 1000;
+    const char *bind = getenv("SBX_BIND");
+    if (!bind || !*bind)
+        bind = "127.0.0.1";
+    if (strlen(bind) >= sizeof cfg->bind) {
+        log_error("SBX_BIND is too long");
+        return -EINVAL;
+    }
+    memcpy(cfg->bind, bind, strlen(bind) + 1);
+    const char *listen = getenv("SBX_LISTEN");
+    if (listen && *listen) {
+        if (strncmp(listen, "unix:", 5) != 0 || strlen(listen + 5) == 0 ||
+            strlen(listen + 5) >= sizeof cfg->unix_path || listen[5] != '/') {
+            log_error("SBX_LISTEN=%s: expected unix:/absolute/path", listen);
+            return -EINVAL;
+        }
+        memcpy(cfg->unix_path, listen + 5, strlen(listen + 5) + 1);
+    }
+    const char *hm = getenv("SBX_HOST_MODE");
+    if (hm && streq(hm, "1")) {
+        log_error("SBX_HOST_MODE=1: pool host mode is not available in this build yet");
+        return -EINVAL;
+    }
+    const char *tok = getenv("SBX_TOKEN");
+    if (tok && *tok) {
+        cfg->token = strdup(tok);
+        if (!cfg->token)
+            return -ENOMEM;
+    } else if (!allow_no_auth) {
+        log_error("SBX_TOKEN is not set (or empty); refusing to start. Use --allow-no-auth for "
+                  "development only");
+        return -EINVAL;
+    }
+    /* Children must not inherit the token. (The initial environment block that
+     * /proc/<pid>/environ shows is not rewritten; see SECURITY.md.) */
+    (void)unsetenv("SBX_TOKEN");
+    return 0;
+}
+
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    server_config_t cfg;
+    server_t srv;
+    const char *lvl = getenv("SBX_LOG");
+    if (lvl && streq(lvl, "debug"))
+        log_set_level(LOG_DEBUG_);
+    if (parse_config(argc, argv, &cfg) < 0)
+        return 2;
+    raise_nofile();
+    int r = server_init(&srv, &cfg);
+    if (r < 0) {
+        log_error("cannot start: %s", strerror(-r));
+        server_done(&srv);
+        return 1;
+    }
+    if (cfg.unix_path[0])
+        log_info("listening on unix:%s (dedicated mode, auth %s)", cfg.unix_path,
+                 cfg.token ? "required" : "DISABLED");
+    else
+        log_info("listening on %s:%u (dedicated mode, auth %s)", cfg.bind, cfg.port,
+                 cfg.token ? "required" : "DISABLED");
+    r = server_run(&srv);
+    server_done(&srv);
+    free(cfg.token);
+    return r < 0 ? 1 : 0;
+}

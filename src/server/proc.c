@@ -1,0 +1,680 @@
+/* SPDX-License-Identifier: MIT */
+#include "proc.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "exec.h"
+#include "routes.h"
+#include "server.h"
+
+extern char **environ;
+
+typedef struct blob {
+    struct blob *next;
+    uint64_t seq;
+    bool is_err;
+    size_t n;
+    unsigned char data[];
+} blob_t;
+
+typedef struct attach {
+    proc_t *p;
+    conn_t *c;
+    uint64_t next_seq;
+    bool follow, base64, ended;
+    struct attach *next;
+} attach_t;
+
+struct proc {
+    server_t *srv;
+    proc_t *next;
+    uint64_t id;
+    pid_t pid;
+    json_t *cmd;
+    char *tag;
+    int64_t started_at_ms;
+    uint64_t start_mono, exit_mono;
+    child_t child;
+    outpipe_t out, err;
+    int stdin_fd;
+    watcher_t in_w;
+    conn_t *stdin_conn; /* a POST .../stdin waiting for the pipe to take more */
+    uint64_t stdin_written;
+    bool stdin_close_after;
+    bool exited, timed_out, signaled_by_api;
+    int wstatus;
+    timer_t_ timeout_t, grace_t;
+    blob_t *head, *tail;
+    size_t log_bytes;
+    uint64_t first_seq, next_seq;
+    attach_t *attachers;
+};
+
+size_t server_running_procs(const server_t *s)
+{
+    size_t n = 0;
+    for (const proc_t *p = s->procs; p; p = p->next)
+        n += !p->exited;
+    return n;
+}
+
+static proc_t *proc_find(server_t *s, sv_t id)
+{
+    uint64_t n;
+    if (id.len < 3 || id.p[0] != 'p' || id.p[1] != '-' ||
+        parse_u64(sv_make(id.p + 2, id.len - 2), UINT64_MAX, &n) < 0)
+        return NULL;
+    for (proc_t *p = s->procs; p; p = p->next)
+        if (p->id == n)
+            return p;
+    return NULL;
+}
+
+/* 400 for an id that is not p-<digits> (an OS pid sent by mistake), 404 for an unknown one. */
+static proc_t *proc_lookup_or_answer(conn_t *c, sv_t id)
+{
+    uint64_t n;
+    if (id.len < 3 || id.p[0] != 'p' || id.p[1] != '-' ||
+        parse_u64(sv_make(id.p + 2, id.len - 2), UINT64_MAX, &n) < 0) {
+        conn_respond_error(c, 400, "process id must look like p-<n> (not an OS pid)");
+        return NULL;
+    }
+    proc_t *p = proc_find(c->srv, id);
+    if (!p)
+        conn_respond_error(c, 404, "no such process");
+    return p;
+}
+
+static void proc_signal(proc_t *p, int sig)
+{
+    if (!p->exited)
+        (void)kill(-p->pid, sig);
+}
+
+/* ---- output log and attachers ------------------------------------------------------------ */
+
+static void attach_pump(attach_t *a);
+
+static void proc_log_append(proc_t *p, bool is_err, const unsigned char *d, size_t n)
+{
+    blob_t *b = malloc(sizeof *b + n);
+    if (!b)
+        return; /* output is dropped, the process goes on */
+    b->next = NULL;
+    b->seq = p->next_seq++;
+    b->is_err = is_err;
+    b->n = n;
+    memcpy(b->data, d, n);
+    if (p->tail)
+        p->tail->next = b;
+    else
+        p->head = b;
+    p->tail = b;
+    p->log_bytes += n;
+    while (p->log_bytes > PROC_LOG_MAX && p->head != p->tail) {
+        blob_t *old = p->head;
+        p->head = old->next;
+        p->log_bytes -= old->n;
+        p->first_seq = p->head->seq;
+        free(old);
+    }
+}
+
+static void procs_pump_all(proc_t *p)
+{
+    for (attach_t *a = p->attachers; a; a = a->next)
+        attach_pump(a);
+}
+
+static void proc_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    proc_t *p = w->data;
+    outpipe_t *op = w == &p->out.w ? &p->out : &p->err;
+    unsigned char buf[EXEC_READ_CHUNK + 8];
+    (void)ev;
+    for (int i = 0; i < 8 && !op->eof; i++) {
+        ssize_t n = outpipe_read(op, buf, sizeof buf, true);
+        if (n == -EAGAIN)
+            break;
+        if (n < 0) {
+            outpipe_close(l, op);
+            break;
+        }
+        if (n > 0)
+            proc_log_append(p, op == &p->err, buf, (size_t)n);
+        if (op->eof)
+            outpipe_close(l, op);
+    }
+    procs_pump_all(p);
+}
+
+static bool proc_output_done(const proc_t *p) { return p->exited && p->out.eof && p->err.eof; }
+
+struct blob_ctx {
+    const blob_t *b;
+    bool base64;
+};
+static size_t blob_fill(void *ctx, char *dst)
+{
+    struct blob_ctx *bc = ctx;
+    return event_encode_output(dst, bc->b->is_err ? "stderr" : "stdout", bc->b->data, bc->b->n,
+                               bc->base64);
+}
+
+static void attach_end(attach_t *a)
+{
+    if (a->ended)
+        return;
+    a->ended = true;
+    conn_stream_end(a->c);
+}
+
+static void attach_pump(attach_t *a)
+{
+    proc_t *p = a->p;
+    if (a->ended)
+        return;
+    if (a->next_seq < p->first_seq) {
+        char line[96];
+        int n = snprintf(line, sizeof line, "{\"event\":\"dropped\",\"events\":%llu}\n",
+                         (unsigned long long)(p->first_seq - a->next_seq));
+        if (conn_stream_chunk(a->c, line, (size_t)n) < 0)
+            return;
+        a->next_seq = p->first_seq;
+    }
+    const blob_t *b = p->head;
+    while (b && b->seq < a->next_seq)
+        b = b->next;
+    for (; b && !conn_out_full(a->c); b = b->next) {
+        struct blob_ctx bc = { b, a->base64 };
+        if (conn_stream_chunk_fill(a->c, event_output_max(b->n), blob_fill, &bc) < 0)
+            return;
+        a->next_seq = b->seq + 1;
+    }
+    if (a->next_seq == p->next_seq && (proc_output_done(p) || !a->follow)) {
+        if (p->exited) {
+            char line[256];
+            int n = event_encode_exit(line, sizeof line, p->wstatus, p->timed_out,
+                                      p->exit_mono - p->start_mono);
+            (void)conn_stream_chunk(a->c, line, (size_t)n);
+        }
+        attach_end(a);
+        return;
+    }
+    conn_flush(a->c);
+}
+
+static void attach_on_drain(conn_t *c)
+{
+    attach_t *a = c->hdata;
+    if (a)
+        attach_pump(a);
+}
+
+static void attach_on_close(conn_t *c, bool aborted)
+{
+    attach_t *a = c->hdata;
+    (void)aborted;
+    if (!a)
+        return;
+    c->hdata = NULL;
+    if (a->p) {
+        for (attach_t **pp = &a->p->attachers; *pp; pp = &(*pp)->next)
+            if (*pp == a) {
+                *pp = a->next;
+                break;
+            }
+    }
+    free(a);
+}
+
+static const handler_ops_t attach_ops = { .on_drain = attach_on_drain, .on_close = attach_on_close };
+
+/* ---- lifecycle --------------------------------------------------------------------------- */
+
+static void proc_free(proc_t *p)
+{
+    loop_t *l = p->srv->loop;
+    while (p->attachers) {
+        attach_t *a = p->attachers;
+        p->attachers = a->next;
+        a->p = NULL;
+        a->next = NULL;
+        attach_end(a);
+    }
+    if (p->stdin_conn)
+        conn_abort(p->stdin_conn);
+    outpipe_close(l, &p->out);
+    outpipe_close(l, &p->err);
+    loop_unwatch(l, &p->in_w);
+    safe_close(p->stdin_fd);
+    timer_disarm(l, &p->timeout_t);
+    timer_disarm(l, &p->grace_t);
+    while (p->head) {
+        blob_t *b = p->head;
+        p->head = b->next;
+        free(b);
+    }
+    json_decref(p->cmd);
+    free(p->tag);
+    free(p);
+}
+
+/* Keep at most PROC_MAX_FINISHED finished entries; running ones are never dropped. */
+static void procs_evict(server_t *s)
+{
+    size_t finished = 0;
+    for (proc_t *p = s->procs; p; p = p->next)
+        finished += p->exited && proc_output_done(p);
+    while (finished > PROC_MAX_FINISHED) {
+        proc_t **oldest = NULL;
+        for (proc_t **pp = &s->procs; *pp; pp = &(*pp)->next)
+            if ((*pp)->exited && proc_output_done(*pp))
+                oldest = pp; /* list is newest first: the last match is the oldest */
+        if (!oldest)
+            break;
+        proc_t *p = *oldest;
+        *oldest = p->next;
+        s->n_procs--;
+        proc_free(p);
+        finished--;
+    }
+}
+
+static void proc_on_exit(child_t *ch, int wstatus)
+{
+    proc_t *p = ch->data;
+    p->exited = true;
+    p->wstatus = wstatus;
+    p->exit_mono = monotonic_ms();
+    timer_disarm(p->srv->loop, &p->timeout_t);
+    timer_disarm(p->srv->loop, &p->grace_t);
+    server_touch(p->srv);
+    procs_pump_all(p);
+    procs_evict(p->srv);
+}
+
+static void proc_on_timeout(loop_t *l, timer_t_ *t)
+{
+    proc_t *p = t->data;
+    (void)l;
+    p->timed_out = true;
+    proc_signal(p, SIGKILL);
+}
+
+static void proc_on_grace(loop_t *l, timer_t_ *t)
+{
+    proc_t *p = t->data;
+    (void)l;
+    proc_signal(p, SIGKILL); /* the grace period is over */
+}
+
+static json_t *proc_json(const proc_t *p, bool full)
+{
+    char id[32];
+    (void)snprintf(id, sizeof id, "p-%llu", (unsigned long long)p->id);
+    json_t *j = json_pack("{s:s,s:i,s:O,s:s?}", "id", id, "pid", (json_int_t)p->pid, "cmd",
+                          p->cmd, "tag", p->tag);
+    if (!j || !full)
+        return j;
+    json_object_set_new(j, "started_at_ms", json_integer(p->started_at_ms));
+    json_object_set_new(j, "running", json_boolean(!p->exited));
+    json_object_set_new(j, "exit_code", p->exited && WIFEXITED(p->wstatus)
+                                            ? json_integer(WEXITSTATUS(p->wstatus))
+                                            : json_null());
+    json_object_set_new(j, "signal", p->exited && WIFSIGNALED(p->wstatus)
+                                         ? json_integer(WTERMSIG(p->wstatus))
+                                         : json_null());
+    json_object_set_new(j, "timed_out", json_boolean(p->timed_out));
+    json_object_set_new(j, "stdin_open", json_boolean(p->stdin_fd >= 0));
+    return j;
+}
+
+void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
+{
+    server_t *s = c->srv;
+    if (server_running_procs(s) >= PROC_MAX_RUNNING) {
+        conn_respond_error(c, 503, "too many running processes (max %d)", PROC_MAX_RUNNING);
+        return;
+    }
+    proc_t *p = calloc(1, sizeof *p);
+    if (!p) {
+        conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    spawned_t sp;
+    int r = spawn_command(spec, &sp);
+    if (r < 0) {
+        free(p);
+        conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], strerror(-r));
+        return;
+    }
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_REALTIME, &ts);
+    p->srv = s;
+    p->id = s->next_proc_id++;
+    p->pid = sp.pid;
+    p->cmd = json_incref(spec->cmd);
+    p->tag = TAKE_PTR(spec->tag);
+    p->started_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    p->start_mono = monotonic_ms();
+    p->stdin_fd = -EBADF;
+    p->child = (child_t){ .pid = sp.pid, .on_exit = proc_on_exit, .data = p };
+    server_child_add(s, &p->child);
+    outpipe_init(&p->out, sp.out_fd, "stdout", proc_on_pipe, p);
+    outpipe_init(&p->err, sp.err_fd, "stderr", proc_on_pipe, p);
+    timer_init(&p->timeout_t, proc_on_timeout, p);
+    timer_init(&p->grace_t, proc_on_grace, p);
+    (void)loop_watch(s->loop, &p->out.w, EPOLLIN);
+    (void)loop_watch(s->loop, &p->err.w, EPOLLIN);
+    if (spec->timeout_ms)
+        timer_arm(s->loop, &p->timeout_t, spec->timeout_ms);
+    if (sp.in_fd >= 0 && spec->has_stdin) {
+        /* one-shot stdin: written blocking-free as far as the pipe takes it, rest dropped */
+        (void)write(sp.in_fd, spec->stdin_data, MIN(spec->stdin_len, (size_t)65536));
+        safe_close(sp.in_fd);
+    } else if (sp.in_fd >= 0) {
+        p->stdin_fd = sp.in_fd;
+    }
+    p->next = s->procs;
+    s->procs = p;
+    s->n_procs++;
+    json_t *j = proc_json(p, false);
+    if (from_exec && j)
+        json_object_del(j, "cmd");
+    conn_respond_json(c, 200, j);
+}
+
+void procs_kill_all(server_t *s)
+{
+    while (s->procs) {
+        proc_t *p = s->procs;
+        s->procs = p->next;
+        proc_signal(p, SIGKILL);
+        server_child_remove(s, &p->child);
+        proc_free(p);
+    }
+}
+
+/* ---- routes ------------------------------------------------------------------------------ */
+
+static void proc_create_body(conn_t *c, json_t *o)
+{
+    exec_spec_t spec;
+    const char *err = NULL;
+    int r = exec_spec_parse(o, environ, &spec, &err);
+    if (r < 0) {
+        conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
+        return;
+    }
+    proc_start(c, &spec, false);
+    exec_spec_done(&spec);
+}
+
+void route_proc_create(conn_t *c, const route_params_t *rp)
+{
+    (void)rp;
+    route_with_json_body(c, EXEC_MAX_BODY, proc_create_body);
+}
+
+void route_proc_list(conn_t *c, const route_params_t *rp)
+{
+    (void)rp;
+    json_t *arr = json_array();
+    /* oldest first */
+    size_t n = c->srv->n_procs, i = n;
+    proc_t **v = calloc(n ? n : 1, sizeof *v);
+    if (!arr || !v) {
+        free(v);
+        json_decref(arr);
+        conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    for (proc_t *p = c->srv->procs; p && i > 0; p = p->next)
+        v[--i] = p;
+    for (i = 0; i < n; i++)
+        if (v[i])
+            json_array_append_new(arr, proc_json(v[i], true));
+    free(v);
+    conn_respond_json(c, 200, arr);
+}
+
+void route_proc_get(conn_t *c, const route_params_t *rp)
+{
+    proc_t *p = proc_lookup_or_answer(c, rp->id);
+    if (p)
+        conn_respond_json(c, 200, proc_json(p, true));
+}
+
+static int parse_signal(json_t *v, int *ret)
+{
+    static const struct {
+        const char *name;
+        int sig;
+    } names[] = { { "TERM", SIGTERM }, { "KILL", SIGKILL }, { "INT", SIGINT },
+                  { "HUP", SIGHUP },   { "QUIT", SIGQUIT }, { "USR1", SIGUSR1 },
+                  { "USR2", SIGUSR2 }, { "STOP", SIGSTOP }, { "CONT", SIGCONT } };
+    if (!v) {
+        *ret = SIGTERM;
+        return 0;
+    }
+    if (json_is_integer(v)) {
+        json_int_t n = json_integer_value(v);
+        if (n < 1 || n > 64)
+            return -EINVAL;
+        *ret = (int)n;
+        return 0;
+    }
+    if (!json_is_string(v))
+        return -EINVAL;
+    const char *s = json_string_value(v);
+    if (strncmp(s, "SIG", 3) == 0)
+        s += 3;
+    for (size_t i = 0; i < ELEMENTSOF(names); i++)
+        if (streq(s, names[i].name)) {
+            *ret = names[i].sig;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+/* Send sig now; if grace_ms > 0 and the process still runs then, SIGKILL. */
+static bool proc_signal_with_grace(proc_t *p, int sig, uint64_t grace_ms)
+{
+    if (p->exited)
+        return false;
+    proc_signal(p, sig);
+    if (grace_ms > 0 && sig != SIGKILL)
+        timer_arm(p->srv->loop, &p->grace_t, grace_ms);
+    return true;
+}
+
+static sv_t pending_id(conn_t *c)
+{
+    /* the id is in the path: /v1/processes/<id>/signal */
+    sv_t path = c->req.path;
+    size_t pre = strlen("/v1/processes/");
+    size_t end = pre;
+    while (end < path.len && path.p[end] != '/')
+        end++;
+    return sv_make(path.p + pre, end - pre);
+}
+
+static void proc_signal_body(conn_t *c, json_t *o)
+{
+    proc_t *p = proc_lookup_or_answer(c, pending_id(c));
+    if (!p)
+        return;
+    int sig;
+    if (parse_signal(json_object_get(o, "signal"), &sig) < 0) {
+        conn_respond_error(c, 400, "signal must be a number 1..64 or a name like \"TERM\"");
+        return;
+    }
+    json_t *g = json_object_get(o, "grace_secs");
+    double grace = 0;
+    if (g && (!json_is_number(g) || (grace = json_number_value(g)) < 0 || grace > 3600)) {
+        conn_respond_error(c, 400, "grace_secs must be a number between 0 and 3600");
+        return;
+    }
+    bool sent = proc_signal_with_grace(p, sig, (uint64_t)(grace * 1000));
+    char id[32];
+    (void)snprintf(id, sizeof id, "p-%llu", (unsigned long long)p->id);
+    conn_respond_json(c, 200, json_pack("{s:s,s:b,s:i}", "id", id, "signaled", sent, "signal", sig));
+}
+
+void route_proc_signal(conn_t *c, const route_params_t *rp)
+{
+    (void)rp;
+    route_with_json_body(c, 4096, proc_signal_body);
+}
+
+void route_proc_delete(conn_t *c, const route_params_t *rp)
+{
+    proc_t *p = proc_lookup_or_answer(c, rp->id);
+    if (!p)
+        return;
+    bool present;
+    uint64_t grace = 0;
+    if (query_u64(c, "grace", 3600, &present, &grace) < 0) {
+        conn_respond_error(c, 400, "grace must be whole seconds (0..3600)");
+        return;
+    }
+    bool killed = present && grace > 0 ? proc_signal_with_grace(p, SIGTERM, grace * 1000)
+                                       : proc_signal_with_grace(p, SIGKILL, 0);
+    char id[32];
+    (void)snprintf(id, sizeof id, "p-%llu", (unsigned long long)p->id);
+    conn_respond_json(c, 200, json_pack("{s:s,s:b}", "id", id, "killed", killed));
+}
+
+/* ---- stdin stream ------------------------------------------------------------------------ */
+
+static void stdin_answer(conn_t *c, proc_t *p)
+{
+    char id[32];
+    (void)snprintf(id, sizeof id, "p-%llu", (unsigned long long)p->id);
+    if (p->stdin_close_after && p->stdin_fd >= 0) {
+        loop_unwatch(p->srv->loop, &p->in_w);
+        p->stdin_fd = safe_close(p->stdin_fd);
+    }
+    p->stdin_conn = NULL;
+    conn_respond_json(c, 200, json_pack("{s:s,s:I,s:b}", "id", id, "written",
+                                        (json_int_t)p->stdin_written, "closed", p->stdin_fd < 0));
+}
+
+static int stdin_on_body(conn_t *c, const char *d, size_t n)
+{
+    proc_t *p = c->hdata;
+    ssize_t w;
+    do
+        w = write(p->stdin_fd, d, n);
+    while (w < 0 && errno == EINTR);
+    if (w < 0 && errno == EAGAIN) {
+        /* the pipe is full: stop reading the body until the command reads */
+        (void)loop_watch(p->srv->loop, &p->in_w, EPOLLOUT);
+        return 0;
+    }
+    if (w < 0)
+        return -409; /* the command closed its stdin */
+    p->stdin_written += (uint64_t)w;
+    return (int)w;
+}
+
+static void stdin_on_body_end(conn_t *c)
+{
+    proc_t *p = c->hdata;
+    stdin_answer(c, p);
+}
+
+static void stdin_on_close(conn_t *c, bool aborted)
+{
+    proc_t *p = c->hdata;
+    (void)aborted;
+    if (p && p->stdin_conn == c) {
+        p->stdin_conn = NULL;
+        loop_unwatch(p->srv->loop, &p->in_w);
+    }
+    c->hdata = NULL;
+}
+
+static const handler_ops_t stdin_ops = {
+    .on_body = stdin_on_body, .on_body_end = stdin_on_body_end, .on_close = stdin_on_close
+};
+
+static void proc_on_stdin_writable(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    proc_t *p = w->data;
+    (void)ev;
+    (void)loop_watch(l, w, 0);
+    if (p->stdin_conn)
+        conn_resume_body(p->stdin_conn);
+}
+
+void route_proc_stdin(conn_t *c, const route_params_t *rp)
+{
+    proc_t *p = proc_lookup_or_answer(c, rp->id);
+    if (!p)
+        return;
+    if (p->stdin_fd < 0) {
+        conn_respond_error(c, 409, "stdin is not open (start with \"stdin\": true, background)");
+        return;
+    }
+    if (p->stdin_conn) {
+        conn_respond_error(c, 409, "another stdin write is in progress");
+        return;
+    }
+    bool close_after;
+    if (query_bool(c, "close", false, &close_after) < 0) {
+        conn_respond_error(c, 400, "close must be true or false");
+        return;
+    }
+    p->stdin_close_after = close_after;
+    p->stdin_written = 0;
+    p->stdin_conn = c;
+    watcher_init(&p->in_w, p->stdin_fd, proc_on_stdin_writable, p);
+    conn_set_handler(c, &stdin_ops, p);
+    if (conn_body_left(c) == 0) {
+        stdin_answer(c, p);
+        return;
+    }
+    conn_stream_body(c);
+}
+
+/* ---- re-attach --------------------------------------------------------------------------- */
+
+void route_proc_output(conn_t *c, const route_params_t *rp)
+{
+    proc_t *p = proc_lookup_or_answer(c, rp->id);
+    if (!p)
+        return;
+    bool follow;
+    char enc[16] = "utf8";
+    bool since_present;
+    uint64_t since = 0;
+    if (query_bool(c, "follow", true, &follow) < 0 || query_param(c, "encoding", enc, sizeof enc) < 0 ||
+        (!streq(enc, "utf8") && !streq(enc, "base64")) ||
+        query_u64(c, "since", UINT64_MAX, &since_present, &since) < 0) {
+        conn_respond_error(c, 400, "bad query: follow=bool, encoding=utf8|base64, since=<seq>");
+        return;
+    }
+    attach_t *a = calloc(1, sizeof *a);
+    if (!a) {
+        conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    *a = (attach_t){ .p = p, .c = c, .follow = follow, .base64 = streq(enc, "base64"),
+                     .next_seq = since_present ? since : 0, .next = p->attachers };
+    p->attachers = a;
+    conn_set_handler(c, &attach_ops, a);
+    conn_stream_begin(c, 200, "application/x-ndjson",
+                      "Cache-Control: no-store\r\nX-Accel-Buffering: no\r\n");
+    char line[96];
+    int n = snprintf(line, sizeof line, "{\"event\":\"start\",\"pid\":%d,\"seq\":%llu}\n",
+                     (int)p->pid, (unsigned long long)MAX(a->next_seq, p->first_seq));
+    (void)conn_stream_chunk(c, line, (size_t)n);
+    attach_pump(a);
+    conn_flush(c);
+}

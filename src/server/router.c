@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: MIT */
+/* Authentication, the mode gate and the route table. Order of checks (as the reference):
+ * GET /health, then authentication, then the 411 check, then the activity stamp, then the mode
+ * gate (404), then routing. Authentication comes first so that an unauthenticated caller learns
+ * nothing about which routes exist. */
+#include <sodium.h>
+#include <stdio.h>
+
+#include "common/log.h"
+#include "routes.h"
+#include "server.h"
+
+typedef struct {
+    const char *method; /* NULL = any */
+    const char *path;   /* exact path, or prefix ending in '/' with has_id */
+    enum { R_EXACT, R_ID, R_ID_SUFFIX, R_PROXY } kind;
+    const char *suffix; /* for R_ID_SUFFIX */
+    route_fn fn;
+} route_t;
+
+static const route_t dedicated_routes[] = {
+    { "POST", "/v1/exec", R_EXACT, NULL, route_exec },
+    { "POST", "/v1/processes", R_EXACT, NULL, route_proc_create },
+    { "GET", "/v1/processes", R_EXACT, NULL, route_proc_list },
+    { "GET", "/v1/processes/", R_ID, NULL, route_proc_get },
+    { "DELETE", "/v1/processes/", R_ID, NULL, route_proc_delete },
+    { "POST", "/v1/processes/", R_ID_SUFFIX, "/signal", route_proc_signal },
+    { "POST", "/v1/processes/", R_ID_SUFFIX, "/stdin", route_proc_stdin },
+    { "GET", "/v1/processes/", R_ID_SUFFIX, "/output", route_proc_output },
+    { "GET", "/v1/files/read", R_EXACT, NULL, route_files_read },
+    { "PUT", "/v1/files/write", R_EXACT, NULL, route_files_write },
+    { "POST", "/v1/files/write", R_EXACT, NULL, route_files_write },
+    { "GET", "/v1/files/list", R_EXACT, NULL, route_files_list },
+    { "GET", "/v1/files/stat", R_EXACT, NULL, route_files_stat },
+    { "DELETE", "/v1/files/delete", R_EXACT, NULL, route_files_delete },
+    { "POST", "/v1/files/mkdir", R_EXACT, NULL, route_files_mkdir },
+    { "POST", "/v1/files/rename", R_EXACT, NULL, route_files_rename },
+    { NULL, "/v1/proxy/", R_PROXY, NULL, route_proxy },
+};
+
+static bool token_ok(const server_t *s, const conn_t *c)
+{
+    if (!s->cfg.token)
+        return true; /* --allow-no-auth */
+    sv_t v;
+    if (!http_header_get(&c->req, "x-sandbox-token", &v))
+        return false;
+    size_t tlen = strlen(s->cfg.token);
+    /* Lengths are public (64 hex chars); the bytes are compared in constant time. */
+    if (v.len != tlen || tlen == 0)
+        return false;
+    return sodium_memcmp(v.p, s->cfg.token, tlen) == 0;
+}
+
+static bool method_is(const conn_t *c, const char *m)
+{
+    return c->req.method.len == strlen(m) && memcmp(c->req.method.p, m, c->req.method.len) == 0;
+}
+
+static bool valid_id(sv_t id)
+{
+    if (id.len == 0 || id.len > 64)
+        return false;
+    for (size_t i = 0; i < id.len; i++)
+        if (id.p[i] == '/')
+            return false;
+    return true;
+}
+
+/* Match the path against one route; fill params. */
+static bool route_match(const route_t *r, sv_t path, route_params_t *p)
+{
+    size_t plen = strlen(r->path);
+    switch (r->kind) {
+    case R_EXACT:
+        return path.len == plen && memcmp(path.p, r->path, plen) == 0;
+    case R_ID:
+    case R_ID_SUFFIX: {
+        if (path.len <= plen || memcmp(path.p, r->path, plen) != 0)
+            return false;
+        sv_t tail = sv_make(path.p + plen, path.len - plen);
+        if (r->kind == R_ID) {
+            p->id = tail;
+            return valid_id(tail);
+        }
+        size_t slen = strlen(r->suffix);
+        if (tail.len <= slen || memcmp(tail.p + tail.len - slen, r->suffix, slen) != 0)
+            return false;
+        p->id = sv_make(tail.p, tail.len - slen);
+        return valid_id(p->id);
+    }
+    case R_PROXY: {
+        if (path.len < plen || memcmp(path.p, r->path, plen) != 0)
+            return false;
+        sv_t tail = sv_make(path.p + plen, path.len - plen);
+        size_t i = 0;
+        while (i < tail.len && tail.p[i] != '/')
+            i++;
+        uint64_t port = 0;
+        if (parse_u64(sv_make(tail.p, i), 65535, &port) < 0 || port == 0)
+            port = 0; /* answered 404 by the proxy handler */
+        p->port = (uint16_t)port;
+        p->rest = sv_make(tail.p + i, tail.len - i);
+        return true;
+    }
+    }
+    return false;
+}
+
+static bool is_host_route(sv_t path)
+{
+    return sv_eq(path, SV("/v1/sandboxes")) || sv_has_prefix(path, SV("/v1/sandboxes/"));
+}
+
+void router_dispatch(conn_t *c)
+{
+    server_t *s = c->srv;
+    sv_t path = c->req.path;
+
+    if (sv_eq(path, SV("/health")) && (method_is(c, "GET") || method_is(c, "HEAD"))) {
+        c->authed = token_ok(s, c) && s->cfg.token; /* detail only with a real token */
+        if (!s->cfg.token)
+            c->authed = true;
+        route_health(c, NULL);
+        return;
+    }
+    if (!token_ok(s, c)) {
+        c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
+        conn_respond_error(c, 403, "missing or invalid X-Sandbox-Token");
+        return;
+    }
+    if (c->req.has_transfer_encoding) {
+        c->keep_alive = false;
+        conn_respond_error(c, 411, "Transfer-Encoding is not supported; send Content-Length");
+        return;
+    }
+    server_touch(s);
+    if (is_host_route(path) && !s->cfg.host_mode) {
+        conn_respond_error(c, 404, "not found (host-mode route; this server is dedicated)");
+        return;
+    }
+    route_params_t p = { 0 };
+    bool path_known = false;
+    for (size_t i = 0; i < ELEMENTSOF(dedicated_routes); i++) {
+        const route_t *r = &dedicated_routes[i];
+        route_params_t tmp = { 0 };
+        if (!route_match(r, path, &tmp))
+            continue;
+        path_known = true;
+        if (r->method && !method_is(c, r->method))
+            continue;
+        p = tmp;
+        r->fn(c, &p);
+        return;
+    }
+    if (path_known)
+        conn_respond_error(c, 405, "method not allowed");
+    else
+        conn_respond_error(c, 404, "not found");
+}
+
+/* ---- shared helpers ---------------------------------------------------------------------- */
+
+static json_body_fn pending_json_fn(conn_t *c) { return (json_body_fn)c->hdata; }
+
+static void json_body_done(conn_t *c)
+{
+    json_body_fn fn = pending_json_fn(c);
+    c->hdata = NULL;
+    json_error_t err;
+    json_t *j = NULL;
+    if (c->body.len == 0)
+        j = json_object();
+    else
+        j = json_loadb(buf_head(&c->body), c->body.len, JSON_REJECT_DUPLICATES, &err);
+    if (!j) {
+        conn_respond_error(c, 400, "invalid JSON body: %s", err.text);
+        return;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        conn_respond_error(c, 400, "JSON body must be an object");
+        return;
+    }
+    fn(c, j);
+    json_decref(j);
+}
+
+void route_with_json_body(conn_t *c, size_t max, json_body_fn done)
+{
+    c->hdata = (void *)done;
+    conn_collect_body(c, max, json_body_done);
+}
+
+int query_param(const conn_t *c, const char *name, char *out, size_t outcap)
+{
+    sv_t raw;
+    if (!query_get_raw(c->req.query, name, &raw))
+        return 0;
+    if (outcap == 0)
+        return -E2BIG;
+    int n = url_decode(raw, out, outcap - 1, true);
+    if (n < 0)
+        return n;
+    if (memchr(out, '\0', (size_t)n))
+        return -EINVAL;
+    out[n] = '\0';
+    return 1;
+}
+
+int query_bool(const conn_t *c, const char *name, bool def, bool *ret)
+{
+    char v[16];
+    int r = query_param(c, name, v, sizeof v);
+    if (r < 0)
+        return r;
+    if (r == 0) {
+        *ret = def;
+        return 0;
+    }
+    if (streq(v, "true") || streq(v, "1") || streq(v, "yes"))
+        *ret = true;
+    else if (streq(v, "false") || streq(v, "0") || streq(v, "no"))
+        *ret = false;
+    else
+        return -EINVAL;
+    return 0;
+}
+
+int query_u64(const conn_t *c, const char *name, uint64_t max, bool *ret_present, uint64_t *ret)
+{
+    char v[32];
+    int r = query_param(c, name, v, sizeof v);
+    if (r < 0)
+        return r;
+    *ret_present = r > 0;
+    if (r == 0)
+        return 0;
+    return parse_u64_str(v, max, ret);
+}

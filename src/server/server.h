@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: MIT */
+/* sbx-server: shared state of one server process. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/loop.h"
+#include "conn.h"
+
+#define SBX_VERSION "0.1.0"
+#define SBX_PROTOCOL 3
+#define SBX_DEFAULT_PORT 49983
+
+typedef struct {
+    uint16_t port;
+    char bind[64];
+    char unix_path[108]; /* SBX_LISTEN=unix:/path */
+    char *token;         /* NULL with --allow-no-auth */
+    uint64_t idle_timeout_ms; /* 0 = never */
+    uint64_t max_connections;
+    uint64_t keepalive_ms;
+    uint64_t head_timeout_ms, body_timeout_ms, write_timeout_ms;
+    bool host_mode;
+} server_config_t;
+
+typedef struct child child_t;
+struct child {
+    pid_t pid;
+    void (*on_exit)(child_t *ch, int wstatus);
+    void *data;
+    child_t *next;
+};
+
+typedef struct proc proc_t;
+
+struct server {
+    loop_t *loop;
+    server_config_t cfg;
+    int listen_fd;
+    watcher_t listen_w;
+    int sig_fd;
+    watcher_t sig_w;
+    timer_t_ idle_t;
+    conn_t *conns;
+    size_t n_conns;
+    uint64_t start_ms;
+    uint64_t last_activity_ms;
+    unsigned active_ops; /* foreground operations in flight */
+    child_t *children;
+    proc_t *procs;
+    size_t n_procs;
+    uint64_t next_proc_id;
+    int exit_code;
+};
+
+/* Called by handlers: a request was authorized / an operation starts or ends. */
+void server_touch(server_t *s);
+void server_op_begin(server_t *s);
+void server_op_end(server_t *s);
+void server_child_add(server_t *s, child_t *ch);
+void server_child_remove(server_t *s, child_t *ch);
+size_t server_running_procs(const server_t *s);
+
+/* Route a complete request head (after auth). */
+void router_dispatch(conn_t *c);
+int server_init(server_t *s, const server_config_t *cfg);
+int server_run(server_t *s);
+void server_done(server_t *s);

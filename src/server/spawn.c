@@ -1,0 +1,486 @@
+/* SPDX-License-Identifier: MIT */
+#include "spawn.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sodium.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include "common/macro.h"
+#include "common/strutil.h"
+
+static void strv_free(char **v)
+{
+    if (!v)
+        return;
+    for (char **p = v; *p; p++)
+        free(*p);
+    free(v);
+}
+
+void exec_spec_done(exec_spec_t *spec)
+{
+    json_decref(spec->cmd);
+    strv_free(spec->argv);
+    strv_free(spec->envp);
+    free(spec->cwd);
+    free(spec->stdin_data);
+    free(spec->tag);
+    *spec = (exec_spec_t){ 0 };
+}
+
+static int parse_argv(json_t *cmd, json_t *shell, char ***ret, const char **err)
+{
+    bool is_str = json_is_string(cmd), is_arr = json_is_array(cmd);
+    if (!is_str && !is_arr) {
+        *err = "cmd must be a string or an array of strings";
+        return -EINVAL;
+    }
+    if (shell && !json_is_boolean(shell)) {
+        *err = "shell must be a boolean";
+        return -EINVAL;
+    }
+    if (shell && json_is_true(shell) && !is_str) {
+        *err = "shell:true requires cmd to be a string";
+        return -EINVAL;
+    }
+    if (shell && json_is_false(shell) && !is_arr) {
+        *err = "shell:false requires cmd to be an array";
+        return -EINVAL;
+    }
+    size_t n = is_str ? 3 : json_array_size(cmd);
+    if (n == 0) {
+        *err = "cmd must not be empty";
+        return -EINVAL;
+    }
+    if (n > 65536) {
+        *err = "cmd has too many arguments";
+        return -EINVAL;
+    }
+    char **v = calloc(n + 1, sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    if (is_str) {
+        const char *s = json_string_value(cmd);
+        if (strlen(s) != json_string_length(cmd)) {
+            free(v);
+            *err = "cmd must not contain NUL";
+            return -EINVAL;
+        }
+        v[0] = strdup("/bin/sh");
+        v[1] = strdup("-c");
+        v[2] = strdup(s);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            json_t *a = json_array_get(cmd, i);
+            if (!json_is_string(a) || strlen(json_string_value(a)) != json_string_length(a)) {
+                strv_free(v);
+                *err = "cmd array items must be strings without NUL";
+                return -EINVAL;
+            }
+            v[i] = strdup(json_string_value(a));
+            if (!v[i]) {
+                strv_free(v);
+                return -ENOMEM;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!v[i]) {
+            strv_free(v);
+            return -ENOMEM;
+        }
+    *ret = v;
+    return 0;
+}
+
+static bool env_key_ok(const char *k)
+{
+    return *k && !strchr(k, '=');
+}
+
+/* base env (minus keys the request overrides) + request env. */
+static int build_env(json_t *env, char *const *base, char ***ret, const char **err)
+{
+    size_t nbase = 0, nreq = 0, bytes = 0;
+    if (env && !json_is_object(env)) {
+        *err = "env must be an object of strings";
+        return -EINVAL;
+    }
+    while (base && base[nbase])
+        nbase++;
+    nreq = env ? json_object_size(env) : 0;
+    char **v = calloc(nbase + nreq + 1, sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < nbase; i++) {
+        const char *eq = strchr(base[i], '=');
+        if (!eq)
+            continue;
+        if (env) {
+            char key[256];
+            size_t kl = (size_t)(eq - base[i]);
+            if (kl < sizeof key) {
+                memcpy(key, base[i], kl);
+                key[kl] = '\0';
+                if (json_object_get(env, key))
+                    continue;
+            }
+        }
+        if (!(v[k++] = strdup(base[i])))
+            goto oom;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(env, key, val)
+    {
+        const char *sv = json_is_string(val) ? json_string_value(val) : "";
+        size_t vl = json_is_string(val) ? json_string_length(val) : 0;
+        if (!env_key_ok(key) || strlen(sv) != vl) {
+            strv_free(v);
+            *err = "env keys must be non-empty without '=', values without NUL";
+            return -EINVAL;
+        }
+        bytes += strlen(key) + vl + 2;
+        if (bytes > EXEC_MAX_ENV_BYTES) {
+            strv_free(v);
+            *err = "env is too large (max 64 KiB)";
+            return -EINVAL;
+        }
+        size_t len = strlen(key) + vl + 2;
+        char *e = malloc(len);
+        if (!e)
+            goto oom;
+        (void)snprintf(e, len, "%s=%s", key, sv);
+        v[k++] = e;
+    }
+    *ret = v;
+    return 0;
+oom:
+    strv_free(v);
+    return -ENOMEM;
+}
+
+static int get_opt_string(json_t *o, const char *name, char **ret, const char **err, const char *msg)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
+        *err = msg;
+        return -EINVAL;
+    }
+    *ret = strdup(json_string_value(v));
+    return *ret ? 0 : -ENOMEM;
+}
+
+static int get_opt_bool(json_t *o, const char *name, bool *ret, const char **err, const char *msg)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v)) {
+        *err = msg;
+        return -EINVAL;
+    }
+    *ret = json_is_true(v);
+    return 0;
+}
+
+static int parse_stdin(json_t *o, exec_spec_t *spec, const char **err)
+{
+    json_t *in = json_object_get(o, "stdin"), *in64 = json_object_get(o, "stdin_b64");
+    if (in && !json_is_null(in)) {
+        if (json_is_boolean(in)) { /* stdin:true = keep a stdin stream open (background) */
+            spec->stdin_stream = json_is_true(in);
+        } else if (json_is_string(in)) {
+            spec->stdin_len = json_string_length(in);
+            spec->stdin_data = malloc(spec->stdin_len + 1);
+            if (!spec->stdin_data)
+                return -ENOMEM;
+            memcpy(spec->stdin_data, json_string_value(in), spec->stdin_len);
+            spec->has_stdin = true;
+        } else {
+            *err = "stdin must be a string";
+            return -EINVAL;
+        }
+    }
+    if (in64 && !json_is_null(in64)) {
+        if (!json_is_string(in64) || spec->has_stdin) {
+            *err = "stdin_b64 must be a base64 string (and excludes stdin)";
+            return -EINVAL;
+        }
+        size_t l = json_string_length(in64), out;
+        spec->stdin_data = malloc(l / 4 * 3 + 3);
+        if (!spec->stdin_data)
+            return -ENOMEM;
+        if (sodium_base642bin((unsigned char *)spec->stdin_data, l / 4 * 3 + 3,
+                              json_string_value(in64), l, NULL, &out, NULL,
+                              sodium_base64_VARIANT_ORIGINAL) != 0) {
+            *err = "stdin_b64 is not valid base64";
+            return -EINVAL;
+        }
+        spec->stdin_len = out;
+        spec->has_stdin = true;
+    }
+    return 0;
+}
+
+int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, const char **err)
+{
+    int r;
+    *spec = (exec_spec_t){ 0 };
+    json_t *cmd = json_object_get(o, "cmd");
+    if (!cmd) {
+        *err = "cmd is required";
+        return -EINVAL;
+    }
+    spec->cmd = json_incref(cmd);
+    r = parse_argv(cmd, json_object_get(o, "shell"), &spec->argv, err);
+    if (r >= 0)
+        r = build_env(json_object_get(o, "env"), base_env, &spec->envp, err);
+    if (r >= 0)
+        r = get_opt_string(o, "cwd", &spec->cwd, err, "cwd must be a string");
+    if (r >= 0)
+        r = get_opt_string(o, "tag", &spec->tag, err, "tag must be a string");
+    if (r >= 0)
+        r = get_opt_bool(o, "background", &spec->background, err, "background must be a boolean");
+    if (r >= 0)
+        r = parse_stdin(o, spec, err);
+    json_t *t = json_object_get(o, "timeout");
+    if (r >= 0 && t && !json_is_null(t)) {
+        double secs = json_is_number(t) ? json_number_value(t) : -1;
+        if (!json_is_number(t) || secs < 0 || secs > 31536000.0) {
+            *err = "timeout must be a number of seconds between 0 and one year";
+            r = -EINVAL;
+        } else {
+            spec->timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
+            if (secs > 0 && spec->timeout_ms == 0)
+                spec->timeout_ms = 1;
+        }
+    }
+    json_t *enc = json_object_get(o, "encoding");
+    if (r >= 0 && enc && !json_is_null(enc)) {
+        const char *e = json_is_string(enc) ? json_string_value(enc) : "";
+        if (streq(e, "base64"))
+            spec->base64 = true;
+        else if (!streq(e, "utf8") && !streq(e, "utf-8")) {
+            *err = "encoding must be \"utf8\" or \"base64\"";
+            r = -EINVAL;
+        }
+    }
+    if (r < 0)
+        exec_spec_done(spec);
+    return r;
+}
+
+void spawned_close(spawned_t *sp)
+{
+    sp->in_fd = safe_close(sp->in_fd);
+    sp->out_fd = safe_close(sp->out_fd);
+    sp->err_fd = safe_close(sp->err_fd);
+}
+
+static int make_pipe(int p[2], bool parent_reads)
+{
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return negative_errno();
+    int ours = parent_reads ? p[0] : p[1];
+    (void)fcntl(ours, F_SETFL, O_NONBLOCK);
+    if (parent_reads)
+        (void)fcntl(p[1], F_SETPIPE_SZ, 1024 * 1024); /* fewer wakeups for bulk output */
+    return 0;
+}
+
+int spawn_command(const exec_spec_t *spec, spawned_t *ret)
+{
+    int out[2] = { -1, -1 }, err[2] = { -1, -1 }, in[2] = { -1, -1 };
+    int r;
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    bool want_in = spec->has_stdin || spec->stdin_stream;
+
+    if ((r = make_pipe(out, true)) < 0)
+        return r;
+    if ((r = make_pipe(err, true)) < 0)
+        goto fail_pipes;
+    if (want_in && (r = make_pipe(in, false)) < 0)
+        goto fail_pipes;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&at);
+    if (want_in)
+        posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    else
+        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    if (spec->cwd)
+        posix_spawn_file_actions_addchdir_np(&fa, spec->cwd);
+    /* Own process group, so a kill reaches the whole pipeline; default signal state, since the
+     * server blocks SIGCHLD/SIGTERM and ignores SIGPIPE and exec would inherit both. */
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    posix_spawnattr_setpgroup(&at, 0);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                      POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_USEVFORK);
+    pid_t pid;
+    r = -posix_spawnp(&pid, spec->argv[0], &fa, &at, spec->argv, spec->envp);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    safe_close(out[1]);
+    safe_close(err[1]);
+    safe_close(in[0]);
+    out[1] = err[1] = in[0] = -1;
+    if (r < 0)
+        goto fail_pipes;
+    *ret = (spawned_t){ .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = err[0] };
+    return 0;
+fail_pipes:
+    safe_close(out[0]);
+    safe_close(out[1]);
+    safe_close(err[0]);
+    safe_close(err[1]);
+    safe_close(in[0]);
+    safe_close(in[1]);
+    return r;
+}
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+size_t event_output_max(size_t n)
+{
+    /* lossy JSON text (6 bytes per input byte at worst) + base64 copy + framing */
+    return n * 6 + (n + 2) / 3 * 4 + 96;
+}
+
+static const char hexd[] = "0123456789abcdef";
+
+/* JSON-escape valid UTF-8 (invalid bytes become U+FFFD). Returns bytes written; *bad tells
+ * whether any byte had to be replaced. */
+static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
+{
+    char *d = dst;
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = p[i];
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            *d++ = (char)c;
+            i++;
+            continue;
+        }
+        if (c < 0x80) {
+            *d++ = '\\';
+            switch (c) {
+            case '"': *d++ = '"'; break;
+            case '\\': *d++ = '\\'; break;
+            case '\n': *d++ = 'n'; break;
+            case '\r': *d++ = 'r'; break;
+            case '\t': *d++ = 't'; break;
+            case '\b': *d++ = 'b'; break;
+            case '\f': *d++ = 'f'; break;
+            default:
+                *d++ = 'u';
+                *d++ = '0';
+                *d++ = '0';
+                *d++ = hexd[c >> 4];
+                *d++ = hexd[c & 15];
+            }
+            i++;
+            continue;
+        }
+        /* one multi-byte sequence, if it is complete and valid */
+        size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2, inc;
+        if (i + len <= n && utf8_valid_prefix(p + i, len, &inc) == len) {
+            memcpy(d, p + i, len);
+            d += len;
+            i += len;
+            continue;
+        }
+        /* invalid or truncated sequence: one replacement character for this byte */
+        *bad = true;
+        memcpy(d, "\xEF\xBF\xBD", 3);
+        d += 3;
+        i++;
+    }
+    return (size_t)(d - dst);
+}
+
+static char *put(char *d, const char *s)
+{
+    size_t n = strlen(s);
+    memcpy(d, s, n);
+    return d + n;
+}
+
+static size_t b64_encode(char *dst, const unsigned char *p, size_t n)
+{
+    if (n == 0)
+        return 0;
+    size_t cap = sodium_base64_ENCODED_LEN(n, sodium_base64_VARIANT_ORIGINAL);
+    (void)sodium_bin2base64(dst, cap, p, n, sodium_base64_VARIANT_ORIGINAL);
+    return cap - 1;
+}
+
+size_t event_encode_output(char *dst, const char *stream, const unsigned char *p, size_t n,
+                           bool base64)
+{
+    char *d = dst;
+    d = put(d, "{\"event\":\"");
+    d = put(d, stream);
+    d = put(d, "\",\"data\":\"");
+    if (base64) {
+        d += b64_encode(d, p, n);
+        d = put(d, "\"}\n");
+        return (size_t)(d - dst);
+    }
+    bool bad = false;
+    d += json_escape(d, p, n, &bad);
+    if (bad) {
+        d = put(d, "\",\"data_b64\":\"");
+        d += b64_encode(d, p, n);
+    }
+    d = put(d, "\"}\n");
+    return (size_t)(d - dst);
+}
+
+size_t utf8_split_tail(const unsigned char *buf, size_t len, utf8_carry_t *carry)
+{
+    carry->n = 0;
+    /* Look back at most 3 bytes for the lead byte of an unfinished sequence. */
+    for (size_t back = 1; back <= 3 && back <= len; back++) {
+        unsigned char c = buf[len - back];
+        if ((c & 0xC0) == 0x80)
+            continue; /* continuation byte: keep looking for the lead */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (need > back) {
+            size_t inc;
+            (void)utf8_valid_prefix(buf + len - back, back, &inc);
+            if (inc == back) { /* a valid beginning: hold it for the next read */
+                memcpy(carry->b, buf + len - back, back);
+                carry->n = back;
+                return len - back;
+            }
+        }
+        break;
+    }
+    return len;
+}
+
+int event_encode_exit(char *dst, size_t cap, int wstatus, bool timed_out, uint64_t duration_ms)
+{
+    char code[16] = "null", sig[16] = "null";
+    if (WIFEXITED(wstatus))
+        (void)snprintf(code, sizeof code, "%d", WEXITSTATUS(wstatus));
+    else if (WIFSIGNALED(wstatus))
+        (void)snprintf(sig, sizeof sig, "%d", WTERMSIG(wstatus));
+    return snprintf(dst, cap,
+                    "{\"event\":\"exit\",\"exit_code\":%s,\"signal\":%s,\"timed_out\":%s,"
+                    "\"duration_ms\":%llu}\n",
+                    code, sig, timed_out ? "true" : "false", (unsigned long long)duration_ms);
+}

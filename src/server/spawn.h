@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/* Exec requests: parsing the JSON spec, starting the command, encoding its output as events. */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define EXEC_MAX_BODY (16 * 1024 * 1024)
+#define EXEC_MAX_ENV_BYTES (64 * 1024)
+#define EXEC_READ_CHUNK (64 * 1024)
+
+typedef struct {
+    json_t *cmd; /* as sent (string or array), for echoing back */
+    char **argv;
+    char **envp;
+    char *cwd;
+    uint64_t timeout_ms; /* 0 = none */
+    char *stdin_data;
+    size_t stdin_len;
+    bool has_stdin;
+    bool stdin_stream; /* background: keep stdin open for POST .../stdin */
+    bool background;
+    char *tag;
+    bool base64; /* "encoding":"base64" */
+} exec_spec_t;
+
+/* Parse and validate; on -EINVAL *ret_err names the problem (static string). */
+int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, const char **ret_err);
+void exec_spec_done(exec_spec_t *spec);
+
+typedef struct {
+    pid_t pid;
+    int in_fd; /* -1 unless stdin data or a stdin stream was asked for */
+    int out_fd, err_fd;
+} spawned_t;
+
+/* Start the command in its own process group with pipes for stdout/stderr (non-blocking on
+ * our side). A command that cannot be started fails here (-errno), before any stream begins. */
+int spawn_command(const exec_spec_t *spec, spawned_t *ret);
+void spawned_close(spawned_t *sp);
+
+/* Output events. `carry` holds up to 3 bytes of a UTF-8 sequence split across reads. */
+typedef struct {
+    unsigned char b[4];
+    size_t n;
+} utf8_carry_t;
+
+/* Upper bound of the encoded size of one output event for n payload bytes. */
+size_t event_output_max(size_t n);
+/* Encode {"event":<stream>,"data":...}\n into dst. In UTF-8 mode the bytes must already be
+ * split at a sequence boundary; invalid bytes make the event carry "data" (with U+FFFD) and
+ * "data_b64" (the exact bytes). Returns the length written. */
+size_t event_encode_output(char *dst, const char *stream, const unsigned char *p, size_t n,
+                           bool base64);
+/* Move the incomplete UTF-8 tail of buf (len) into carry; return the length to emit now. */
+size_t utf8_split_tail(const unsigned char *buf, size_t len, utf8_carry_t *carry);
+/* {"event":"exit",...}\n from a wait status. */
+int event_encode_exit(char *dst, size_t cap, int wstatus, bool timed_out, uint64_t duration_ms);
