@@ -68,15 +68,17 @@ int buf_printf(buf_t *b, const char *fmt, ...)
         return -EINVAL;
     if ((size_t)n < sizeof small)
         return buf_append(b, small, (size_t)n);
-    char *space;
-    int r = buf_reserve(b, (size_t)n + 1, &space);
-    if (r < 0)
-        return r;
+    /* Longer than the stack buffer: format into a temporary so that a result that exactly
+     * fills the cap (no room for vsnprintf's NUL inside the buffer) is still accepted. */
+    char *tmp = malloc((size_t)n + 1);
+    if (!tmp)
+        return -ENOMEM;
     va_start(ap, fmt);
-    (void)vsnprintf(space, (size_t)n + 1, fmt, ap);
+    (void)vsnprintf(tmp, (size_t)n + 1, fmt, ap);
     va_end(ap);
-    b->len += (size_t)n;
-    return 0;
+    int r = buf_append(b, tmp, (size_t)n);
+    free(tmp);
+    return r;
 }
 
 void buf_consume(buf_t *b, size_t n)

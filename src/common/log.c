@@ -20,5 +20,6 @@ void log_msg(int level, const char *fmt, ...)
     (void)vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     static const char *const names[] = { [3] = "error", [4] = "warn", [6] = "info", [7] = "debug" };
-    (void)fprintf(stderr, "sbx: %s: %s\n", level >= 0 && level <= 7 && names[level] ? names[level] : "log", line);
+    (void)fprintf(stderr, "sbx: %s: %s\n",
+                  level >= 0 && level <= 7 && names[level] ? names[level] : "log", line);
 }

@@ -14,7 +14,7 @@ struct loop {
     struct deferred {
         void (*fn)(void *);
         void *p;
-    } *defer;
+    } * defer;
     size_t n_defer, cap_defer;
 };
 

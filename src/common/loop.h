@@ -30,7 +30,7 @@ struct timer {
 
 int loop_new(loop_t **ret);
 loop_t *loop_free(loop_t *l);
-uint64_t loop_now_ms(loop_t *l);    /* cached at each iteration */
+uint64_t loop_now_ms(loop_t *l); /* cached at each iteration */
 uint64_t monotonic_ms(void);
 
 static inline void watcher_init(watcher_t *w, int fd, watcher_cb cb, void *data)

@@ -4,7 +4,10 @@
 #include <errno.h>
 #include <string.h>
 
-bool sv_eq(sv_t a, sv_t b) { return a.len == b.len && (a.len == 0 || memcmp(a.p, b.p, a.len) == 0); }
+bool sv_eq(sv_t a, sv_t b)
+{
+    return a.len == b.len && (a.len == 0 || memcmp(a.p, b.p, a.len) == 0);
+}
 
 static char ascii_lower(char c) { return (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c; }
 
@@ -49,18 +52,18 @@ int parse_u64_str(const char *s, uint64_t max, uint64_t *ret)
 
 int parse_octal(sv_t s, uint32_t max, uint32_t *ret)
 {
-    uint32_t v = 0;
+    uint64_t v = 0; /* 11 octal digits fit; 32 bits do not (fuzz/corpus: octal-overflow) */
     if (s.len == 0 || s.len > 11)
         return -EINVAL;
     for (size_t i = 0; i < s.len; i++) {
         char c = s.p[i];
         if (c < '0' || c > '7')
             return -EINVAL;
-        v = v * 8 + (uint32_t)(c - '0');
+        v = v * 8 + (uint64_t)(c - '0');
         if (v > max)
             return -ERANGE;
     }
-    *ret = v;
+    *ret = (uint32_t)v;
     return 0;
 }
 
@@ -89,8 +92,9 @@ int parse_seconds_ms(sv_t s, uint64_t max_ms, uint64_t *ret_ms)
             scale /= 10;
         }
     }
-    uint64_t total = whole * 1000 + ms;
-    if (total > max_ms)
+    uint64_t total;
+    if (__builtin_mul_overflow(whole, 1000, &total) || __builtin_add_overflow(total, ms, &total) ||
+        total > max_ms)
         return -ERANGE;
     *ret_ms = total;
     return 0;
@@ -143,7 +147,8 @@ bool query_get_raw(sv_t q, const char *name, sv_t *ret)
         while (eq < part.len && part.p[eq] != '=')
             eq++;
         if (eq == nlen && memcmp(part.p, name, nlen) == 0) {
-            *ret = eq < part.len ? sv_make(part.p + eq + 1, part.len - eq - 1) : sv_make(part.p + eq, 0);
+            *ret = eq < part.len ? sv_make(part.p + eq + 1, part.len - eq - 1)
+                                 : sv_make(part.p + eq, 0);
             return true;
         }
         if (end >= q.len)

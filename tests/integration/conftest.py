@@ -7,6 +7,7 @@ ASan+UBSan build in CI.
 import http.client
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -17,6 +18,18 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("SBX_BUILD", os.path.join(ROOT, "build"))
 SERVER_BIN = os.path.join(BUILD, "sbx-server")
+
+
+# A sanitizer report in the server's stderr fails the test that stopped it (the ASan+UBSan
+# build runs with abort_on_error/halt_on_error, but a report must never pass unnoticed).
+SANITIZER_REPORT = re.compile(
+    r"ERROR: AddressSanitizer|ERROR: LeakSanitizer|SUMMARY: UndefinedBehaviorSanitizer"
+    r"|:\d+:\d+: runtime error: ")
+
+
+def assert_no_sanitizer_report(stderr_text):
+    m = SANITIZER_REPORT.search(stderr_text)
+    assert m is None, "sanitizer report in sbx-server stderr:\n" + stderr_text[-8000:]
 
 
 def free_port():
@@ -62,6 +75,9 @@ class Server:
         raise RuntimeError("sbx-server did not start listening")
 
     def stop(self):
+        """Stop the server (once) and return its stderr; fails on a sanitizer report."""
+        if getattr(self, "_stderr", None) is not None:
+            return self._stderr
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -70,7 +86,9 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         out, err = self.proc.communicate()
-        return err.decode(errors="replace")
+        self._stderr = err.decode(errors="replace")
+        assert_no_sanitizer_report(self._stderr)
+        return self._stderr
 
     # -- HTTP helpers -------------------------------------------------------------------------
     def conn(self, timeout=30):
@@ -135,17 +153,17 @@ def status_of(raw_response):
 def output_of(events, stream="stdout"):
     """Concatenate the exact bytes of stdout/stderr events (base64 or data_b64 aware)."""
     import base64
-    out = b""
+    out = []  # joined once: += on bytes is quadratic (minutes for a 50 MB stream)
     for e in events:
         if e.get("event") != stream:
             continue
         if "data_b64" in e:
-            out += base64.b64decode(e["data_b64"])
+            out.append(base64.b64decode(e["data_b64"]))
         elif e.get("_b64"):
-            out += base64.b64decode(e["data"])
+            out.append(base64.b64decode(e["data"]))
         else:
-            out += e["data"].encode()
-    return out
+            out.append(e["data"].encode())
+    return b"".join(out)
 
 
 @pytest.fixture

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Install what building and testing sbx needs on Debian 12. Idempotent and quiet: it asks
+# dpkg-query first and calls apt-get (update + install) only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+    build-essential meson ninja-build pkg-config
+    clang clang-format
+    libsodium-dev libjansson-dev libseccomp-dev libcap-dev musl-tools
+    python3 python3-pytest
+    curl iproute2 procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+    [[ "$status" == installed ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+    exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+if ((EUID != 0)); then
+    echo "setup: missing packages and not root; run: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

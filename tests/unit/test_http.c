@@ -1,0 +1,380 @@
+/* SPDX-License-Identifier: MIT */
+/* The strict HTTP/1.1 request-head parser (src/server/http.c): what it accepts, what it
+ * refuses and with which status. Every refusal sits beside a positive control that differs
+ * from it by the one rule under test. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/http.h"
+#include "tap.h"
+
+static http_request_t req;
+
+static int parse(const char *s) { return http_parse_request(s, strlen(s), &req); }
+
+/* A request that is fine, with one header line inserted (or nothing if hdr is NULL). */
+static int parse_with_header(const char *hdr)
+{
+    char buf[4096];
+    int n = snprintf(buf, sizeof buf, "POST /v1/exec HTTP/1.1\r\nHost: x\r\n%s%s\r\n",
+                     hdr ? hdr : "", hdr ? "\r\n" : "");
+    if (n < 0 || (size_t)n >= sizeof buf)
+        abort();
+    return http_parse_request(buf, (size_t)n, &req);
+}
+
+/* Like parse_with_header, but the header line may hold NUL or any other byte. */
+static int parse_with_header_bytes(const char *hdr, size_t hlen)
+{
+    static const char pre[] = "GET / HTTP/1.1\r\n";
+    char buf[4096];
+    size_t n = 0;
+    memcpy(buf, pre, sizeof pre - 1);
+    n += sizeof pre - 1;
+    memcpy(buf + n, hdr, hlen);
+    n += hlen;
+    memcpy(buf + n, "\r\n\r\n", 4);
+    n += 4;
+    return http_parse_request(buf, n, &req);
+}
+
+TEST(simple_get)
+{
+    const char *s = "GET /v1/exec?x=1&y=%20 HTTP/1.1\r\nHost: a\r\nX-Sandbox-Token: t0k\r\n\r\n";
+    ASSERT_EQ(parse(s), strlen(s));
+    ASSERT_EQ_U(req.head_len, strlen(s));
+    ASSERT_SV_EQ(req.method, "GET");
+    ASSERT_SV_EQ(req.target, "/v1/exec?x=1&y=%20");
+    ASSERT_SV_EQ(req.path, "/v1/exec");
+    ASSERT_SV_EQ(req.query, "x=1&y=%20");
+    ASSERT_EQ(req.minor, 1);
+    ASSERT_EQ_U(req.n_headers, 2);
+    ASSERT_SV_EQ(req.headers[0].name, "Host");
+    ASSERT_SV_EQ(req.headers[0].value, "a");
+    ASSERT_SV_EQ(req.headers[1].name, "X-Sandbox-Token");
+    ASSERT_SV_EQ(req.headers[1].value, "t0k");
+    ASSERT_TRUE(req.keep_alive);
+    ASSERT_FALSE(req.has_content_length);
+    ASSERT_FALSE(req.has_transfer_encoding);
+    ASSERT_FALSE(req.upgrade);
+}
+
+TEST(no_query_and_no_headers)
+{
+    ASSERT_EQ(parse("GET / HTTP/1.1\r\n\r\n"), 18);
+    ASSERT_SV_EQ(req.path, "/");
+    ASSERT_EQ_U(req.query.len, 0);
+    ASSERT_EQ_U(req.n_headers, 0);
+    /* empty query after '?' */
+    ASSERT_EQ(parse("GET /a? HTTP/1.1\r\n\r\n"), 20);
+    ASSERT_SV_EQ(req.path, "/a");
+    ASSERT_EQ_U(req.query.len, 0);
+}
+
+TEST(post_with_body_returns_head_length)
+{
+    const char *head = "POST /v1/exec HTTP/1.1\r\nContent-Length: 5\r\n\r\n";
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "%shello", head);
+    ASSERT_EQ(http_parse_request(buf, (size_t)n, &req), strlen(head));
+    ASSERT_TRUE(req.has_content_length);
+    ASSERT_EQ_U(req.content_length, 5);
+    ASSERT_SV_EQ(req.method, "POST");
+}
+
+TEST(header_value_whitespace_is_trimmed)
+{
+    ASSERT_GT(parse_with_header("X-A: \t v a l \t "), 0);
+    ASSERT_SV_EQ(req.headers[1].name, "X-A");
+    ASSERT_SV_EQ(req.headers[1].value, "v a l");
+    ASSERT_GT(parse_with_header("X-Empty:"), 0);
+    ASSERT_SV_EQ(req.headers[1].value, "");
+    ASSERT_GT(parse_with_header("X-Spaces:    "), 0);
+    ASSERT_SV_EQ(req.headers[1].value, "");
+    /* every tchar is allowed in a name */
+    ASSERT_GT(parse_with_header("!#$%&'*+-.^_`|~09azAZ: 1"), 0);
+    ASSERT_SV_EQ(req.headers[1].name, "!#$%&'*+-.^_`|~09azAZ");
+}
+
+TEST(header_lookup_is_case_insensitive)
+{
+    sv_t v;
+    ASSERT_GT(parse("GET / HTTP/1.1\r\nX-Sandbox-Token: abc\r\nx-sandbox-token: def\r\n\r\n"), 0);
+    ASSERT_TRUE(http_header_get(&req, "x-SANDBOX-token", &v));
+    ASSERT_SV_EQ(v, "abc"); /* the first match */
+    ASSERT_FALSE(http_header_get(&req, "x-sandbox-toke", &v));
+    ASSERT_FALSE(http_header_get(&req, "x-sandbox-tokenn", &v));
+}
+
+TEST(connection_semantics)
+{
+    ASSERT_GT(parse("GET / HTTP/1.0\r\n\r\n"), 0);
+    ASSERT_EQ(req.minor, 0);
+    ASSERT_FALSE(req.keep_alive);
+    ASSERT_GT(parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"), 0);
+    ASSERT_TRUE(req.keep_alive);
+    ASSERT_GT(parse("GET / HTTP/1.1\r\nConnection: close\r\n\r\n"), 0);
+    ASSERT_FALSE(req.keep_alive);
+    ASSERT_GT(parse("GET / HTTP/1.1\r\nConnection: keep-alive, Upgrade\r\n\r\n"), 0);
+    ASSERT_TRUE(req.keep_alive);
+    ASSERT_TRUE(req.upgrade);
+    ASSERT_GT(parse("GET / HTTP/1.1\r\nConnection: closed\r\n\r\n"), 0);
+    ASSERT_TRUE(req.keep_alive); /* "closed" is not the token "close" */
+    ASSERT_FALSE(req.upgrade);
+}
+
+TEST(duplicate_headers)
+{
+    ASSERT_GT(parse_with_header("Content-Length: 7\r\ncontent-length: 7"), 0);
+    ASSERT_EQ_U(req.content_length, 7);
+    ASSERT_EQ(parse_with_header("Content-Length: 7\r\nContent-Length: 8"), -400);
+    ASSERT_GT(parse_with_header("Content-Length: 7\r\nContent-Length: 07"), 0); /* same number */
+    ASSERT_EQ_U(req.content_length, 7);
+}
+
+TEST(conflicting_host_refused)
+{
+    ASSERT_GT(parse_with_header("Host: x"), 0); /* same value twice */
+    ASSERT_EQ(parse_with_header("Host: y"), -400);
+}
+
+TEST(bare_lf_and_bare_cr_refused)
+{
+    ASSERT_GT(parse("GET / HTTP/1.1\r\nA: b\r\n\r\n"), 0);
+    ASSERT_EQ(parse("GET / HTTP/1.1\nA: b\r\n\r\n"), -400);
+    ASSERT_EQ(parse("GET / HTTP/1.1\r\nA: b\n\r\n"), -400);
+    ASSERT_EQ(parse("GET / HTTP/1.1\r\nA: b\r\n\n"), -400);
+    ASSERT_EQ(parse("GET / HTTP/1.1\r\nA: b\rX\r\n\r\n"), -400);
+    ASSERT_EQ(parse("GET / HTTP/1.1\r\r\n\r\n"), -400);
+    ASSERT_EQ(parse("\n"), -400);
+}
+
+TEST(space_before_colon_refused)
+{
+    ASSERT_GT(parse_with_header("X-A: 1"), 0);
+    ASSERT_EQ(parse_with_header("X-A : 1"), -400);
+    ASSERT_EQ(parse_with_header("X-A\t: 1"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length : 1"), -400);
+}
+
+TEST(obs_fold_refused)
+{
+    ASSERT_GT(parse_with_header("X-A: 1\r\nX-B: 2"), 0);
+    ASSERT_EQ(parse_with_header("X-A: 1\r\n 2"), -400);
+    ASSERT_EQ(parse_with_header("X-A: 1\r\n\t2"), -400);
+    ASSERT_EQ(parse("GET / HTTP/1.1\r\n X-A: 1\r\n\r\n"), -400);
+}
+
+TEST(non_token_header_name_refused)
+{
+    ASSERT_GT(parse_with_header("X-Ok: 1"), 0);
+    ASSERT_EQ(parse_with_header(": 1"), -400);       /* empty name */
+    ASSERT_EQ(parse_with_header("X@A: 1"), -400);    /* '@' is a separator */
+    ASSERT_EQ(parse_with_header("X A: 1"), -400);    /* space inside */
+    ASSERT_EQ(parse_with_header("X(A): 1"), -400);   /* parentheses */
+    ASSERT_EQ(parse_with_header("X\"A\": 1"), -400); /* quotes */
+    ASSERT_EQ(parse_with_header("NoColon"), -400);
+    ASSERT_EQ(parse_with_header_bytes("X\xc3\xa9: 1", 6), -400); /* non-ASCII name */
+    ASSERT_EQ(parse_with_header_bytes("X\0A: 1", 6), -400);      /* NUL in name */
+}
+
+TEST(bad_header_value_bytes_refused)
+{
+    ASSERT_GT(parse_with_header_bytes("X-A: caf~", 9), 0);
+    ASSERT_EQ(parse_with_header_bytes("X-A: caf\xc3\xa9", 10), -400); /* UTF-8 */
+    ASSERT_EQ(parse_with_header_bytes("X-A: \x80", 6), -400);
+    ASSERT_EQ(parse_with_header_bytes("X-A: \xff", 6), -400);
+    ASSERT_EQ(parse_with_header_bytes("X-A: a\x01", 7), -400); /* control */
+    ASSERT_EQ(parse_with_header_bytes("X-A: a\x7f", 7), -400); /* DEL */
+    ASSERT_EQ(parse_with_header_bytes("X-A: a\0b", 8), -400);  /* NUL */
+    /* tab inside a value is fine */
+    ASSERT_GT(parse_with_header_bytes("X-A: a\tb", 8), 0);
+    ASSERT_SV_EQ(req.headers[0].value, "a\tb");
+}
+
+TEST(content_length_values)
+{
+    ASSERT_GT(parse_with_header("Content-Length: 0"), 0);
+    ASSERT_TRUE(req.has_content_length);
+    ASSERT_EQ_U(req.content_length, 0);
+    ASSERT_GT(parse_with_header("Content-Length: 9007199254740992"), 0); /* 2^53, the cap */
+    ASSERT_EQ_U(req.content_length, UINT64_C(9007199254740992));
+    ASSERT_GT(parse_with_header("Content-Length: 0012"), 0);
+    ASSERT_EQ_U(req.content_length, 12);
+    ASSERT_EQ(parse_with_header("Content-Length: 9007199254740993"), -400); /* 2^53 + 1 */
+    ASSERT_EQ(parse_with_header("Content-Length: 18446744073709551616"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: 99999999999999999999999999"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: "), -400);
+    ASSERT_EQ(parse_with_header("Content-Length:"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: +5"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: -5"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: 5a"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: 0x10"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: 1 2"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: 1,1"), -400);
+    ASSERT_EQ(parse_with_header("Content-Length: 1.0"), -400);
+}
+
+TEST(content_length_with_transfer_encoding_refused)
+{
+    ASSERT_GT(parse_with_header("Transfer-Encoding: chunked"), 0);
+    ASSERT_TRUE(req.has_transfer_encoding);
+    ASSERT_FALSE(req.has_content_length);
+    ASSERT_EQ(parse_with_header("Content-Length: 5\r\nTransfer-Encoding: chunked"), -400);
+    ASSERT_EQ(parse_with_header("transfer-encoding: chunked\r\ncontent-length: 5"), -400);
+}
+
+TEST(request_line_refusals)
+{
+    ASSERT_GT(parse("GET / HTTP/1.1\r\n\r\n"), 0);
+    ASSERT_EQ(parse("GET  / HTTP/1.1\r\n\r\n"), -400); /* double space before target */
+    ASSERT_EQ(parse("GET /  HTTP/1.1\r\n\r\n"), -400); /* double space before version */
+    ASSERT_EQ(parse("GET / HTTP/1.1 \r\n\r\n"), -400); /* trailing space */
+    ASSERT_EQ(parse(" GET / HTTP/1.1\r\n\r\n"), -400); /* leading space */
+    ASSERT_EQ(parse("GET\t/ HTTP/1.1\r\n\r\n"), -400); /* tab separator */
+    ASSERT_EQ(parse("GET /\r\n\r\n"), -400);           /* HTTP/0.9 style */
+    ASSERT_EQ(parse("GET / http/1.1\r\n\r\n"), -400);  /* version is case-sensitive */
+    ASSERT_EQ(parse("GET / HTTP/1.10\r\n\r\n"), -400);
+    ASSERT_EQ(parse("GET / HTTP/1\r\n\r\n"), -400);
+    ASSERT_EQ(parse("GET / HTTP/1.x\r\n\r\n"), -400);
+    ASSERT_EQ(parse("GET * HTTP/1.1\r\n\r\n"), -400);         /* asterisk-form */
+    ASSERT_EQ(parse("GET http://a/ HTTP/1.1\r\n\r\n"), -400); /* absolute-form */
+    ASSERT_EQ(parse("G(T / HTTP/1.1\r\n\r\n"), -400);         /* non-token method */
+    ASSERT_EQ(parse_with_header_bytes("", 0), 18);            /* positive control for the helper */
+    ASSERT_EQ(http_parse_request("GET /\x7f HTTP/1.1\r\n\r\n", 19, &req), -400);
+    ASSERT_EQ(http_parse_request("GET /\xc3\xa9 HTTP/1.1\r\n\r\n", 20, &req), -400);
+    ASSERT_EQ(parse("\r\n\r\n"), -400); /* empty request line */
+}
+
+TEST(http_version_not_supported)
+{
+    ASSERT_GT(parse("GET / HTTP/1.0\r\n\r\n"), 0);
+    ASSERT_GT(parse("GET / HTTP/1.9\r\n\r\n"), 0);
+    ASSERT_EQ(parse("GET / HTTP/2.0\r\n\r\n"), -505);
+    ASSERT_EQ(parse("GET / HTTP/0.9\r\n\r\n"), -505);
+    ASSERT_EQ(parse("GET / HTTP/3.0\r\n\r\n"), -505);
+}
+
+static int parse_n_headers(size_t n)
+{
+    size_t cap = 64 + n * 16;
+    char *buf = malloc(cap);
+    if (!buf)
+        abort();
+    size_t len = (size_t)snprintf(buf, cap, "GET / HTTP/1.1\r\n");
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "X-H%zu: %zu\r\n", i, i);
+    len += (size_t)snprintf(buf + len, cap - len, "\r\n");
+    int r = http_parse_request(buf, len, &req);
+    free(buf);
+    return r;
+}
+
+TEST(too_many_headers)
+{
+    ASSERT_GT(parse_n_headers(HTTP_MAX_HEADERS), 0);
+    ASSERT_EQ_U(req.n_headers, HTTP_MAX_HEADERS);
+    ASSERT_EQ(parse_n_headers(HTTP_MAX_HEADERS + 1), -431);
+    ASSERT_EQ(parse_n_headers(1000), -431);
+}
+
+/* A complete head of exactly `total` bytes: one big header pads it out. */
+static char *make_head(size_t total, size_t *ret_len)
+{
+    static const char pre[] = "GET / HTTP/1.1\r\nX-Pad: ";
+    char *buf = malloc(total + 1);
+    if (!buf || total < sizeof pre + 4)
+        abort();
+    memcpy(buf, pre, sizeof pre - 1);
+    memset(buf + sizeof pre - 1, 'a', total - (sizeof pre - 1) - 4);
+    memcpy(buf + total - 4, "\r\n\r\n", 4);
+    *ret_len = total;
+    return buf;
+}
+
+TEST(head_size_cap)
+{
+    size_t len;
+    char *buf = make_head(HTTP_MAX_HEAD, &len);
+    int r = http_parse_request(buf, len, &req);
+    free(buf);
+    ASSERT_EQ(r, HTTP_MAX_HEAD); /* exactly 64 KiB is allowed */
+
+    buf = make_head(HTTP_MAX_HEAD + 1, &len);
+    r = http_parse_request(buf, len, &req);
+    free(buf);
+    ASSERT_EQ(r, -431);
+
+    /* an unterminated head: "need more" below the cap, 431 once the cap is reached */
+    buf = make_head(HTTP_MAX_HEAD + 100, &len);
+    ASSERT_EQ(http_parse_request(buf, HTTP_MAX_HEAD - 1, &req), 0);
+    r = http_parse_request(buf, HTTP_MAX_HEAD, &req);
+    int r2 = http_parse_request(buf, HTTP_MAX_HEAD + 50, &req);
+    free(buf);
+    ASSERT_EQ(r, -431);
+    ASSERT_EQ(r2, -431);
+
+    /* a request line alone longer than the cap */
+    buf = malloc(HTTP_MAX_HEAD + 10);
+    ASSERT_TRUE(buf != NULL);
+    memcpy(buf, "GET /", 5);
+    memset(buf + 5, 'a', HTTP_MAX_HEAD + 5);
+    r = http_parse_request(buf, HTTP_MAX_HEAD + 10, &req);
+    free(buf);
+    ASSERT_EQ(r, -431);
+}
+
+TEST(incomplete_heads_need_more)
+{
+    const char *s = "POST /v1/exec?a=b HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n";
+    size_t n = strlen(s);
+    for (size_t k = 0; k < n; k++) {
+        int r = http_parse_request(s, k, &req);
+        if (r != 0)
+            printf("# prefix length %zu\n", k);
+        ASSERT_EQ(r, 0);
+    }
+    ASSERT_EQ(http_parse_request(s, n, &req), n);
+    ASSERT_EQ(parse("GET / HTTP/1.1\r\n\r"), 0);
+    ASSERT_EQ(parse("GET / HTTP/1.1\r"), 0);
+    ASSERT_EQ(parse(""), 0);
+}
+
+TEST(pipelined_requests)
+{
+    const char *s = "POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"
+                    "GET /b?q HTTP/1.1\r\nConnection: close\r\n\r\n"
+                    "GET /c HTTP/1.1\r\n";
+    size_t n = strlen(s);
+    int r = http_parse_request(s, n, &req);
+    ASSERT_EQ(r, 39);
+    ASSERT_SV_EQ(req.path, "/a");
+    ASSERT_EQ_U(req.content_length, 3);
+    size_t off = (size_t)r + 3; /* skip the body */
+    r = http_parse_request(s + off, n - off, &req);
+    ASSERT_EQ(r, 40);
+    ASSERT_SV_EQ(req.path, "/b");
+    ASSERT_SV_EQ(req.query, "q");
+    ASSERT_FALSE(req.keep_alive);
+    ASSERT_FALSE(req.has_content_length); /* nothing left over from the first request */
+    off += (size_t)r;
+    ASSERT_EQ(http_parse_request(s + off, n - off, &req), 0);
+}
+
+TEST(reasons)
+{
+    ASSERT_STREQ(http_reason(200), "OK");
+    ASSERT_STREQ(http_reason(400), "Bad Request");
+    ASSERT_STREQ(http_reason(431), "Request Header Fields Too Large");
+    ASSERT_STREQ(http_reason(505), "HTTP Version Not Supported");
+    ASSERT_STREQ(http_reason(299), "Unknown");
+}
+
+TAP_MAIN(T(simple_get), T(no_query_and_no_headers), T(post_with_body_returns_head_length),
+         T(header_value_whitespace_is_trimmed), T(header_lookup_is_case_insensitive),
+         T(connection_semantics), T(duplicate_headers), T(conflicting_host_refused),
+         T(bare_lf_and_bare_cr_refused), T(space_before_colon_refused), T(obs_fold_refused),
+         T(non_token_header_name_refused), T(bad_header_value_bytes_refused),
+         T(content_length_values), T(content_length_with_transfer_encoding_refused),
+         T(request_line_refusals), T(http_version_not_supported), T(too_many_headers),
+         T(head_size_cap), T(incomplete_heads_need_more), T(pipelined_requests), T(reasons))

@@ -1,0 +1,264 @@
+/* SPDX-License-Identifier: MIT */
+/* The epoll loop's timers (src/common/loop.c): due order, disarm, re-arm, arming from a
+ * callback, deferred calls, and an fd watcher. Every run has a guard timer so a bug cannot
+ * hang the test. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "common/loop.h"
+#include "common/macro.h"
+#include "tap.h"
+
+#define N_MANY 200
+
+typedef struct {
+    timer_t_ t;
+    int id;
+    uint64_t due;   /* due_ms when it was armed */
+    uint64_t fired; /* monotonic_ms() when it fired, 0 if never */
+} probe_t;
+
+typedef struct {
+    int order[N_MANY + 8];
+    size_t n;
+    bool guard_fired;
+    probe_t *rearm; /* re-armed from inside a callback, once */
+    int deferred_seen_by;
+} log_t;
+
+static log_t logbook;
+
+static void on_probe(loop_t *l, timer_t_ *t)
+{
+    probe_t *p = t->data;
+    p->fired = monotonic_ms();
+    if (logbook.n < ELEMENTSOF(logbook.order))
+        logbook.order[logbook.n++] = p->id;
+    if (logbook.rearm == p) {
+        logbook.rearm = NULL;
+        (void)timer_arm(l, &p->t, 10);
+        p->id += 1000; /* its second firing is recorded as id + 1000 */
+    }
+}
+
+static void on_stop(loop_t *l, timer_t_ *t)
+{
+    (void)t;
+    loop_stop(l);
+}
+
+static void on_guard(loop_t *l, timer_t_ *t)
+{
+    (void)t;
+    logbook.guard_fired = true;
+    loop_stop(l);
+}
+
+static void arm_probe(loop_t *l, probe_t *p, int id, uint64_t after)
+{
+    timer_init(&p->t, on_probe, p);
+    p->id = id;
+    p->fired = 0;
+    if (timer_arm(l, &p->t, after) < 0)
+        abort();
+    p->due = p->t.due_ms;
+}
+
+/* Run the loop until a stop timer at stop_after fires; a 5 s guard ends a hang. */
+static int run_for(loop_t *l, uint64_t stop_after)
+{
+    timer_t_ stop, guard;
+    timer_init(&stop, on_stop, NULL);
+    timer_init(&guard, on_guard, NULL);
+    if (timer_arm(l, &stop, stop_after) < 0 || timer_arm(l, &guard, 5000) < 0)
+        abort();
+    int r = loop_run(l);
+    timer_disarm(l, &stop);
+    timer_disarm(l, &guard);
+    return r;
+}
+
+TEST(timers_fire_in_due_order)
+{
+    loop_t *l = NULL;
+    probe_t p[5];
+    logbook = (log_t){ 0 };
+    ASSERT_EQ(loop_new(&l), 0);
+    arm_probe(l, &p[0], 0, 30);
+    arm_probe(l, &p[1], 1, 10);
+    arm_probe(l, &p[2], 2, 20);
+    arm_probe(l, &p[3], 3, 0);
+    arm_probe(l, &p[4], 4, 40);
+    ASSERT_TRUE(timer_armed(&p[2].t));
+    int r = run_for(l, 60);
+    loop_free(l);
+    ASSERT_EQ(r, 0);
+    ASSERT_FALSE(logbook.guard_fired);
+    ASSERT_EQ_U(logbook.n, 5);
+    ASSERT_EQ(logbook.order[0], 3);
+    ASSERT_EQ(logbook.order[1], 1);
+    ASSERT_EQ(logbook.order[2], 2);
+    ASSERT_EQ(logbook.order[3], 0);
+    ASSERT_EQ(logbook.order[4], 4);
+    for (size_t i = 0; i < 5; i++) {
+        ASSERT_GE(p[i].fired, p[i].due); /* never early */
+        ASSERT_FALSE(timer_armed(&p[i].t));
+    }
+}
+
+TEST(disarm_and_rearm)
+{
+    loop_t *l = NULL;
+    probe_t p[4];
+    logbook = (log_t){ 0 };
+    ASSERT_EQ(loop_new(&l), 0);
+    arm_probe(l, &p[0], 0, 5);
+    arm_probe(l, &p[1], 1, 10);
+    arm_probe(l, &p[2], 2, 15);
+    arm_probe(l, &p[3], 3, 20);
+    timer_disarm(l, &p[1].t); /* never fires */
+    timer_disarm(l, &p[1].t); /* twice is harmless */
+    ASSERT_FALSE(timer_armed(&p[1].t));
+    ASSERT_EQ(timer_arm(l, &p[0].t, 60), 0); /* moved to the end */
+    p[0].due = p[0].t.due_ms;
+    logbook.rearm = &p[2]; /* fires at 15, then again 10 ms later */
+    int r = run_for(l, 100);
+    loop_free(l);
+    ASSERT_EQ(r, 0);
+    ASSERT_EQ_U(logbook.n, 4);
+    ASSERT_EQ(logbook.order[0], 2);
+    ASSERT_EQ(logbook.order[1], 3);
+    ASSERT_EQ(logbook.order[2], 1002); /* p[2] again at >= 25 ms... */
+    ASSERT_EQ(logbook.order[3], 0);    /* ...before the moved p[0] at 60 ms */
+    ASSERT_EQ_U(p[1].fired, 0);
+}
+
+/* A simple xorshift so the test is reproducible. */
+static uint32_t rnd(uint32_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 17;
+    *s ^= *s << 5;
+    return *s;
+}
+
+TEST(many_timers_keep_heap_order)
+{
+    loop_t *l = NULL;
+    static probe_t p[N_MANY];
+    bool disarmed[N_MANY] = { false };
+    uint32_t seed = 12345;
+    logbook = (log_t){ 0 };
+    ASSERT_EQ(loop_new(&l), 0);
+    for (int i = 0; i < N_MANY; i++)
+        arm_probe(l, &p[i], i, rnd(&seed) % 25);
+    size_t expect = N_MANY;
+    for (int i = 0; i < N_MANY; i++)
+        if (rnd(&seed) % 3 == 0) {
+            timer_disarm(l, &p[i].t);
+            disarmed[i] = true;
+            expect--;
+        }
+    int r = run_for(l, 50);
+    loop_free(l);
+    ASSERT_EQ(r, 0);
+    ASSERT_FALSE(logbook.guard_fired);
+    ASSERT_EQ_U(logbook.n, expect);
+    for (size_t k = 0; k < logbook.n; k++) {
+        int id = logbook.order[k];
+        ASSERT_FALSE(disarmed[id]);
+        if (k > 0)
+            ASSERT_LE(p[logbook.order[k - 1]].due, p[id].due); /* non-decreasing due times */
+    }
+}
+
+static void deferred(void *p)
+{
+    int *v = p;
+    logbook.deferred_seen_by = (int)logbook.n; /* how many timers had fired by then */
+    (*v)++;
+}
+
+static void on_probe_defer(loop_t *l, timer_t_ *t)
+{
+    static int count;
+    on_probe(l, t);
+    (void)loop_defer(l, deferred, &count);
+    probe_t *p = t->data;
+    p->due = (uint64_t)count; /* reuse: the deferred count seen while this timer ran */
+}
+
+TEST(deferred_calls_run_after_the_batch)
+{
+    loop_t *l = NULL;
+    probe_t p[2];
+    logbook = (log_t){ 0 };
+    ASSERT_EQ(loop_new(&l), 0);
+    arm_probe(l, &p[0], 0, 0);
+    arm_probe(l, &p[1], 1, 0);
+    p[0].t.cb = on_probe_defer;
+    p[1].t.cb = on_probe_defer;
+    int r = run_for(l, 20);
+    loop_free(l);
+    ASSERT_EQ(r, 0);
+    ASSERT_EQ_U(logbook.n, 2);
+    ASSERT_EQ_U(p[0].due, 0); /* nothing deferred had run yet */
+    ASSERT_EQ_U(p[1].due, 0); /* both timers of the batch ran first */
+    ASSERT_EQ(logbook.deferred_seen_by, 2);
+}
+
+typedef struct {
+    watcher_t w;
+    char got[8];
+    size_t n;
+} reader_t;
+
+static void on_readable(loop_t *l, watcher_t *w, uint32_t events)
+{
+    reader_t *rd = w->data;
+    if (events & EPOLLIN) {
+        ssize_t k = read(w->fd, rd->got + rd->n, sizeof rd->got - rd->n);
+        if (k > 0)
+            rd->n += (size_t)k;
+    }
+    if (rd->n >= 3)
+        loop_stop(l);
+}
+
+static void on_write_later(loop_t *l, timer_t_ *t)
+{
+    int *fd = t->data;
+    (void)l;
+    if (write(*fd, "abc", 3) != 3)
+        abort();
+}
+
+TEST(fd_watcher_sees_data)
+{
+    loop_t *l = NULL;
+    int p[2];
+    reader_t rd = { .n = 0 };
+    timer_t_ writer, guard;
+    logbook = (log_t){ 0 };
+    ASSERT_EQ(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+    ASSERT_EQ(loop_new(&l), 0);
+    watcher_init(&rd.w, p[0], on_readable, &rd);
+    ASSERT_EQ(loop_watch(l, &rd.w, EPOLLIN), 0);
+    timer_init(&writer, on_write_later, &p[1]);
+    timer_init(&guard, on_guard, NULL);
+    ASSERT_EQ(timer_arm(l, &writer, 5), 0);
+    ASSERT_EQ(timer_arm(l, &guard, 5000), 0);
+    int r = loop_run(l);
+    timer_disarm(l, &guard);
+    loop_unwatch(l, &rd.w);
+    loop_free(l);
+    close(p[0]);
+    close(p[1]);
+    ASSERT_EQ(r, 0);
+    ASSERT_FALSE(logbook.guard_fired);
+    ASSERT_MEMEQ(rd.got, rd.n, "abc", 3);
+}
+
+TAP_MAIN(T(timers_fire_in_due_order), T(disarm_and_rearm), T(many_timers_keep_heap_order),
+         T(deferred_calls_run_after_the_batch), T(fd_watcher_sees_data))
