@@ -197,6 +197,10 @@ static int conn_start(conn_t *c, int status)
         return -EALREADY;
     c->resp_started = true;
     c->status = status;
+    /* Answered before asking for the body: the client may never send it, so the bytes that
+     * follow cannot be told apart from a next request. */
+    if (c->expect_continue && c->body_left > 0)
+        c->keep_alive = false;
     /* A body we will not read in full cannot be drained without bound: close after. */
     if (c->body_left > CONN_DRAIN_MAX && !c->collecting && !c->ops)
         c->keep_alive = false;
@@ -247,6 +251,11 @@ int conn_respond_error(conn_t *c, int status, const char *fmt, ...)
     va_start(ap, fmt);
     (void)vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* Messages may quote request bytes; keep them ASCII so the JSON can always be built
+     * (truncation could also have split a UTF-8 sequence). */
+    for (char *m = msg; *m; m++)
+        if ((unsigned char)*m >= 0x80 || (unsigned char)*m < 0x20)
+            *m = '?';
     if (c->resp_started) {
         conn_abort(c);
         return -EALREADY;
@@ -259,24 +268,78 @@ int conn_respond_errno(conn_t *c, int err, const char *what)
     int status;
     const char *msg;
     switch (err) {
-    case -ENOENT: status = 404; msg = "not found"; break;
-    case -EISDIR: status = 409; msg = "is a directory"; break;
-    case -ENOTDIR: status = 409; msg = "not a directory"; break;
-    case -EEXIST: status = 409; msg = "already exists"; break;
-    case -ENOTEMPTY: status = 409; msg = "directory not empty"; break;
-    case -ELOOP: status = 400; msg = "a path component is a symlink, which this API does not follow"; break;
+    case -ENOENT:
+        status = 404;
+        msg = "not found";
+        break;
+    case -EISDIR:
+        status = 409;
+        msg = "is a directory";
+        break;
+    case -ENOTDIR:
+        status = 409;
+        msg = "not a directory";
+        break;
+    case -EEXIST:
+        status = 409;
+        msg = "already exists";
+        break;
+    case -ENOTEMPTY:
+        status = 409;
+        msg = "directory not empty";
+        break;
+    case -EBUSY:
+        status = 409;
+        msg = "busy (a mount point or in use)";
+        break;
+    case -ENXIO:
+        status = 400;
+        msg = "not a regular file";
+        break;
+    case -EXDEV:
+        status = 400;
+        msg = "crosses a filesystem boundary";
+        break;
+    case -ELOOP:
+        status = 400;
+        msg = "a path component is a symlink, which this API does not follow";
+        break;
     case -EACCES:
-    case -EPERM: status = 403; msg = "permission denied"; break;
-    case -ENAMETOOLONG: status = 400; msg = "path too long"; break;
-    case -EINVAL: status = 400; msg = "invalid argument"; break;
+    case -EPERM:
+        status = 400;
+        msg = "permission denied";
+        break; /* 403 is for credentials */
+    case -ENAMETOOLONG:
+        status = 400;
+        msg = "path too long";
+        break;
+    case -EINVAL:
+        status = 400;
+        msg = "invalid argument";
+        break;
     case -EFBIG:
-    case -E2BIG: status = 413; msg = "too large"; break;
+    case -E2BIG:
+        status = 413;
+        msg = "too large";
+        break;
     case -ENOSPC:
-    case -EDQUOT: status = 507; msg = "no space left"; break;
-    case -ENOMEM: status = 503; msg = "out of memory"; break;
+    case -EDQUOT:
+        status = 507;
+        msg = "no space left";
+        break;
+    case -ENOMEM:
+        status = 503;
+        msg = "out of memory";
+        break;
     case -EMFILE:
-    case -ENFILE: status = 503; msg = "too many open files"; break;
-    default: status = 500; msg = strerror(-err); break;
+    case -ENFILE:
+        status = 503;
+        msg = "too many open files";
+        break;
+    default:
+        status = 500;
+        msg = strerror(-err);
+        break;
     }
     if (status == 507)
         status = 500;
@@ -389,6 +452,21 @@ void conn_set_handler(conn_t *c, const handler_ops_t *ops, void *data)
 
 uint64_t conn_body_left(const conn_t *c) { return c->body_left; }
 
+/* The handler wants the body: a client that sent "Expect: 100-continue" waits for this
+ * (curl does for bodies over 1 MiB, for a second) before it sends the body. */
+static void conn_send_continue(conn_t *c)
+{
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    if (!c->expect_continue || c->resp_started || c->body_left == 0)
+        return;
+    c->expect_continue = false;
+    if (buf_append(&c->out, cont, sizeof cont - 1) < 0) {
+        conn_abort(c);
+        return;
+    }
+    conn_flush(c);
+}
+
 void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c))
 {
     if (c->body_left > max) {
@@ -399,10 +477,17 @@ void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c))
     buf_init(&c->body, max);
     c->collecting = true;
     c->collect_done = done;
-    conn_process_input(c);
+    conn_send_continue(c);
+    if (!c->dead)
+        conn_process_input(c);
 }
 
-void conn_stream_body(conn_t *c) { conn_process_input(c); }
+void conn_stream_body(conn_t *c)
+{
+    conn_send_continue(c);
+    if (!c->dead)
+        conn_process_input(c);
+}
 
 void conn_resume_body(conn_t *c)
 {
@@ -492,6 +577,10 @@ static void conn_begin_request(conn_t *c, int head_len)
     c->state = CS_REQUEST;
     c->keep_alive = c->req.keep_alive;
     c->body_left = c->req.content_length;
+    sv_t expect;
+    c->expect_continue = c->body_left > 0 && c->req.minor >= 1 &&
+                         http_header_get(&c->req, "expect", &expect) &&
+                         sv_eq_lit_nocase(expect, "100-continue");
     c->resp_started = c->resp_done = c->resp_chunked = false;
     c->body_paused = c->collecting = false;
     c->ops = NULL;
@@ -502,7 +591,8 @@ static void conn_begin_request(conn_t *c, int head_len)
 
 static void conn_fail_head(conn_t *c, int status)
 {
-    static const char *const msgs[] = { [0] = "malformed request", [1] = "request head too large",
+    static const char *const msgs[] = { [0] = "malformed request",
+                                        [1] = "request head too large",
                                         [2] = "HTTP version not supported" };
     const char *m = status == 431 ? msgs[1] : status == 505 ? msgs[2] : msgs[0];
     c->state = CS_REQUEST;
@@ -516,6 +606,10 @@ static ssize_t conn_read(conn_t *c, size_t max)
 {
     char *space;
     size_t want = MIN((size_t)CONN_READ_CHUNK, max);
+    /* A request head is usually small: read 4 KiB first and grow with what has arrived. A
+     * 64 KiB reserve per read pinned a 128 KiB block on every idle keep-alive connection. */
+    if (c->state == CS_HEAD)
+        want = MIN(want, MAX((size_t)4096, c->in.len));
     if (want == 0)
         return -ENOBUFS;
     if (buf_reserve(&c->in, want, &space) < 0) {
@@ -573,8 +667,13 @@ static void conn_process_input(conn_t *c)
         if (c->state != CS_HEAD && c->in.len >= CONN_READ_CHUNK)
             break;
         ssize_t n = conn_read(c, room);
-        if (n == -EAGAIN)
+        if (n == -EAGAIN) {
+            if (c->state == CS_HEAD) { /* idle keep-alive: hold no buffers */
+                buf_shrink_if_idle(&c->in, 0);
+                buf_shrink_if_idle(&c->out, 0);
+            }
             break;
+        }
         if (n == 0 || n < 0) {
             if (c->state == CS_REQUEST && c->body_left > 0 && !c->resp_started) {
                 /* client gave up mid-body: nothing to answer */

@@ -14,6 +14,7 @@
 
 typedef struct server server_t;
 typedef struct conn conn_t;
+typedef struct sandbox sandbox_t;
 
 /* Output buffer: producers pause above HIGH and resume (on_drain) below LOW. */
 #define CONN_OUT_HIGH (256 * 1024)
@@ -45,11 +46,12 @@ struct conn {
     buf_t in;
     buf_t out;
     http_request_t req;
-    char *head_copy; /* the request head, owned; req views point into it */
-    uint64_t body_left;    /* declared body bytes not yet read from the socket */
+    char *head_copy;    /* the request head, owned; req views point into it */
+    uint64_t body_left; /* declared body bytes not yet read from the socket */
     uint64_t drain_budget;
     bool body_paused;
-    bool collecting; /* body is being collected into `body` */
+    bool expect_continue; /* "Expect: 100-continue" and no 100 sent yet */
+    bool collecting;      /* body is being collected into `body` */
     buf_t body;
     void (*collect_done)(conn_t *c);
     /* response */
@@ -61,6 +63,7 @@ struct conn {
     void *hdata;
     bool dead;
     bool authed;
+    sandbox_t *sb; /* host mode: the sandbox this request is scoped to (a reference) */
     char peer[64];
     conn_t *prev, *next;
 };
@@ -90,7 +93,7 @@ void conn_flush(conn_t *c);
 void conn_set_handler(conn_t *c, const handler_ops_t *ops, void *data);
 /* Collect the body (at most max bytes, else 413) then call done(c); c->body holds it. */
 void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c));
-void conn_stream_body(conn_t *c);        /* deliver body to ops->on_body */
+void conn_stream_body(conn_t *c); /* deliver body to ops->on_body */
 void conn_resume_body(conn_t *c);
 uint64_t conn_body_left(const conn_t *c); /* bytes not yet delivered */
 /* Take the socket away from HTTP (proxy). Bytes already read past the head are returned in

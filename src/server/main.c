@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* sbx-server: configuration from the environment (drop-in for the reference server's knobs),
  * then the event loop. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <sys/resource.h>
 
@@ -28,8 +30,10 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
 {
     bool allow_no_auth = false;
     uint64_t port, idle;
-    *cfg = (server_config_t){ .head_timeout_ms = 10000, .body_timeout_ms = 60000,
-                              .write_timeout_ms = 120000, .keepalive_ms = 75000 };
+    *cfg = (server_config_t){ .head_timeout_ms = 10000,
+                              .body_timeout_ms = 60000,
+                              .write_timeout_ms = 120000,
+                              .keepalive_ms = 75000 };
     for (int i = 1; i < argc; i++) {
         if (streq(argv[i], "--allow-no-auth"))
             allow_no_auth = true; /* argv only: a job's user-supplied env can never set it */
@@ -53,8 +57,10 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
     const char *bind = getenv("SBX_BIND");
     if (!bind || !*bind)
         bind = "127.0.0.1";
-    if (strlen(bind) >= sizeof cfg->bind) {
-        log_error("SBX_BIND is too long");
+    unsigned char addr[sizeof(struct in6_addr)];
+    if (strlen(bind) >= sizeof cfg->bind ||
+        (inet_pton(AF_INET, bind, addr) != 1 && inet_pton(AF_INET6, bind, addr) != 1)) {
+        log_error("SBX_BIND=%s: expected an IPv4 or IPv6 address", bind);
         return -EINVAL;
     }
     memcpy(cfg->bind, bind, strlen(bind) + 1);

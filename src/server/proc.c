@@ -42,6 +42,9 @@ struct proc {
     outpipe_t out, err;
     int stdin_fd;
     watcher_t in_w;
+    watcher_t oneshot_w; /* one-shot "stdin" data still being written, then EOF */
+    char *oneshot;
+    size_t oneshot_len, oneshot_off;
     conn_t *stdin_conn; /* a POST .../stdin waiting for the pipe to take more */
     uint64_t stdin_written;
     bool stdin_close_after;
@@ -130,6 +133,9 @@ static void procs_pump_all(proc_t *p)
         attach_pump(a);
 }
 
+static bool proc_output_done(const proc_t *p) { return p->exited && p->out.eof && p->err.eof; }
+static void procs_evict(server_t *s);
+
 static void proc_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
 {
     proc_t *p = w->data;
@@ -150,9 +156,9 @@ static void proc_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
             outpipe_close(l, op);
     }
     procs_pump_all(p);
+    if (proc_output_done(p))
+        procs_evict(p->srv); /* the cap counts entries whose output has ended too */
 }
-
-static bool proc_output_done(const proc_t *p) { return p->exited && p->out.eof && p->err.eof; }
 
 struct blob_ctx {
     const blob_t *b;
@@ -189,11 +195,19 @@ static void attach_pump(attach_t *a)
     const blob_t *b = p->head;
     while (b && b->seq < a->next_seq)
         b = b->next;
-    for (; b && !conn_out_full(a->c); b = b->next) {
+    while (b) {
+        if (conn_out_full(a->c)) {
+            /* Write now and go on if the socket took it: on_drain only follows a writable
+             * event, which never comes once a flush has emptied the buffer. */
+            conn_flush(a->c);
+            if (a->c->dead || conn_out_full(a->c))
+                return; /* on_drain pumps again */
+        }
         struct blob_ctx bc = { b, a->base64 };
         if (conn_stream_chunk_fill(a->c, event_output_max(b->n), blob_fill, &bc) < 0)
             return;
         a->next_seq = b->seq + 1;
+        b = b->next;
     }
     if (a->next_seq == p->next_seq && (proc_output_done(p) || !a->follow)) {
         if (p->exited) {
@@ -232,7 +246,8 @@ static void attach_on_close(conn_t *c, bool aborted)
     free(a);
 }
 
-static const handler_ops_t attach_ops = { .on_drain = attach_on_drain, .on_close = attach_on_close };
+static const handler_ops_t attach_ops = { .on_drain = attach_on_drain,
+                                          .on_close = attach_on_close };
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
 
@@ -246,12 +261,20 @@ static void proc_free(proc_t *p)
         a->next = NULL;
         attach_end(a);
     }
-    if (p->stdin_conn)
-        conn_abort(p->stdin_conn);
+    if (p->stdin_conn) {
+        /* Its on_close runs later, after p is gone: detach it first. */
+        conn_t *sc = p->stdin_conn;
+        p->stdin_conn = NULL;
+        sc->hdata = NULL;
+        conn_abort(sc);
+    }
     outpipe_close(l, &p->out);
     outpipe_close(l, &p->err);
     loop_unwatch(l, &p->in_w);
     safe_close(p->stdin_fd);
+    loop_unwatch(l, &p->oneshot_w);
+    safe_close(p->oneshot_w.fd);
+    free(p->oneshot);
     timer_disarm(l, &p->timeout_t);
     timer_disarm(l, &p->grace_t);
     while (p->head) {
@@ -263,6 +286,8 @@ static void proc_free(proc_t *p)
     free(p->tag);
     free(p);
 }
+
+static void proc_free_deferred(void *p) { proc_free(p); }
 
 /* Keep at most PROC_MAX_FINISHED finished entries; running ones are never dropped. */
 static void procs_evict(server_t *s)
@@ -280,7 +305,10 @@ static void procs_evict(server_t *s)
         proc_t *p = *oldest;
         *oldest = p->next;
         s->n_procs--;
-        proc_free(p);
+        /* Freed after this batch of events: one of its watchers (a paused stdin write) may
+         * still have an event queued in it. */
+        if (loop_defer(s->loop, proc_free_deferred, p) < 0)
+            proc_free(p);
         finished--;
     }
 }
@@ -317,21 +345,44 @@ static json_t *proc_json(const proc_t *p, bool full)
 {
     char id[32];
     (void)snprintf(id, sizeof id, "p-%llu", (unsigned long long)p->id);
-    json_t *j = json_pack("{s:s,s:i,s:O,s:s?}", "id", id, "pid", (json_int_t)p->pid, "cmd",
-                          p->cmd, "tag", p->tag);
+    json_t *j = json_pack("{s:s,s:i,s:O,s:s?}", "id", id, "pid", (json_int_t)p->pid, "cmd", p->cmd,
+                          "tag", p->tag);
     if (!j || !full)
         return j;
     json_object_set_new(j, "started_at_ms", json_integer(p->started_at_ms));
     json_object_set_new(j, "running", json_boolean(!p->exited));
-    json_object_set_new(j, "exit_code", p->exited && WIFEXITED(p->wstatus)
-                                            ? json_integer(WEXITSTATUS(p->wstatus))
-                                            : json_null());
-    json_object_set_new(j, "signal", p->exited && WIFSIGNALED(p->wstatus)
-                                         ? json_integer(WTERMSIG(p->wstatus))
-                                         : json_null());
+    json_object_set_new(j, "exit_code",
+                        p->exited && WIFEXITED(p->wstatus) ? json_integer(WEXITSTATUS(p->wstatus))
+                                                           : json_null());
+    json_object_set_new(j, "signal",
+                        p->exited && WIFSIGNALED(p->wstatus) ? json_integer(WTERMSIG(p->wstatus))
+                                                             : json_null());
     json_object_set_new(j, "timed_out", json_boolean(p->timed_out));
     json_object_set_new(j, "stdin_open", json_boolean(p->stdin_fd >= 0));
     return j;
+}
+
+static void proc_on_oneshot_writable(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    proc_t *p = w->data;
+    (void)ev;
+    while (p->oneshot_off < p->oneshot_len) {
+        ssize_t n = write(w->fd, p->oneshot + p->oneshot_off, p->oneshot_len - p->oneshot_off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            if (loop_watch(l, w, EPOLLOUT) >= 0)
+                return;
+            break;
+        }
+        if (n < 0)
+            break; /* EPIPE: the command does not read stdin (any more) */
+        p->oneshot_off += (size_t)n;
+    }
+    loop_unwatch(l, w);
+    w->fd = safe_close(w->fd);
+    free(p->oneshot);
+    p->oneshot = NULL;
 }
 
 void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
@@ -373,10 +424,13 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
     (void)loop_watch(s->loop, &p->err.w, EPOLLIN);
     if (spec->timeout_ms)
         timer_arm(s->loop, &p->timeout_t, spec->timeout_ms);
+    watcher_init(&p->oneshot_w, -EBADF, proc_on_oneshot_writable, p);
     if (sp.in_fd >= 0 && spec->has_stdin) {
-        /* one-shot stdin: written blocking-free as far as the pipe takes it, rest dropped */
-        (void)write(sp.in_fd, spec->stdin_data, MIN(spec->stdin_len, (size_t)65536));
-        safe_close(sp.in_fd);
+        /* one-shot stdin: all of it is written as the command reads, then EOF */
+        p->oneshot = TAKE_PTR(spec->stdin_data);
+        p->oneshot_len = spec->stdin_len;
+        p->oneshot_w.fd = sp.in_fd;
+        proc_on_oneshot_writable(s->loop, &p->oneshot_w, EPOLLOUT);
     } else if (sp.in_fd >= 0) {
         p->stdin_fd = sp.in_fd;
     }
@@ -523,7 +577,8 @@ static void proc_signal_body(conn_t *c, json_t *o)
     bool sent = proc_signal_with_grace(p, sig, (uint64_t)(grace * 1000));
     char id[32];
     (void)snprintf(id, sizeof id, "p-%llu", (unsigned long long)p->id);
-    conn_respond_json(c, 200, json_pack("{s:s,s:b,s:i}", "id", id, "signaled", sent, "signal", sig));
+    conn_respond_json(c, 200,
+                      json_pack("{s:s,s:b,s:i}", "id", id, "signaled", sent, "signal", sig));
 }
 
 void route_proc_signal(conn_t *c, const route_params_t *rp)
@@ -552,17 +607,27 @@ void route_proc_delete(conn_t *c, const route_params_t *rp)
 
 /* ---- stdin stream ------------------------------------------------------------------------ */
 
+/* The request is answered: the connection no longer refers to p (it may outlive p until its
+ * on_close, which runs deferred). */
+static void stdin_detach(conn_t *c, proc_t *p)
+{
+    if (p && p->stdin_conn == c) {
+        p->stdin_conn = NULL;
+        loop_unwatch(p->srv->loop, &p->in_w);
+    }
+    c->hdata = NULL;
+}
+
 static void stdin_answer(conn_t *c, proc_t *p)
 {
     char id[32];
     (void)snprintf(id, sizeof id, "p-%llu", (unsigned long long)p->id);
-    if (p->stdin_close_after && p->stdin_fd >= 0) {
-        loop_unwatch(p->srv->loop, &p->in_w);
+    stdin_detach(c, p);
+    if (p->stdin_close_after && p->stdin_fd >= 0)
         p->stdin_fd = safe_close(p->stdin_fd);
-    }
-    p->stdin_conn = NULL;
-    conn_respond_json(c, 200, json_pack("{s:s,s:I,s:b}", "id", id, "written",
-                                        (json_int_t)p->stdin_written, "closed", p->stdin_fd < 0));
+    conn_respond_json(c, 200,
+                      json_pack("{s:s,s:I,s:b}", "id", id, "written", (json_int_t)p->stdin_written,
+                                "closed", p->stdin_fd < 0));
 }
 
 static int stdin_on_body(conn_t *c, const char *d, size_t n)
@@ -577,8 +642,10 @@ static int stdin_on_body(conn_t *c, const char *d, size_t n)
         (void)loop_watch(p->srv->loop, &p->in_w, EPOLLOUT);
         return 0;
     }
-    if (w < 0)
+    if (w < 0) {
+        stdin_detach(c, p);
         return -409; /* the command closed its stdin */
+    }
     p->stdin_written += (uint64_t)w;
     return (int)w;
 }
@@ -591,18 +658,13 @@ static void stdin_on_body_end(conn_t *c)
 
 static void stdin_on_close(conn_t *c, bool aborted)
 {
-    proc_t *p = c->hdata;
     (void)aborted;
-    if (p && p->stdin_conn == c) {
-        p->stdin_conn = NULL;
-        loop_unwatch(p->srv->loop, &p->in_w);
-    }
-    c->hdata = NULL;
+    stdin_detach(c, c->hdata); /* hdata is NULL once answered or once p went away */
 }
 
-static const handler_ops_t stdin_ops = {
-    .on_body = stdin_on_body, .on_body_end = stdin_on_body_end, .on_close = stdin_on_close
-};
+static const handler_ops_t stdin_ops = { .on_body = stdin_on_body,
+                                         .on_body_end = stdin_on_body_end,
+                                         .on_close = stdin_on_close };
 
 static void proc_on_stdin_writable(loop_t *l, watcher_t *w, uint32_t ev)
 {
@@ -654,7 +716,8 @@ void route_proc_output(conn_t *c, const route_params_t *rp)
     char enc[16] = "utf8";
     bool since_present;
     uint64_t since = 0;
-    if (query_bool(c, "follow", true, &follow) < 0 || query_param(c, "encoding", enc, sizeof enc) < 0 ||
+    if (query_bool(c, "follow", true, &follow) < 0 ||
+        query_param(c, "encoding", enc, sizeof enc) < 0 ||
         (!streq(enc, "utf8") && !streq(enc, "base64")) ||
         query_u64(c, "since", UINT64_MAX, &since_present, &since) < 0) {
         conn_respond_error(c, 400, "bad query: follow=bool, encoding=utf8|base64, since=<seq>");
@@ -665,8 +728,12 @@ void route_proc_output(conn_t *c, const route_params_t *rp)
         conn_respond_error(c, 503, "out of memory");
         return;
     }
-    *a = (attach_t){ .p = p, .c = c, .follow = follow, .base64 = streq(enc, "base64"),
-                     .next_seq = since_present ? since : 0, .next = p->attachers };
+    *a = (attach_t){ .p = p,
+                     .c = c,
+                     .follow = follow,
+                     .base64 = streq(enc, "base64"),
+                     .next_seq = since_present ? MIN(since, p->next_seq) : 0, /* no endless wait */
+                     .next = p->attachers };
     p->attachers = a;
     conn_set_handler(c, &attach_ops, a);
     conn_stream_begin(c, 200, "application/x-ndjson",

@@ -72,8 +72,7 @@ static bool route_match(const route_t *r, sv_t path, route_params_t *p)
 {
     size_t plen = strlen(r->path);
     switch (r->kind) {
-    case R_EXACT:
-        return path.len == plen && memcmp(path.p, r->path, plen) == 0;
+    case R_EXACT: return path.len == plen && memcmp(path.p, r->path, plen) == 0;
     case R_ID:
     case R_ID_SUFFIX: {
         if (path.len <= plen || memcmp(path.p, r->path, plen) != 0)
@@ -117,6 +116,10 @@ void router_dispatch(conn_t *c)
     server_t *s = c->srv;
     sv_t path = c->req.path;
 
+    /* A body framed by Transfer-Encoding is never read, so nothing after this head can be
+     * trusted as the next request: whatever the answer, the connection closes after it. */
+    if (c->req.has_transfer_encoding)
+        c->keep_alive = false;
     if (sv_eq(path, SV("/health")) && (method_is(c, "GET") || method_is(c, "HEAD"))) {
         c->authed = token_ok(s, c) && s->cfg.token; /* detail only with a real token */
         if (!s->cfg.token)
@@ -172,7 +175,8 @@ static void json_body_done(conn_t *c)
     if (c->body.len == 0)
         j = json_object();
     else
-        j = json_loadb(buf_head(&c->body), c->body.len, JSON_REJECT_DUPLICATES, &err);
+        j = json_loadb(buf_head(&c->body), c->body.len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
+                       &err);
     if (!j) {
         conn_respond_error(c, 400, "invalid JSON body: %s", err.text);
         return;

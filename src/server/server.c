@@ -8,14 +8,15 @@
 #include <stdio.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 
 #include "common/log.h"
 #include "proc.h"
+#include "proxy.h"
 #include "routes.h"
 
 void server_touch(server_t *s) { s->last_activity_ms = loop_now_ms(s->loop); }
@@ -89,12 +90,18 @@ static void on_accept(loop_t *l, watcher_t *w, uint32_t ev)
                 log_warn("accept: %s", strerror(errno));
             return;
         }
-        if (s->n_conns >= s->cfg.max_connections) {
+        if (s->n_conns + s->n_tunnels >= s->cfg.max_connections) {
             /* Over the cap: answer without allocating anything for the connection. */
             static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
-                                       "application/json\r\nContent-Length: 33\r\nConnection: "
+                                       "application/json\r\nContent-Length: 32\r\nConnection: "
                                        "close\r\n\r\n{\"error\":\"too many connections\"}";
             (void)send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            /* Send FIN, and read away a request that already arrived: closing with unread
+             * bytes would make the kernel answer RST, which can discard the 503 in transit. */
+            (void)shutdown(fd, SHUT_WR);
+            char sink[4096];
+            for (int k = 0; k < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; k++)
+                ;
             safe_close(fd);
             continue;
         }
@@ -180,6 +187,8 @@ int server_init(server_t *s, const server_config_t *cfg)
     /* Become the reaper of orphaned descendants so none is left as a zombie. */
     (void)prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     (void)signal(SIGPIPE, SIG_IGN);
+    /* A file write past RLIMIT_FSIZE must fail with EFBIG, not kill the server. */
+    (void)signal(SIGXFSZ, SIG_IGN);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
@@ -214,6 +223,7 @@ void server_done(server_t *s)
 {
     procs_kill_all(s);
     conn_free_all(s);
+    proxy_free_all(s);
     if (s->loop) {
         timer_disarm(s->loop, &s->idle_t);
         loop_unwatch(s->loop, &s->listen_w);
@@ -235,11 +245,12 @@ void route_health(conn_t *c, const route_params_t *p)
     json_t *j = json_pack("{s:s,s:i}", "status", "ok", "protocol", SBX_PROTOCOL);
     if (j && c->authed) {
         server_touch(s);
-        json_t *features = json_pack("[s,s,s,s,s,s,s]", "exec-stream", "binary-output",
-                                     "process-stdin", "process-signal", "process-attach",
-                                     "files-rename", "proxy");
+        json_t *features =
+            json_pack("[s,s,s,s,s,s,s]", "exec-stream", "binary-output", "process-stdin",
+                      "process-signal", "process-attach", "files-rename", "proxy");
         json_object_set_new(j, "version", json_string(SBX_VERSION));
-        json_object_set_new(j, "uptime_ms", json_integer((json_int_t)(loop_now_ms(s->loop) - s->start_ms)));
+        json_object_set_new(j, "uptime_ms",
+                            json_integer((json_int_t)(loop_now_ms(s->loop) - s->start_ms)));
         json_object_set_new(j, "mode", json_string(s->cfg.host_mode ? "host" : "dedicated"));
         json_object_set_new(j, "auth", json_string(s->cfg.token ? "required" : "disabled"));
         json_object_set_new(j, "sandboxes", json_integer(0));

@@ -16,8 +16,8 @@
 typedef struct {
     uint16_t port;
     char bind[64];
-    char unix_path[108]; /* SBX_LISTEN=unix:/path */
-    char *token;         /* NULL with --allow-no-auth */
+    char unix_path[108];      /* SBX_LISTEN=unix:/path */
+    char *token;              /* NULL with --allow-no-auth */
     uint64_t idle_timeout_ms; /* 0 = never */
     uint64_t max_connections;
     uint64_t keepalive_ms;
@@ -34,6 +34,8 @@ struct child {
 };
 
 typedef struct proc proc_t;
+typedef struct pool pool_t;
+typedef struct tunnel tunnel_t;
 
 struct server {
     loop_t *loop;
@@ -49,10 +51,13 @@ struct server {
     uint64_t last_activity_ms;
     unsigned active_ops; /* foreground operations in flight */
     child_t *children;
+    tunnel_t *tunnels; /* established proxy tunnels (proxy.c); count against max_connections */
+    size_t n_tunnels;
     proc_t *procs;
     size_t n_procs;
     uint64_t next_proc_id;
     int exit_code;
+    pool_t *pool; /* host mode only */
 };
 
 /* Called by handlers: a request was authorized / an operation starts or ends. */

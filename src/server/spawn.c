@@ -96,10 +96,7 @@ static int parse_argv(json_t *cmd, json_t *shell, char ***ret, const char **err)
     return 0;
 }
 
-static bool env_key_ok(const char *k)
-{
-    return *k && !strchr(k, '=');
-}
+static bool env_key_ok(const char *k) { return *k && !strchr(k, '='); }
 
 /* base env (minus keys the request overrides) + request env. */
 static int build_env(json_t *env, char *const *base, char ***ret, const char **err)
@@ -135,8 +132,7 @@ static int build_env(json_t *env, char *const *base, char ***ret, const char **e
     }
     const char *key;
     json_t *val;
-    json_object_foreach(env, key, val)
-    {
+    json_object_foreach(env, key, val) {
         const char *sv = json_is_string(val) ? json_string_value(val) : "";
         size_t vl = json_is_string(val) ? json_string_length(val) : 0;
         if (!env_key_ok(key) || strlen(sv) != vl) {
@@ -164,7 +160,8 @@ oom:
     return -ENOMEM;
 }
 
-static int get_opt_string(json_t *o, const char *name, char **ret, const char **err, const char *msg)
+static int get_opt_string(json_t *o, const char *name, char **ret, const char **err,
+                          const char *msg)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v))
@@ -307,14 +304,15 @@ int spawn_command(const exec_spec_t *spec, spawned_t *ret)
         return r;
     if ((r = make_pipe(err, true)) < 0)
         goto fail_pipes;
-    if (want_in && (r = make_pipe(in, false)) < 0)
+    /* Without stdin data the command reads EOF from an empty pipe; no /dev/null is needed, so
+     * the server also works in a root filesystem that has no /dev. */
+    if ((r = make_pipe(in, false)) < 0)
         goto fail_pipes;
+    if (!want_in)
+        in[1] = safe_close(in[1]);
     posix_spawn_file_actions_init(&fa);
     posix_spawnattr_init(&at);
-    if (want_in)
-        posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    else
-        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     posix_spawn_file_actions_adddup2(&fa, err[1], 2);
     if (spec->cwd)
@@ -339,7 +337,9 @@ int spawn_command(const exec_spec_t *spec, spawned_t *ret)
     out[1] = err[1] = in[0] = -1;
     if (r < 0)
         goto fail_pipes;
-    *ret = (spawned_t){ .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = err[0] };
+    *ret = (spawned_t){
+        .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = err[0]
+    };
     return 0;
 fail_pipes:
     safe_close(out[0]);
@@ -418,13 +418,31 @@ static char *put(char *d, const char *s)
     return d + n;
 }
 
+/* Standard base64 with padding, no NUL. Command output is not secret, so a plain table encoder:
+ * libsodium's constant-time sodium_bin2base64 took ~60% of the server's CPU when streaming
+ * base64 output (bench/bench_server.c, section 2). */
 static size_t b64_encode(char *dst, const unsigned char *p, size_t n)
 {
-    if (n == 0)
-        return 0;
-    size_t cap = sodium_base64_ENCODED_LEN(n, sodium_base64_VARIANT_ORIGINAL);
-    (void)sodium_bin2base64(dst, cap, p, n, sodium_base64_VARIANT_ORIGINAL);
-    return cap - 1;
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *d = dst;
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3, d += 4) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        d[0] = tab[v >> 18];
+        d[1] = tab[v >> 12 & 63];
+        d[2] = tab[v >> 6 & 63];
+        d[3] = tab[v & 63];
+    }
+    if (i < n) {
+        bool two = i + 1 < n;
+        uint32_t v = (uint32_t)p[i] << 16 | (two ? (uint32_t)p[i + 1] << 8 : 0);
+        d[0] = tab[v >> 18];
+        d[1] = tab[v >> 12 & 63];
+        d[2] = two ? tab[v >> 6 & 63] : '=';
+        d[3] = '=';
+        d += 4;
+    }
+    return (size_t)(d - dst);
 }
 
 size_t event_encode_output(char *dst, const char *stream, const unsigned char *p, size_t n,

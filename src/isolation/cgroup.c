@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: MIT */
+#include "cgroup.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/macro.h"
+
+static const char *const v1_names[3] = { "memory", "pids", "cpu" };
+
+static bool dir_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int write_file(const char *path, const char *val)
+{
+    _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return negative_errno();
+    size_t n = strlen(val);
+    if (write(fd, val, n) != (ssize_t)n)
+        return negative_errno();
+    return 0;
+}
+
+void cgroups_init(cgroups_t *cg, const char *tag)
+{
+    *cg = (cgroups_t){ 0 };
+    bool *have[3] = { &cg->v1_memory, &cg->v1_pids, &cg->v1_cpu };
+    for (int i = 0; i < 3; i++) {
+        char mnt[96];
+        (void)snprintf(mnt, sizeof mnt, "/sys/fs/cgroup/%s", v1_names[i]);
+        if (!dir_exists(mnt))
+            continue;
+        (void)snprintf(cg->v1_root[i], sizeof cg->v1_root[i], "%s/%s", mnt, tag);
+        if (mkdir(cg->v1_root[i], 0755) < 0 && errno != EEXIST)
+            continue;
+        *have[i] = true;
+        cg->enabled = true;
+    }
+    if (cg->v1_memory) { /* children must not share the parent's charge accounting quirks */
+        char p[192];
+        (void)snprintf(p, sizeof p, "%s/memory.use_hierarchy", cg->v1_root[0]);
+        (void)write_file(p, "1");
+    }
+}
+
+void cgroups_done(cgroups_t *cg)
+{
+    for (int i = 0; i < 3; i++) {
+        if (!cg->v1_root[i][0])
+            continue;
+        /* remove recycled children, then the host's parent */
+        for (uint32_t s = 0; s < 65536; s++) {
+            char p[192];
+            (void)snprintf(p, sizeof p, "%s/s%u", cg->v1_root[i], s);
+            if (rmdir(p) < 0 && errno == ENOENT && s > 8192)
+                break;
+        }
+        (void)rmdir(cg->v1_root[i]);
+    }
+}
+
+void cgroups_describe(const cgroups_t *cg, char *out, size_t cap)
+{
+    if (!cg->enabled) {
+        (void)snprintf(out, cap, "none");
+        return;
+    }
+    (void)snprintf(out, cap, "%s%s%s (v1)", cg->v1_memory ? "memory" : "",
+                   cg->v1_pids ? (cg->v1_memory ? ",pids" : "pids") : "", cg->v1_cpu ? ",cpu" : "");
+}
+
+int cgroup_prepare(const cgroups_t *cg, uint32_t slot, const cg_limits_t *lim, int *fds, int nfds)
+{
+    int k = 0;
+    bool have[3] = { cg->v1_memory, cg->v1_pids, cg->v1_cpu };
+    for (int i = 0; i < 3 && k < nfds - 1; i++) {
+        if (!have[i])
+            continue;
+        char dir[192], p[224], val[32];
+        (void)snprintf(dir, sizeof dir, "%s/s%u", cg->v1_root[i], slot);
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+            goto fail;
+        int r = 0;
+        if (i == 0) {
+            (void)snprintf(p, sizeof p, "%s/memory.limit_in_bytes", dir);
+            (void)snprintf(val, sizeof val, "%llu",
+                           lim->mem_bytes ? (unsigned long long)lim->mem_bytes
+                                          : (unsigned long long)-1);
+            r = lim->mem_bytes ? write_file(p, val) : write_file(p, "-1");
+        } else if (i == 1) {
+            (void)snprintf(p, sizeof p, "%s/pids.max", dir);
+            (void)snprintf(val, sizeof val, "%llu", (unsigned long long)lim->pids);
+            r = write_file(p, lim->pids ? val : "max");
+        } else if (lim->cpu_quota_us) {
+            (void)snprintf(p, sizeof p, "%s/cpu.cfs_period_us", dir);
+            (void)snprintf(val, sizeof val, "%llu", (unsigned long long)lim->cpu_period_us);
+            r = write_file(p, val);
+            (void)snprintf(p, sizeof p, "%s/cpu.cfs_quota_us", dir);
+            (void)snprintf(val, sizeof val, "%llu", (unsigned long long)lim->cpu_quota_us);
+            if (r >= 0)
+                r = write_file(p, val);
+        }
+        if (r < 0)
+            goto fail;
+        (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
+        fds[k] = open(p, O_WRONLY | O_CLOEXEC);
+        if (fds[k] < 0)
+            goto fail;
+        k++;
+    }
+    fds[k] = -1;
+    return 0;
+fail:;
+    int r = negative_errno();
+    while (k > 0) {
+        k--;
+        fds[k] = safe_close(fds[k]);
+    }
+    fds[0] = -1;
+    return r;
+}
+
+int cgroup_count(const cgroups_t *cg, uint32_t slot)
+{
+    if (!cg->v1_pids)
+        return -EOPNOTSUPP;
+    char p[224];
+    (void)snprintf(p, sizeof p, "%s/s%u/pids.current", cg->v1_root[1], slot);
+    _cleanup_close_ int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return negative_errno();
+    char b[32];
+    ssize_t n = read(fd, b, sizeof b - 1);
+    if (n <= 0)
+        return -EIO;
+    int v = 0;
+    for (ssize_t i = 0; i < n && b[i] >= '0' && b[i] <= '9'; i++)
+        v = v * 10 + (b[i] - '0');
+    return v;
+}

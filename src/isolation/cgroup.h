@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: MIT */
+/* Aggregate limits per pooled sandbox with cgroup v1 (memory, pids, cpu) where the machine has
+ * them, v2 where those controllers are delegated there. Cgroup directories are recycled like
+ * uids (an empty cgroup is reused), so a create does not pay for mkdir/rmdir. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    bool v1_memory, v1_pids, v1_cpu; /* controllers we can use */
+    bool v2_memory, v2_pids, v2_cpu;
+    char v1_root[3][128]; /* <mount>/sbx-pool-<pid> per controller */
+    char v2_root[128];
+    bool enabled;
+} cgroups_t;
+
+typedef struct {
+    uint64_t mem_bytes; /* 0 = unlimited */
+    uint64_t pids;      /* 0 = unlimited */
+    uint64_t cpu_quota_us, cpu_period_us;
+} cg_limits_t;
+
+/* Probe and create the parent cgroups for this host. Never fails hard: enabled=false. */
+void cgroups_init(cgroups_t *cg, const char *tag);
+void cgroups_done(cgroups_t *cg);
+/* Human-readable "memory,pids,cpu (v1)" or "none". */
+void cgroups_describe(const cgroups_t *cg, char *out, size_t cap);
+/* Prepare cgroup `slot` with limits and open its cgroup.procs files (fds, -1 terminated). */
+int cgroup_prepare(const cgroups_t *cg, uint32_t slot, const cg_limits_t *lim, int *fds, int nfds);
+/* Number of processes left in the slot's cgroup (pids controller), -errno if unknown. */
+int cgroup_count(const cgroups_t *cg, uint32_t slot);

@@ -1,0 +1,17 @@
+/* SPDX-License-Identifier: MIT */
+/* A seccomp deny-list for pooled sandboxes, built once with libseccomp and exported as BPF so
+ * each confined child only loads it (a raw prctl, no allocation in the child). It closes gaps
+ * that uids and Landlock leave: new user namespaces, io_uring, userfaultfd, ptrace, keyrings,
+ * bpf, perf, TIOCSTI, SysV IPC shared across sandboxes, and the 32-bit syscall ABI. */
+#pragma once
+
+#include <linux/filter.h>
+
+typedef struct {
+    struct sock_fprog prog;
+} seccomp_filter_t;
+
+int seccomp_filter_build(seccomp_filter_t *f);
+void seccomp_filter_done(seccomp_filter_t *f);
+/* Raw load (child side); NO_NEW_PRIVS must already be set. */
+long seccomp_filter_load_raw(const seccomp_filter_t *f);

@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: MIT */
+/* Pool host mode: many light sandboxes in one sbx-server, each a uid >= 20000 with a private
+ * 0700 home, a scrubbed environment, NO_NEW_PRIVS, its own Landlock ruleset, rlimits, cgroup
+ * limits where the machine has them, and a /proc that shows only its own processes. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "isolation/cgroup.h"
+#include "isolation/filter.h"
+#include "isolation/landlock.h"
+#include "isolation/mntns.h"
+#include "isolation/uidpool.h"
+
+typedef struct server server_t;
+typedef struct conn conn_t;
+typedef struct pool pool_t;
+typedef struct sandbox sandbox_t;
+
+#define POOL_UID_BASE 20000
+#define POOL_UID_COUNT 45000 /* stays inside a 65536-uid user namespace map */
+#define POOL_MAX_COUNT 4096  /* sandboxes per create request */
+#define POOL_MAX_ENV_BYTES (64 * 1024)
+#define POOL_BUCKETS 4096
+
+struct sandbox {
+    pool_t *pool;
+    sandbox_t *hnext;       /* hash chain */
+    sandbox_t *prev, *next; /* creation order */
+    unsigned refs;          /* the registry + each request/process that uses it */
+    char id[17];
+    char token[65];
+    uint32_t uid;
+    int home_fd;
+    char home[256];
+    char **env; /* base + create-time env, KEY=VALUE */
+    uint64_t max_procs, max_mem_mb;
+    uint64_t idle_timeout_ms;
+    int64_t created_at_ms;
+    uint64_t last_activity_ms;
+    unsigned ops;     /* foreground operations in flight on this sandbox */
+    unsigned running; /* running processes (foreground and background) */
+    int ruleset_fd;   /* -1 with uid-only confinement */
+    bool deleted;
+    bool spawned;  /* something ran as this uid */
+    int cg_fds[4]; /* cgroup.procs files of its cgroups (prepared at first exec), -1 ends */
+};
+
+typedef struct {
+    uint64_t capacity;
+    uint64_t min_abi;
+    bool allow_unconfined;
+    char homes_dir[200];
+} pool_config_t;
+
+struct pool {
+    server_t *srv;
+    pool_config_t cfg;
+    uint64_t reserved; /* capacity slots taken, including creates in progress */
+    sandbox_t *buckets[POOL_BUCKETS];
+    sandbox_t *first, *last;
+    size_t count;
+    uidpool_t uids;
+    landlock_base_t ll;
+    sandbox_ns_t ns;
+    bool hidepid;
+    cgroups_t cg;
+    seccomp_filter_t seccomp;
+    bool have_seccomp;
+    int homes_fd;
+    char **base_env_template; /* unused placeholder for future host env */
+    uint64_t created_total, deleted_total, teardown_failures;
+};
+
+int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen);
+pool_t *pool_free(pool_t *p);
+sandbox_t *pool_find(pool_t *p, const char *id, size_t len);
+sandbox_t *sandbox_ref(sandbox_t *sb);
+void sandbox_unref(sandbox_t *sb);
+/* "landlock" or "uid-only" */
+const char *sandbox_confinement(const sandbox_t *sb);
+/* Health detail: Landlock ABI and features in force. */
+void pool_health(pool_t *p, void *json_obj);
+/* Delete: kill everything of the uid (setsid escapees included), remove the home, recycle the
+ * uid only when that converged. Returns true when teardown converged. */
+bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen);
+/* Evict sandboxes idle past their own timeout with nothing running or in flight. */
+void pool_evict_idle(pool_t *p, uint64_t now_ms);
+
+/* Start a command as this sandbox: the confined child sequence (src/isolation/confine.c) with
+ * stdio on the given fds. cwd is the request's cwd (rooted at the home) or NULL. On failure
+ * err names the step. */
+int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
+                 int stdout_fd, int stderr_fd, pid_t *ret_pid, char *err, size_t errlen);
+/* A path from a request, relative to the home: an absolute path that starts with the home is
+ * taken relative to it; any other path is rooted at the home. Normalized; "" = the home. */
+int sandbox_rel_path(const sandbox_t *sb, const char *path, char *out, size_t cap);
+
+/* Host routes. */
+void route_sandboxes_create(conn_t *c);
+void route_sandboxes_list(conn_t *c);
+void route_sandboxes_delete_all(conn_t *c);
+void route_sandbox_token(conn_t *c, sandbox_t *sb);
+void route_sandbox_delete(conn_t *c, sandbox_t *sb);
