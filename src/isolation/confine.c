@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "confine.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -234,11 +235,41 @@ int confine_kill_uid(uint32_t uid)
     return run_as_uid(uid, SIGKILL, &e);
 }
 
+/* Whether any process has uid as its real, effective or saved uid. kill(-1, 0) from a helper
+ * cannot answer this (on this kernel it reports success with nothing to signal), so look. */
 int confine_uid_alive(uint32_t uid)
 {
-    int e;
-    int r = run_as_uid(uid, 0, &e);
-    if (r < 0)
-        return r;
-    return e == ESRCH ? 0 : 1;
+    DIR *d = opendir("/proc");
+    if (!d)
+        return negative_errno();
+    struct dirent *de;
+    int found = 0;
+    while (!found && (de = readdir(d))) {
+        if (de->d_name[0] < '1' || de->d_name[0] > '9')
+            continue;
+        char path[300], line[256];
+        (void)snprintf(path, sizeof path, "/proc/%.255s/status", de->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "Uid:", 4) != 0)
+                continue;
+            unsigned long ids[4] = { 0 };
+            char *q = line + 4;
+            for (int k = 0; k < 3; k++) {
+                while (*q == ' ' || *q == '\t')
+                    q++;
+                unsigned long v = 0;
+                while (*q >= '0' && *q <= '9')
+                    v = v * 10 + (unsigned long)(*q++ - '0');
+                ids[k] = v;
+            }
+            found = ids[0] == uid || ids[1] == uid || ids[2] == uid;
+            break;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return found;
 }

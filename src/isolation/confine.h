@@ -57,5 +57,6 @@ int confine_spawn(confine_spec_t *spec, pid_t *ret_pid);
  * (reaches setsid() escapees; the kernel walks the task list atomically). Returns 0 when the
  * helper ran; then confine_uid_alive() tells whether anything is left. */
 int confine_kill_uid(uint32_t uid);
-/* 1 if some process (other than zombies already reaped) still has this uid, 0 if none. */
+/* 1 if some process (zombies not yet reaped included) still has this uid, 0 if none; it scans
+ * /proc, so callers with a cgroup count use that first. */
 int confine_uid_alive(uint32_t uid);

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
+#include "pool.h"
 #include "server.h"
 
 #define CONN_IN_MAX (HTTP_MAX_HEAD + 256 * 1024)
@@ -30,6 +31,8 @@ static void conn_destroy(void *p)
         c->ops = NULL;
         ops->on_close(c, true);
     }
+    sandbox_unref(c->sb);
+    c->sb = NULL;
     timer_disarm(s->loop, &c->deadline);
     loop_unwatch(s->loop, &c->w);
     safe_close(c->fd);
@@ -696,6 +699,8 @@ static void conn_finish_response(void *p)
         c->ops = NULL;
         ops->on_close(c, false);
     }
+    sandbox_unref(c->sb); /* the request's hold on its sandbox ends with it */
+    c->sb = NULL;
     c->ops = NULL;
     c->hdata = NULL;
     buf_free(&c->body);

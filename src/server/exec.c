@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "common/log.h"
+#include "pool.h"
 #include "proc.h"
 #include "routes.h"
 #include "server.h"
@@ -68,7 +69,19 @@ typedef struct {
     uint64_t left_at_exit, read_since_exit; /* pipe bytes the command left behind / read */
     int wstatus;
     bool exited, timed_out, finished, base64, op_counted;
+    sandbox_t *sb; /* host mode: the sandbox it runs as (a reference) */
 } exec_t;
+
+/* The foreground operation is over (stream finished or client gone). */
+static void exec_op_end(exec_t *e)
+{
+    if (!e->op_counted)
+        return;
+    e->op_counted = false;
+    server_op_end(e->srv);
+    if (e->sb)
+        e->sb->ops--;
+}
 
 static void exec_maybe_free(exec_t *e);
 
@@ -83,8 +96,8 @@ static void exec_free(void *p)
     timer_disarm(l, &e->timeout_t);
     timer_disarm(l, &e->ping_t);
     timer_disarm(l, &e->drain_t);
-    if (e->op_counted)
-        server_op_end(e->srv);
+    exec_op_end(e);
+    sandbox_unref(e->sb);
     free(e->in_data);
     free(e);
 }
@@ -218,6 +231,8 @@ static void exec_on_exit(child_t *ch, int wstatus)
     e->exited = true;
     e->wstatus = wstatus;
     e->exit_ms = monotonic_ms();
+    if (e->sb)
+        e->sb->running--;
     timer_disarm(e->srv->loop, &e->timeout_t);
     if (!e->conn) {
         exec_maybe_free(e);
@@ -312,10 +327,7 @@ static void exec_conn_close(conn_t *c, bool aborted)
     outpipe_close(e->srv->loop, &e->err);
     timer_disarm(e->srv->loop, &e->ping_t);
     timer_disarm(e->srv->loop, &e->drain_t);
-    if (e->op_counted) {
-        server_op_end(e->srv);
-        e->op_counted = false;
-    }
+    exec_op_end(e);
     exec_maybe_free(e);
 }
 
@@ -333,11 +345,20 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
         return;
     }
     spawned_t sp;
-    int r = spawn_command(spec, &sp);
+    char why[160];
+    int r = spawn_command(spec, c->sb, &sp, why, sizeof why);
     if (r < 0) {
         free(e);
-        conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], strerror(-r));
+        if (r == -ESRCH)
+            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+        else
+            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
         return;
+    }
+    e->sb = sandbox_ref(c->sb);
+    if (e->sb) {
+        e->sb->running++;
+        e->sb->ops++;
     }
     e->srv = s;
     e->conn = c;
@@ -378,7 +399,7 @@ static void exec_body(conn_t *c, json_t *o)
 {
     exec_spec_t spec;
     const char *err = NULL;
-    int r = exec_spec_parse(o, environ, &spec, &err);
+    int r = exec_spec_parse(o, c->sb ? c->sb->env : environ, &spec, &err);
     if (r < 0) {
         conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
         return;

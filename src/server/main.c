@@ -26,6 +26,28 @@ static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, u
     return 0;
 }
 
+static int parse_host_config(server_config_t *cfg)
+{
+    if (env_u64("SBX_CAPACITY", 64, 1, 45000, &cfg->pool.capacity) < 0 ||
+        env_u64("SBX_MIN_LANDLOCK_ABI", 6, 0, 1000, &cfg->pool.min_abi) < 0)
+        return -EINVAL;
+    const char *homes = getenv("SBX_HOMES_DIR");
+    if (!homes || !*homes)
+        homes = "/sbx/homes";
+    if (homes[0] != '/' || strlen(homes) >= sizeof cfg->pool.homes_dir - 20) {
+        log_error("SBX_HOMES_DIR=%s: expected an absolute path (at most %zu bytes)", homes,
+                  sizeof cfg->pool.homes_dir - 21);
+        return -EINVAL;
+    }
+    memcpy(cfg->pool.homes_dir, homes, strlen(homes) + 1);
+    /* Sandboxes are uids: setting them up needs root (CAP_SETUID, CAP_SETGID, CAP_KILL). */
+    if (geteuid() != 0) {
+        log_error("SBX_HOST_MODE=1 needs root (it runs each sandbox as its own uid)");
+        return -EPERM;
+    }
+    return 0;
+}
+
 static int parse_config(int argc, char **argv, server_config_t *cfg)
 {
     bool allow_no_auth = false;
@@ -41,7 +63,8 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
             printf("sbx-server %s (protocol %d)\n", SBX_VERSION, SBX_PROTOCOL);
             exit(0);
         } else if (streq(argv[i], "--allow-unconfined")) {
-            /* accepted for compatibility; only meaningful in host mode */
+            /* argv only, like --allow-no-auth: host mode may then run uid-only sandboxes */
+            cfg->pool.allow_unconfined = true;
         } else {
             log_error("unknown argument %s (known: --allow-no-auth, --allow-unconfined, --version)",
                       argv[i]);
@@ -74,10 +97,13 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
         memcpy(cfg->unix_path, listen + 5, strlen(listen + 5) + 1);
     }
     const char *hm = getenv("SBX_HOST_MODE");
-    if (hm && streq(hm, "1")) {
-        log_error("SBX_HOST_MODE=1: pool host mode is not available in this build yet");
+    if (hm && *hm && !streq(hm, "0") && !streq(hm, "1")) {
+        log_error("SBX_HOST_MODE=%s: expected 1 (pool host) or 0", hm);
         return -EINVAL;
     }
+    cfg->host_mode = hm && streq(hm, "1");
+    if (cfg->host_mode && parse_host_config(cfg) < 0)
+        return -EINVAL;
     const char *tok = getenv("SBX_TOKEN");
     if (tok && *tok) {
         cfg->token = strdup(tok);
@@ -120,11 +146,11 @@ int main(int argc, char **argv)
         return 1;
     }
     if (cfg.unix_path[0])
-        log_info("listening on unix:%s (dedicated mode, auth %s)", cfg.unix_path,
-                 cfg.token ? "required" : "DISABLED");
+        log_info("listening on unix:%s (%s mode, auth %s)", cfg.unix_path,
+                 cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
     else
-        log_info("listening on %s:%u (dedicated mode, auth %s)", cfg.bind, cfg.port,
-                 cfg.token ? "required" : "DISABLED");
+        log_info("listening on %s:%u (%s mode, auth %s)", cfg.bind, cfg.port,
+                 cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
     r = server_run(&srv);
     server_done(&srv);
     free(cfg.token);

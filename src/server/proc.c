@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "exec.h"
+#include "pool.h"
 #include "routes.h"
 #include "server.h"
 
@@ -55,6 +56,7 @@ struct proc {
     size_t log_bytes;
     uint64_t first_seq, next_seq;
     attach_t *attachers;
+    sandbox_t *sb; /* host mode: the sandbox it runs as (a reference); NULL in dedicated mode */
 };
 
 size_t server_running_procs(const server_t *s)
@@ -87,6 +89,8 @@ static proc_t *proc_lookup_or_answer(conn_t *c, sv_t id)
         return NULL;
     }
     proc_t *p = proc_find(c->srv, id);
+    if (p && p->sb != c->sb)
+        p = NULL; /* another sandbox's process does not exist for this one */
     if (!p)
         conn_respond_error(c, 404, "no such process");
     return p;
@@ -134,7 +138,9 @@ static void procs_pump_all(proc_t *p)
 }
 
 static bool proc_output_done(const proc_t *p) { return p->exited && p->out.eof && p->err.eof; }
-static void procs_evict(server_t *s);
+/* Keep at most PROC_MAX_FINISHED finished entries per sandbox (one sandbox's churn never
+ * evicts another's); running ones are never dropped. */
+static void procs_evict_for(server_t *s, sandbox_t *sb);
 
 static void proc_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
 {
@@ -157,7 +163,7 @@ static void proc_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
     }
     procs_pump_all(p);
     if (proc_output_done(p))
-        procs_evict(p->srv); /* the cap counts entries whose output has ended too */
+        procs_evict_for(p->srv, p->sb); /* the cap counts entries whose output has ended too */
 }
 
 struct blob_ctx {
@@ -283,22 +289,22 @@ static void proc_free(proc_t *p)
         free(b);
     }
     json_decref(p->cmd);
+    sandbox_unref(p->sb);
     free(p->tag);
     free(p);
 }
 
 static void proc_free_deferred(void *p) { proc_free(p); }
 
-/* Keep at most PROC_MAX_FINISHED finished entries; running ones are never dropped. */
-static void procs_evict(server_t *s)
+static void procs_evict_for(server_t *s, sandbox_t *sb)
 {
     size_t finished = 0;
     for (proc_t *p = s->procs; p; p = p->next)
-        finished += p->exited && proc_output_done(p);
+        finished += p->sb == sb && p->exited && proc_output_done(p);
     while (finished > PROC_MAX_FINISHED) {
         proc_t **oldest = NULL;
         for (proc_t **pp = &s->procs; *pp; pp = &(*pp)->next)
-            if ((*pp)->exited && proc_output_done(*pp))
+            if ((*pp)->sb == sb && (*pp)->exited && proc_output_done(*pp))
                 oldest = pp; /* list is newest first: the last match is the oldest */
         if (!oldest)
             break;
@@ -313,17 +319,37 @@ static void procs_evict(server_t *s)
     }
 }
 
+void procs_drop_sandbox(server_t *s, sandbox_t *sb)
+{
+    for (proc_t **pp = &s->procs; *pp;) {
+        proc_t *p = *pp;
+        if (p->sb != sb) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        s->n_procs--;
+        proc_signal(p, SIGKILL);
+        /* its exit is reaped like any orphan; nothing may call back into this entry */
+        server_child_remove(s, &p->child);
+        if (loop_defer(s->loop, proc_free_deferred, p) < 0)
+            proc_free(p);
+    }
+}
+
 static void proc_on_exit(child_t *ch, int wstatus)
 {
     proc_t *p = ch->data;
     p->exited = true;
     p->wstatus = wstatus;
     p->exit_mono = monotonic_ms();
+    if (p->sb)
+        p->sb->running--;
     timer_disarm(p->srv->loop, &p->timeout_t);
     timer_disarm(p->srv->loop, &p->grace_t);
     server_touch(p->srv);
     procs_pump_all(p);
-    procs_evict(p->srv);
+    procs_evict_for(p->srv, p->sb);
 }
 
 static void proc_on_timeout(loop_t *l, timer_t_ *t)
@@ -398,12 +424,19 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
         return;
     }
     spawned_t sp;
-    int r = spawn_command(spec, &sp);
+    char why[160];
+    int r = spawn_command(spec, c->sb, &sp, why, sizeof why);
     if (r < 0) {
         free(p);
-        conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], strerror(-r));
+        if (r == -ESRCH)
+            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+        else
+            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
         return;
     }
+    p->sb = sandbox_ref(c->sb);
+    if (p->sb)
+        p->sb->running++;
     struct timespec ts;
     (void)clock_gettime(CLOCK_REALTIME, &ts);
     p->srv = s;
@@ -460,7 +493,7 @@ static void proc_create_body(conn_t *c, json_t *o)
 {
     exec_spec_t spec;
     const char *err = NULL;
-    int r = exec_spec_parse(o, environ, &spec, &err);
+    int r = exec_spec_parse(o, c->sb ? c->sb->env : environ, &spec, &err);
     if (r < 0) {
         conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
         return;
@@ -491,7 +524,7 @@ void route_proc_list(conn_t *c, const route_params_t *rp)
     for (proc_t *p = c->srv->procs; p && i > 0; p = p->next)
         v[--i] = p;
     for (i = 0; i < n; i++)
-        if (v[i])
+        if (v[i] && v[i]->sb == c->sb)
             json_array_append_new(arr, proc_json(v[i], true));
     free(v);
     conn_respond_json(c, 200, arr);

@@ -16,3 +16,5 @@ typedef struct server server_t;
 void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec);
 size_t server_running_procs(const server_t *s);
 void procs_kill_all(server_t *s);
+/* A sandbox is being deleted: kill and forget its processes. */
+void procs_drop_sandbox(server_t *s, sandbox_t *sb);

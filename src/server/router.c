@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "common/log.h"
+#include "pool.h"
 #include "routes.h"
 #include "server.h"
 
@@ -38,18 +39,21 @@ static const route_t dedicated_routes[] = {
     { NULL, "/v1/proxy/", R_PROXY, NULL, route_proxy },
 };
 
+/* Lengths are public (64 hex chars); the bytes are compared in constant time. */
+static bool token_matches(const conn_t *c, const char *token)
+{
+    sv_t v;
+    size_t tlen = strlen(token);
+    if (!http_header_get(&c->req, "x-sandbox-token", &v) || v.len != tlen || tlen == 0)
+        return false;
+    return sodium_memcmp(v.p, token, tlen) == 0;
+}
+
 static bool token_ok(const server_t *s, const conn_t *c)
 {
     if (!s->cfg.token)
         return true; /* --allow-no-auth */
-    sv_t v;
-    if (!http_header_get(&c->req, "x-sandbox-token", &v))
-        return false;
-    size_t tlen = strlen(s->cfg.token);
-    /* Lengths are public (64 hex chars); the bytes are compared in constant time. */
-    if (v.len != tlen || tlen == 0)
-        return false;
-    return sodium_memcmp(v.p, s->cfg.token, tlen) == 0;
+    return token_matches(c, s->cfg.token);
 }
 
 static bool method_is(const conn_t *c, const char *m)
@@ -111,6 +115,112 @@ static bool is_host_route(sv_t path)
     return sv_eq(path, SV("/v1/sandboxes")) || sv_has_prefix(path, SV("/v1/sandboxes/"));
 }
 
+static void dispatch_dedicated_table(conn_t *c, sv_t path)
+{
+    bool path_known = false;
+    for (size_t i = 0; i < ELEMENTSOF(dedicated_routes); i++) {
+        const route_t *r = &dedicated_routes[i];
+        route_params_t p = { 0 };
+        if (!route_match(r, path, &p))
+            continue;
+        path_known = true;
+        if (r->method && !method_is(c, r->method))
+            continue;
+        r->fn(c, &p);
+        return;
+    }
+    if (path_known)
+        conn_respond_error(c, 405, "method not allowed");
+    else
+        conn_respond_error(c, 404, "not found");
+}
+
+static bool refuse_unauthorized(conn_t *c)
+{
+    c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
+    conn_respond_error(c, 403, "missing or invalid X-Sandbox-Token");
+    return true;
+}
+
+static bool refuse_transfer_encoding(conn_t *c)
+{
+    if (!c->req.has_transfer_encoding)
+        return false;
+    c->keep_alive = false;
+    conn_respond_error(c, 411, "Transfer-Encoding is not supported; send Content-Length");
+    return true;
+}
+
+/* Host (pool) mode. The host token only manages (/v1/sandboxes, .../token); every route scoped
+ * to a sandbox needs that sandbox's own token, and an unknown id is 403 (no entry, so no
+ * token to match). A scoped route runs the dedicated handler with c->sb set, after its path
+ * is rewritten from /v1/sandboxes/<id>/<rest> to /v1/<rest>. */
+static void dispatch_host(conn_t *c, sv_t path)
+{
+    server_t *s = c->srv;
+    static const sv_t prefix = { "/v1/sandboxes/", 14 };
+    if (sv_eq(path, SV("/v1/sandboxes"))) {
+        if (!token_ok(s, c) && refuse_unauthorized(c))
+            return;
+        if (refuse_transfer_encoding(c))
+            return;
+        server_touch(s);
+        if (method_is(c, "POST"))
+            route_sandboxes_create(c);
+        else if (method_is(c, "GET"))
+            route_sandboxes_list(c);
+        else if (method_is(c, "DELETE"))
+            route_sandboxes_delete_all(c);
+        else
+            conn_respond_error(c, 405, "method not allowed");
+        return;
+    }
+    if (!sv_has_prefix(path, prefix)) {
+        /* anything else needs the host token, then the mode gate answers 404 */
+        if (!token_ok(s, c) && refuse_unauthorized(c))
+            return;
+        if (refuse_transfer_encoding(c))
+            return;
+        conn_respond_error(c, 404, "not found (dedicated route; this server is a pool host)");
+        return;
+    }
+    sv_t tail = sv_make(path.p + prefix.len, path.len - prefix.len);
+    size_t idlen = 0;
+    while (idlen < tail.len && tail.p[idlen] != '/')
+        idlen++;
+    sv_t rest = sv_make(tail.p + idlen, tail.len - idlen);
+    sandbox_t *sb = pool_find(s->pool, tail.p, idlen);
+    if (sv_eq(rest, SV("/token")) && method_is(c, "GET")) {
+        if ((!token_ok(s, c) || !sb) && refuse_unauthorized(c))
+            return;
+        if (refuse_transfer_encoding(c))
+            return;
+        server_touch(s);
+        route_sandbox_token(c, sb);
+        return;
+    }
+    if ((!sb || !token_matches(c, sb->token)) && refuse_unauthorized(c))
+        return;
+    if (refuse_transfer_encoding(c))
+        return;
+    server_touch(s);
+    sb->last_activity_ms = loop_now_ms(s->loop);
+    if (rest.len == 0) {
+        if (method_is(c, "DELETE"))
+            route_sandbox_delete(c, sb);
+        else
+            conn_respond_error(c, 405, "method not allowed");
+        return;
+    }
+    /* /v1/sandboxes/<id>/<rest> -> /v1/<rest>: the three bytes before <rest> become "/v1"
+     * (the id is at least one byte, so they belong to this path). */
+    char *r0 = (char *)rest.p - 3;
+    memcpy(r0, "/v1", 3);
+    c->sb = sandbox_ref(sb);
+    c->req.path = sv_make(r0, rest.len + 3);
+    dispatch_dedicated_table(c, c->req.path);
+}
+
 void router_dispatch(conn_t *c)
 {
     server_t *s = c->srv;
@@ -127,39 +237,22 @@ void router_dispatch(conn_t *c)
         route_health(c, NULL);
         return;
     }
+    if (s->pool) {
+        dispatch_host(c, path);
+        return;
+    }
     if (!token_ok(s, c)) {
-        c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
-        conn_respond_error(c, 403, "missing or invalid X-Sandbox-Token");
+        refuse_unauthorized(c);
         return;
     }
-    if (c->req.has_transfer_encoding) {
-        c->keep_alive = false;
-        conn_respond_error(c, 411, "Transfer-Encoding is not supported; send Content-Length");
+    if (refuse_transfer_encoding(c))
         return;
-    }
     server_touch(s);
-    if (is_host_route(path) && !s->cfg.host_mode) {
+    if (is_host_route(path)) {
         conn_respond_error(c, 404, "not found (host-mode route; this server is dedicated)");
         return;
     }
-    route_params_t p = { 0 };
-    bool path_known = false;
-    for (size_t i = 0; i < ELEMENTSOF(dedicated_routes); i++) {
-        const route_t *r = &dedicated_routes[i];
-        route_params_t tmp = { 0 };
-        if (!route_match(r, path, &tmp))
-            continue;
-        path_known = true;
-        if (r->method && !method_is(c, r->method))
-            continue;
-        p = tmp;
-        r->fn(c, &p);
-        return;
-    }
-    if (path_known)
-        conn_respond_error(c, 405, "method not allowed");
-    else
-        conn_respond_error(c, 404, "not found");
+    dispatch_dedicated_table(c, path);
 }
 
 /* ---- shared helpers ---------------------------------------------------------------------- */

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "pool.h"
 #include "proc.h"
 #include "proxy.h"
 #include "routes.h"
@@ -64,6 +65,11 @@ static void on_signal(loop_t *l, watcher_t *w, uint32_t ev)
             return;
         }
     }
+    server_reap(s);
+}
+
+void server_reap(server_t *s)
+{
     for (;;) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
@@ -108,6 +114,24 @@ static void on_accept(loop_t *l, watcher_t *w, uint32_t ev)
         if (conn_accept(s, fd) < 0)
             log_warn("could not set up a connection");
     }
+}
+
+/* Host mode, every second: evict sandboxes idle past their own timeout; exit once the host
+ * has had no sandbox for SBX_IDLE_TIMEOUT (the clock starts at boot, so a warmed host that
+ * is never used is reclaimed too). */
+static void on_pool_tick(loop_t *l, timer_t_ *t)
+{
+    server_t *s = t->data;
+    uint64_t now = loop_now_ms(l);
+    pool_evict_idle(s->pool, now);
+    if (s->pool->count > 0 || s->active_ops > 0)
+        s->pool_empty_since_ms = now;
+    else if (s->cfg.idle_timeout_ms > 0 && now - s->pool_empty_since_ms >= s->cfg.idle_timeout_ms) {
+        log_info("no sandboxes for %llu ms: exiting", (unsigned long long)s->cfg.idle_timeout_ms);
+        loop_stop(l);
+        return;
+    }
+    (void)timer_arm(l, t, 1000);
 }
 
 static void on_idle(loop_t *l, timer_t_ *t)
@@ -178,6 +202,7 @@ int server_init(server_t *s, const server_config_t *cfg)
 {
     int r;
     *s = (server_t){ .cfg = *cfg, .listen_fd = -EBADF, .sig_fd = -EBADF, .next_proc_id = 1 };
+    timer_init(&s->idle_t, on_idle, s); /* initialized first: server_done disarms it */
     r = loop_new(&s->loop);
     if (r < 0)
         return r;
@@ -211,7 +236,18 @@ int server_init(server_t *s, const server_config_t *cfg)
     r = loop_watch(s->loop, &s->listen_w, EPOLLIN);
     if (r < 0)
         return r;
-    timer_init(&s->idle_t, on_idle, s);
+    if (s->cfg.host_mode) {
+        char err[512];
+        r = pool_new(s, &s->cfg.pool, &s->pool, err, sizeof err);
+        if (r < 0) {
+            log_error("%s", err);
+            return r;
+        }
+        s->pool_empty_since_ms = s->start_ms;
+        timer_init(&s->idle_t, on_pool_tick, s);
+        (void)timer_arm(s->loop, &s->idle_t, 1000);
+        return 0;
+    }
     if (cfg->idle_timeout_ms > 0)
         (void)timer_arm(s->loop, &s->idle_t, MIN(cfg->idle_timeout_ms, 1000));
     return 0;
@@ -221,6 +257,7 @@ int server_run(server_t *s) { return loop_run(s->loop); }
 
 void server_done(server_t *s)
 {
+    s->pool = pool_free(s->pool); /* deletes every sandbox: kills, removes homes */
     procs_kill_all(s);
     conn_free_all(s);
     proxy_free_all(s);
@@ -253,7 +290,10 @@ void route_health(conn_t *c, const route_params_t *p)
                             json_integer((json_int_t)(loop_now_ms(s->loop) - s->start_ms)));
         json_object_set_new(j, "mode", json_string(s->cfg.host_mode ? "host" : "dedicated"));
         json_object_set_new(j, "auth", json_string(s->cfg.token ? "required" : "disabled"));
-        json_object_set_new(j, "sandboxes", json_integer(0));
+        if (s->pool)
+            pool_health(s->pool, j);
+        else
+            json_object_set_new(j, "sandboxes", json_integer(0));
         json_object_set_new(j, "processes", json_integer((json_int_t)server_running_procs(s)));
         json_object_set_new(j, "features", features);
     }

@@ -8,6 +8,7 @@
 
 #include "common/loop.h"
 #include "conn.h"
+#include "pool.h"
 
 #define SBX_VERSION "0.1.0"
 #define SBX_PROTOCOL 3
@@ -23,6 +24,7 @@ typedef struct {
     uint64_t keepalive_ms;
     uint64_t head_timeout_ms, body_timeout_ms, write_timeout_ms;
     bool host_mode;
+    pool_config_t pool; /* host mode */
 } server_config_t;
 
 typedef struct child child_t;
@@ -58,6 +60,7 @@ struct server {
     uint64_t next_proc_id;
     int exit_code;
     pool_t *pool; /* host mode only */
+    uint64_t pool_empty_since_ms;
 };
 
 /* Called by handlers: a request was authorized / an operation starts or ends. */
@@ -66,6 +69,8 @@ void server_op_begin(server_t *s);
 void server_op_end(server_t *s);
 void server_child_add(server_t *s, child_t *ch);
 void server_child_remove(server_t *s, child_t *ch);
+/* Reap every exited child now (normally done on SIGCHLD); owners hear of their children. */
+void server_reap(server_t *s);
 size_t server_running_procs(const server_t *s);
 
 /* Route a complete request head (after auth). */

@@ -10,6 +10,7 @@
 
 #include "common/macro.h"
 #include "common/strutil.h"
+#include "pool.h"
 
 static void strv_free(char **v)
 {
@@ -292,29 +293,16 @@ static int make_pipe(int p[2], bool parent_reads)
     return 0;
 }
 
-int spawn_command(const exec_spec_t *spec, spawned_t *ret)
+/* Dedicated mode: the command runs as the server does (the run is the sandbox). */
+static int spawn_posix(const exec_spec_t *spec, int in_fd, int out_fd, int err_fd, pid_t *ret_pid)
 {
-    int out[2] = { -1, -1 }, err[2] = { -1, -1 }, in[2] = { -1, -1 };
-    int r;
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
-    bool want_in = spec->has_stdin || spec->stdin_stream;
-
-    if ((r = make_pipe(out, true)) < 0)
-        return r;
-    if ((r = make_pipe(err, true)) < 0)
-        goto fail_pipes;
-    /* Without stdin data the command reads EOF from an empty pipe; no /dev/null is needed, so
-     * the server also works in a root filesystem that has no /dev. */
-    if ((r = make_pipe(in, false)) < 0)
-        goto fail_pipes;
-    if (!want_in)
-        in[1] = safe_close(in[1]);
     posix_spawn_file_actions_init(&fa);
     posix_spawnattr_init(&at);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
     if (spec->cwd)
         posix_spawn_file_actions_addchdir_np(&fa, spec->cwd);
     /* Own process group, so a kill reaches the whole pipeline; default signal state, since the
@@ -327,25 +315,53 @@ int spawn_command(const exec_spec_t *spec, spawned_t *ret)
     posix_spawnattr_setpgroup(&at, 0);
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
                                       POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_USEVFORK);
-    pid_t pid;
-    r = -posix_spawnp(&pid, spec->argv[0], &fa, &at, spec->argv, spec->envp);
+    int r = -posix_spawnp(ret_pid, spec->argv[0], &fa, &at, spec->argv, spec->envp);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
+    return r;
+}
+
+int spawn_command(const exec_spec_t *spec, sandbox_t *sb, spawned_t *ret, char *err, size_t errlen)
+{
+    int out[2] = { -1, -1 }, errp[2] = { -1, -1 }, in[2] = { -1, -1 };
+    int r;
+    bool want_in = spec->has_stdin || spec->stdin_stream;
+
+    (void)snprintf(err, errlen, "%s", strerror(ENOMEM));
+    if ((r = make_pipe(out, true)) < 0)
+        return r;
+    if ((r = make_pipe(errp, true)) < 0)
+        goto fail_pipes;
+    /* Without stdin data the command reads EOF from an empty pipe; no /dev/null is needed, so
+     * the server also works in a root filesystem that has no /dev. */
+    if ((r = make_pipe(in, false)) < 0)
+        goto fail_pipes;
+    if (!want_in)
+        in[1] = safe_close(in[1]);
+    pid_t pid;
+    if (sb) {
+        r = sandbox_exec(sb, spec->argv, spec->envp, spec->cwd, in[0], out[1], errp[1], &pid, err,
+                         errlen);
+    } else {
+        r = spawn_posix(spec, in[0], out[1], errp[1], &pid);
+        if (r < 0)
+            (void)snprintf(err, errlen, "%s", strerror(-r));
+    }
     safe_close(out[1]);
-    safe_close(err[1]);
+    safe_close(errp[1]);
     safe_close(in[0]);
-    out[1] = err[1] = in[0] = -1;
+    out[1] = errp[1] = in[0] = -1;
     if (r < 0)
         goto fail_pipes;
     *ret = (spawned_t){
-        .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = err[0]
+        .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = errp[0]
     };
     return 0;
 fail_pipes:
     safe_close(out[0]);
     safe_close(out[1]);
-    safe_close(err[0]);
-    safe_close(err[1]);
+    safe_close(errp[0]);
+    safe_close(errp[1]);
     safe_close(in[0]);
     safe_close(in[1]);
     return r;

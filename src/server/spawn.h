@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+typedef struct sandbox sandbox_t;
+
 #define EXEC_MAX_BODY (16 * 1024 * 1024)
 #define EXEC_MAX_ENV_BYTES (64 * 1024)
 #define EXEC_READ_CHUNK (64 * 1024)
@@ -37,8 +39,9 @@ typedef struct {
 } spawned_t;
 
 /* Start the command in its own process group with pipes for stdout/stderr (non-blocking on
- * our side). A command that cannot be started fails here (-errno), before any stream begins. */
-int spawn_command(const exec_spec_t *spec, spawned_t *ret);
+ * our side): as the server in dedicated mode, confined as sandbox sb in host mode. A command
+ * that cannot be started fails here (-errno, err says why), before any stream begins. */
+int spawn_command(const exec_spec_t *spec, sandbox_t *sb, spawned_t *ret, char *err, size_t errlen);
 void spawned_close(spawned_t *sp);
 
 /* Output events. `carry` holds up to 3 bytes of a UTF-8 sequence split across reads. */

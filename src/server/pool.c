@@ -1,0 +1,695 @@
+/* SPDX-License-Identifier: MIT */
+/* Pool host mode: the sandbox registry, create/delete/list, teardown and idle eviction.
+ * Everything runs on the server's one event-loop thread, so "reserve a capacity slot",
+ * "check deleted, then spawn" and "delete" cannot interleave. */
+#include "pool.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "fsops.h"
+#include "isolation/confine.h"
+#include "proc.h"
+#include "routes.h"
+#include "server.h"
+
+#define DEFAULT_MAX_PROCS 256
+#define DEFAULT_MAX_MEM_MB 2048
+#define TEARDOWN_ROUNDS 100
+
+static unsigned hash_id(const char *id, size_t len)
+{
+    unsigned h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)id[i]) * 16777619u;
+    return h % POOL_BUCKETS;
+}
+
+sandbox_t *pool_find(pool_t *p, const char *id, size_t len)
+{
+    if (len != 16)
+        return NULL;
+    for (sandbox_t *sb = p->buckets[hash_id(id, len)]; sb; sb = sb->hnext)
+        if (memcmp(sb->id, id, 16) == 0)
+            return sb;
+    return NULL;
+}
+
+static void pool_link(pool_t *p, sandbox_t *sb)
+{
+    unsigned h = hash_id(sb->id, 16);
+    sb->hnext = p->buckets[h];
+    p->buckets[h] = sb;
+    sb->prev = p->last;
+    if (p->last)
+        p->last->next = sb;
+    else
+        p->first = sb;
+    p->last = sb;
+    p->count++;
+}
+
+static void pool_unlink(pool_t *p, sandbox_t *sb)
+{
+    for (sandbox_t **pp = &p->buckets[hash_id(sb->id, 16)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == sb) {
+            *pp = sb->hnext;
+            break;
+        }
+    if (sb->prev)
+        sb->prev->next = sb->next;
+    else
+        p->first = sb->next;
+    if (sb->next)
+        sb->next->prev = sb->prev;
+    else
+        p->last = sb->prev;
+    sb->hnext = sb->prev = sb->next = NULL;
+    p->count--;
+}
+
+sandbox_t *sandbox_ref(sandbox_t *sb)
+{
+    if (sb)
+        sb->refs++;
+    return sb;
+}
+
+static void strv_free(char **v)
+{
+    for (char **e = v; e && *e; e++)
+        free(*e);
+    free(v);
+}
+
+void sandbox_unref(sandbox_t *sb)
+{
+    if (!sb || --sb->refs > 0)
+        return;
+    /* The ruleset fd is closed only now, so a spawn that holds a reference never sees it
+     * closed (or its number reused) under it. */
+    safe_close(sb->ruleset_fd);
+    safe_close(sb->home_fd);
+    for (int i = 0; i < 4 && sb->cg_fds[i] >= 0; i++)
+        safe_close(sb->cg_fds[i]);
+    strv_free(sb->env);
+    sodium_memzero(sb->token, sizeof sb->token);
+    free(sb);
+}
+
+const char *sandbox_confinement(const sandbox_t *sb)
+{
+    return sb->ruleset_fd >= 0 ? "landlock" : "uid-only";
+}
+
+/* ---- setup ------------------------------------------------------------------------------- */
+
+int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen)
+{
+    pool_t *p = calloc(1, sizeof *p);
+    int r;
+    if (!p)
+        return -ENOMEM;
+    p->srv = srv;
+    p->cfg = *cfg;
+    p->homes_fd = -EBADF;
+    p->ns = (sandbox_ns_t){ .holder = -1, .ns_fd = -EBADF, .release_fd = -EBADF };
+
+    int abi = landlock_abi();
+    if ((uint64_t)abi < cfg->min_abi && !cfg->allow_unconfined) {
+        char have[128];
+        landlock_features(abi, have, sizeof have);
+        (void)snprintf(err, errlen,
+                       "Landlock ABI %d is below SBX_MIN_LANDLOCK_ABI=%llu (have: %s); refusing "
+                       "to start (--allow-unconfined accepts uid-only isolation)",
+                       abi, (unsigned long long)cfg->min_abi, have);
+        pool_free(p);
+        return -EOPNOTSUPP;
+    }
+    /* A private /proc with hidepid in one shared mount namespace, if the kernel allows it. */
+    p->hidepid = sandbox_ns_start(&p->ns) >= 0;
+    if (abi >= 1 && (uint64_t)abi >= cfg->min_abi) {
+        r = landlock_base_init(&p->ll, p->hidepid ? p->ns.proc_path : "/proc");
+        if (r < 0) {
+            (void)snprintf(err, errlen, "cannot prepare Landlock rules: %s", strerror(-r));
+            pool_free(p);
+            return r;
+        }
+    }
+    r = uidpool_init(&p->uids, POOL_UID_BASE, POOL_UID_COUNT);
+    if (r >= 0)
+        r = uidpool_reserve_from_file(&p->uids, "/etc/passwd");
+    if (r >= 0)
+        r = uidpool_reserve_from_file(&p->uids, "/etc/group");
+    if (r >= 0)
+        r = uidpool_reserve_from_proc(&p->uids, "/proc");
+    if (r < 0) {
+        (void)snprintf(err, errlen, "cannot set up the uid pool: %s", strerror(-r));
+        pool_free(p);
+        return r;
+    }
+    if (mkdir(cfg->homes_dir, 0711) < 0 && errno != EEXIST) {
+        r = negative_errno();
+        (void)snprintf(err, errlen, "cannot create SBX_HOMES_DIR %s: %s", cfg->homes_dir,
+                       strerror(errno));
+        pool_free(p);
+        return r;
+    }
+    p->homes_fd = open(cfg->homes_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (p->homes_fd < 0) {
+        r = negative_errno();
+        (void)snprintf(err, errlen, "cannot open SBX_HOMES_DIR %s: %s", cfg->homes_dir,
+                       strerror(errno));
+        pool_free(p);
+        return r;
+    }
+    char tag[48];
+    (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
+    cgroups_init(&p->cg, tag);
+    p->have_seccomp = seccomp_filter_build(&p->seccomp) >= 0;
+    *ret = p;
+    return 0;
+}
+
+pool_t *pool_free(pool_t *p)
+{
+    if (!p)
+        return NULL;
+    while (p->first) {
+        char err[128];
+        (void)sandbox_delete(p->first, err, sizeof err);
+    }
+    landlock_base_done(&p->ll);
+    seccomp_filter_done(&p->seccomp);
+    sandbox_ns_stop(&p->ns);
+    cgroups_done(&p->cg);
+    uidpool_done(&p->uids);
+    safe_close(p->homes_fd);
+    free(p);
+    return NULL;
+}
+
+/* ---- create ------------------------------------------------------------------------------ */
+
+typedef struct {
+    json_t *env;
+    uint64_t max_procs, max_mem_mb, idle_ms;
+} create_opts_t;
+
+static int build_env(const sandbox_t *sb, json_t *env, char ***ret)
+{
+    size_t n = json_object_size(env) + 9, k = 0;
+    char **v = calloc(n, sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    char line[512];
+#define PUT(...)                                                                                   \
+    do {                                                                                           \
+        (void)snprintf(line, sizeof line, __VA_ARGS__);                                            \
+        if (!(v[k++] = strdup(line)))                                                              \
+            goto oom;                                                                              \
+    } while (0)
+    PUT("PATH=%s/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        sb->home);
+    PUT("HOME=%s", sb->home);
+    PUT("TMPDIR=%s/.tmp", sb->home);
+    PUT("USER=sbx-%s", sb->id);
+    PUT("LOGNAME=sbx-%s", sb->id);
+    PUT("SBX_SANDBOX_ID=%s", sb->id);
+    PUT("SBX_PROXY_DIR=%s/.sbx/proxy", sb->home);
+    PUT("LANG=C.UTF-8");
+#undef PUT
+    const char *key;
+    json_t *val;
+    json_object_foreach(env, key, val) {
+        const char *s = json_is_string(val) ? json_string_value(val) : "";
+        size_t len = strlen(key) + strlen(s) + 2;
+        char *e = malloc(len);
+        if (!e)
+            goto oom;
+        (void)snprintf(e, len, "%s=%s", key, s);
+        /* create-time env overrides the base entry of the same name */
+        size_t kl = strlen(key) + 1;
+        size_t i;
+        for (i = 0; i < k; i++)
+            if (strncmp(v[i], e, kl) == 0)
+                break;
+        if (i < k) {
+            free(v[i]);
+            v[i] = e;
+        } else {
+            v[k++] = e;
+        }
+    }
+    *ret = v;
+    return 0;
+oom:
+    strv_free(v);
+    return -ENOMEM;
+}
+
+static int make_home(pool_t *p, sandbox_t *sb)
+{
+    /* Created by descriptor under the homes directory; the id is ours (hex), never a path. */
+    if (mkdirat(p->homes_fd, sb->id, 0700) < 0)
+        return negative_errno();
+    sb->home_fd = openat(p->homes_fd, sb->id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sb->home_fd < 0)
+        return negative_errno();
+    if (fchown(sb->home_fd, sb->uid, sb->uid) < 0)
+        return negative_errno();
+    static const char *const dirs[] = { ".tmp", ".sbx", ".sbx/proxy" };
+    for (size_t i = 0; i < ELEMENTSOF(dirs); i++)
+        if (mkdirat(sb->home_fd, dirs[i], 0700) < 0 ||
+            fchownat(sb->home_fd, dirs[i], sb->uid, sb->uid, AT_SYMLINK_NOFOLLOW) < 0)
+            return negative_errno();
+    return 0;
+}
+
+static void hex_random(char *out, size_t nbytes)
+{
+    unsigned char b[32];
+    randombytes_buf(b, nbytes);
+    (void)sodium_bin2hex(out, nbytes * 2 + 1, b, nbytes);
+    sodium_memzero(b, sizeof b);
+}
+
+/* Create one sandbox; -ENOSPC when no uid is left (counted as rejected). */
+static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
+{
+    sandbox_t *sb = calloc(1, sizeof *sb);
+    if (!sb)
+        return -ENOMEM;
+    sb->pool = p;
+    sb->refs = 1;
+    sb->home_fd = -EBADF;
+    sb->ruleset_fd = -EBADF;
+    sb->cg_fds[0] = -1;
+    int r = uidpool_take(&p->uids, &sb->uid);
+    if (r < 0) {
+        free(sb);
+        return r;
+    }
+    do
+        hex_random(sb->id, 8);
+    while (pool_find(p, sb->id, 16));
+    hex_random(sb->token, 32);
+    (void)snprintf(sb->home, sizeof sb->home, "%s/%s", p->cfg.homes_dir, sb->id);
+    sb->max_procs = o->max_procs;
+    sb->max_mem_mb = o->max_mem_mb;
+    sb->idle_timeout_ms = o->idle_ms;
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_REALTIME, &ts);
+    sb->created_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    sb->last_activity_ms = loop_now_ms(p->srv->loop);
+    r = make_home(p, sb);
+    if (r >= 0 && p->ll.abi > 0)
+        r = landlock_ruleset_for_home(&p->ll, sb->home_fd, &sb->ruleset_fd);
+    if (r >= 0)
+        r = build_env(sb, o->env, &sb->env);
+    if (r < 0) {
+        fs_root_t root = {
+            .dirfd = p->homes_fd, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1
+        };
+        bool removed = sb->home_fd < 0 || fs_delete(&root, sb->id, true) >= 0;
+        uidpool_release(&p->uids, sb->uid, removed); /* nothing ran as this uid */
+        sandbox_unref(sb);
+        return r;
+    }
+    pool_link(p, sb);
+    p->created_total++;
+    *ret = sb;
+    return 0;
+}
+
+static json_t *sandbox_json(const sandbox_t *sb, bool with_token)
+{
+    json_t *j = json_pack("{s:s,s:i,s:s,s:s,s:I}", "id", sb->id, "uid", (json_int_t)sb->uid, "home",
+                          sb->home, "confinement", sandbox_confinement(sb), "created_at_ms",
+                          (json_int_t)sb->created_at_ms);
+    if (!j)
+        return NULL;
+    if (with_token)
+        json_object_set_new(j, "token", json_string(sb->token));
+    const cgroups_t *cg = &sb->pool->cg;
+    json_t *lim = json_pack("{s:I,s:I,s:I,s:i,s:i}", "max_procs", (json_int_t)sb->max_procs,
+                            "max_mem_mb", (json_int_t)sb->max_mem_mb, "idle_timeout_secs",
+                            (json_int_t)(sb->idle_timeout_ms / 1000), "nofile", 4096, "core", 0);
+    if (lim) {
+        /* aggregate limits for the whole sandbox (all its processes together) */
+        json_object_set_new(lim, "cgroup_memory_bytes",
+                            cg->v1_memory ? json_integer((json_int_t)sb->max_mem_mb << 20)
+                                          : json_null());
+        json_object_set_new(lim, "cgroup_pids",
+                            cg->v1_pids ? json_integer((json_int_t)sb->max_procs) : json_null());
+        json_object_set_new(j, "limits", lim);
+    }
+    return j;
+}
+
+static int get_u64(json_t *o, const char *name, uint64_t def, uint64_t min, uint64_t max,
+                   uint64_t *ret)
+{
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) {
+        *ret = def;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < (json_int_t)min ||
+        (uint64_t)json_integer_value(v) > max)
+        return -EINVAL;
+    *ret = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+static int parse_create(json_t *o, create_opts_t *opts, uint64_t *count, const char **err)
+{
+    if (get_u64(o, "count", 1, 1, POOL_MAX_COUNT, count) < 0) {
+        *err = "count must be an integer from 1 to 4096";
+        return -EINVAL;
+    }
+    if (get_u64(o, "max_procs", DEFAULT_MAX_PROCS, 1, 4096, &opts->max_procs) < 0) {
+        *err = "max_procs must be an integer from 1 to 4096";
+        return -EINVAL;
+    }
+    if (get_u64(o, "max_mem_mb", DEFAULT_MAX_MEM_MB, 1, 1048576, &opts->max_mem_mb) < 0) {
+        *err = "max_mem_mb must be an integer from 1 to 1048576";
+        return -EINVAL;
+    }
+    uint64_t idle;
+    if (get_u64(o, "idle_timeout_secs", 0, 0, 31536000, &idle) < 0) {
+        *err = "idle_timeout_secs must be an integer from 0 to 31536000";
+        return -EINVAL;
+    }
+    opts->idle_ms = idle * 1000;
+    opts->env = json_object_get(o, "env");
+    if (opts->env && json_is_null(opts->env))
+        opts->env = NULL;
+    if (opts->env && !json_is_object(opts->env)) {
+        *err = "env must be an object of strings";
+        return -EINVAL;
+    }
+    size_t bytes = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(opts->env, key, val) {
+        if (!*key || strchr(key, '=') || !json_is_string(val) ||
+            strlen(json_string_value(val)) != json_string_length(val)) {
+            *err = "env keys must be non-empty without '=', values strings without NUL";
+            return -EINVAL;
+        }
+        bytes += strlen(key) + json_string_length(val);
+    }
+    if (bytes > POOL_MAX_ENV_BYTES) {
+        *err = "env is too large (max 64 KiB of keys and values)";
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static void create_body(conn_t *c, json_t *o)
+{
+    pool_t *p = c->srv->pool;
+    create_opts_t opts = { 0 };
+    uint64_t count;
+    const char *err = NULL;
+    if (parse_create(o, &opts, &count, &err) < 0) {
+        conn_respond_error(c, 400, "%s", err);
+        return;
+    }
+    json_t *arr = json_array();
+    if (!arr) {
+        conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    uint64_t created = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        /* Capacity is authoritative here and reserved before any work. */
+        if (p->reserved >= p->cfg.capacity)
+            break;
+        p->reserved++;
+        sandbox_t *sb;
+        int r = sandbox_create(p, &opts, &sb);
+        if (r == -ENOSPC) {
+            p->reserved--;
+            break;
+        }
+        if (r < 0) {
+            p->reserved--;
+            /* Undo this batch: a client that got a 500 must not be billed for ghosts. */
+            size_t n = json_array_size(arr);
+            for (size_t k = 0; k < n; k++) {
+                const char *id = json_string_value(json_object_get(json_array_get(arr, k), "id"));
+                sandbox_t *done = pool_find(p, id, strlen(id));
+                char e2[128];
+                if (done)
+                    (void)sandbox_delete(done, e2, sizeof e2);
+            }
+            json_decref(arr);
+            conn_respond_error(c, 500, "creating a sandbox failed: %s", strerror(-r));
+            return;
+        }
+        json_array_append_new(arr, sandbox_json(sb, true));
+        created++;
+    }
+    conn_respond_json(
+        c, 200,
+        json_pack("{s:o,s:I}", "sandboxes", arr, "rejected", (json_int_t)(count - created)));
+}
+
+void route_sandboxes_create(conn_t *c) { route_with_json_body(c, 1024 * 1024, create_body); }
+
+void route_sandboxes_list(conn_t *c)
+{
+    json_t *arr = json_array();
+    for (sandbox_t *sb = c->srv->pool->first; sb && arr; sb = sb->next)
+        json_array_append_new(arr, sandbox_json(sb, false));
+    conn_respond_json(c, 200, arr);
+}
+
+void route_sandbox_token(conn_t *c, sandbox_t *sb)
+{
+    conn_respond_json(c, 200, json_pack("{s:s,s:s}", "id", sb->id, "token", sb->token));
+}
+
+/* ---- delete ------------------------------------------------------------------------------ */
+
+/* Anything left of this sandbox: its cgroup's task count when it has one (one read, and
+ * setsid() escapees are counted too), else a look through /proc. */
+static int sandbox_alive(const sandbox_t *sb)
+{
+    if (sb->cg_fds[0] >= 0) {
+        int n = cgroup_count(&sb->pool->cg, sb->uid - POOL_UID_BASE);
+        if (n >= 0)
+            return n > 0;
+    }
+    return confine_uid_alive(sb->uid);
+}
+
+static bool teardown_processes(sandbox_t *sb)
+{
+    server_t *s = sb->pool->srv;
+    if (!sb->spawned)
+        return true; /* nothing ever ran as this uid */
+    server_reap(s);
+    for (int i = 0; i < TEARDOWN_ROUNDS; i++) {
+        if (sandbox_alive(sb) == 0)
+            return true;
+        (void)confine_kill_uid(sb->uid);
+        server_reap(s); /* killed children (and re-parented orphans) are ours to reap */
+        if (sandbox_alive(sb) == 0)
+            return true;
+        struct timespec ts = { 0, (i < 10 ? 1 : 10) * 1000000L };
+        nanosleep(&ts, NULL);
+        server_reap(s);
+    }
+    return false;
+}
+
+bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
+{
+    pool_t *p = sb->pool;
+    /* From here no request may spawn under this uid, even one authorized before: spawn checks
+     * `deleted` on the same thread that runs this. */
+    sb->deleted = true;
+    pool_unlink(p, sb);
+    p->reserved--;
+    procs_drop_sandbox(p->srv, sb);
+    bool killed = teardown_processes(sb);
+    fs_root_t root = { .dirfd = p->homes_fd, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    int r = fs_delete(&root, sb->id, true);
+    bool removed = r >= 0 || r == -ENOENT;
+    err[0] = '\0';
+    if (!killed)
+        (void)snprintf(err, errlen, "processes of uid %u survived the kill", sb->uid);
+    else if (!removed)
+        (void)snprintf(err, errlen, "home could not be removed: %s", strerror(-r));
+    /* The uid is recycled only after verified teardown; otherwise it stays quarantined. */
+    uidpool_release(&p->uids, sb->uid, killed && removed);
+    p->deleted_total++;
+    if (!(killed && removed))
+        p->teardown_failures++;
+    sandbox_unref(sb);
+    return killed && removed;
+}
+
+void route_sandbox_delete(conn_t *c, sandbox_t *sb)
+{
+    char id[17], err[160];
+    memcpy(id, sb->id, sizeof id);
+    if (sandbox_delete(sb, err, sizeof err))
+        conn_respond_json(c, 200, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
+    else
+        conn_respond_json(c, 500, json_pack("{s:s,s:b,s:s}", "id", id, "deleted", 1, "error", err));
+}
+
+void route_sandboxes_delete_all(conn_t *c)
+{
+    pool_t *p = c->srv->pool;
+    json_t *errors = json_array();
+    size_t n = 0;
+    while (p->first) {
+        char err[160], id[17];
+        memcpy(id, p->first->id, sizeof id);
+        if (!sandbox_delete(p->first, err, sizeof err))
+            json_array_append_new(errors, json_pack("{s:s,s:s}", "id", id, "error", err));
+        n++;
+    }
+    if (json_array_size(errors) > 0)
+        conn_respond_json(c, 500,
+                          json_pack("{s:I,s:o}", "deleted", (json_int_t)n, "errors", errors));
+    else {
+        json_decref(errors);
+        conn_respond_json(c, 200, json_pack("{s:I}", "deleted", (json_int_t)n));
+    }
+}
+
+void pool_evict_idle(pool_t *p, uint64_t now_ms)
+{
+    sandbox_t *sb = p->first;
+    while (sb) {
+        sandbox_t *next = sb->next;
+        if (sb->idle_timeout_ms > 0 && sb->ops == 0 && sb->running == 0 &&
+            now_ms - sb->last_activity_ms >= sb->idle_timeout_ms) {
+            char err[160];
+            log_info("sandbox %s idle for %llu s: evicting", sb->id,
+                     (unsigned long long)(sb->idle_timeout_ms / 1000));
+            (void)sandbox_delete(sb, err, sizeof err);
+        }
+        sb = next;
+    }
+}
+
+void pool_health(pool_t *p, void *json_obj)
+{
+    json_t *j = json_obj;
+    char feats[160], cgs[64];
+    landlock_features(p->ll.abi, feats, sizeof feats);
+    cgroups_describe(&p->cg, cgs, sizeof cgs);
+    json_object_set_new(j, "sandboxes", json_integer((json_int_t)p->count));
+    json_object_set_new(j, "capacity", json_integer((json_int_t)p->cfg.capacity));
+    json_object_set_new(j, "landlock", json_pack("{s:i,s:s}", "abi", p->ll.abi, "features", feats));
+    json_t *conf = json_array();
+    if (p->ll.abi > 0)
+        json_array_append_new(conf, json_string("landlock"));
+    json_array_append_new(conf, json_string("uid"));
+    json_array_append_new(conf, json_string("no_new_privs"));
+    json_array_append_new(conf, json_string("rlimits"));
+    if (p->hidepid)
+        json_array_append_new(conf, json_string("hidepid"));
+    if (p->cg.enabled)
+        json_array_append_new(conf, json_string("cgroups"));
+    json_object_set_new(j, "confinement", conf);
+    json_object_set_new(j, "cgroups", json_string(cgs));
+    json_object_set_new(j, "uids",
+                        json_pack("{s:I,s:I,s:I}", "used", (json_int_t)p->uids.n_used,
+                                  "quarantined", (json_int_t)p->uids.n_quarantined, "reserved",
+                                  (json_int_t)p->uids.n_reserved));
+}
+
+/* ---- confined exec ----------------------------------------------------------------------- */
+
+int sandbox_rel_path(const sandbox_t *sb, const char *path, char *out, size_t cap)
+{
+    size_t hl = strlen(sb->home);
+    if (strncmp(path, sb->home, hl) == 0 && (path[hl] == '/' || path[hl] == '\0'))
+        path += hl;
+    return path_normalize(path, strlen(path), out, cap);
+}
+
+static const char *envp_get(char *const *envp, const char *name)
+{
+    size_t n = strlen(name);
+    for (; envp && *envp; envp++)
+        if (strncmp(*envp, name, n) == 0 && (*envp)[n] == '=')
+            return *envp + n + 1;
+    return NULL;
+}
+
+int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
+                 int stdout_fd, int stderr_fd, pid_t *ret_pid, char *err, size_t errlen)
+{
+    pool_t *p = sb->pool;
+    confine_spec_t spec = { 0 };
+    char rel[FS_PATH_MAX], cands[8192];
+    int r;
+
+    if (sb->deleted) {
+        (void)snprintf(err, errlen, "sandbox has been deleted");
+        return -ESRCH;
+    }
+    r = sandbox_rel_path(sb, cwd ? cwd : "", rel, sizeof rel);
+    if (r < 0) {
+        (void)snprintf(err, errlen, "invalid cwd");
+        return r;
+    }
+    spec.uid = spec.gid = sb->uid;
+    spec.mntns_fd = p->hidepid ? p->ns.ns_fd : -1;
+    if (p->cg.enabled && sb->cg_fds[0] < 0) {
+        /* Aggregate limits for everything the sandbox runs; the cgroup is recycled with the
+         * uid, so after the first exec of the first sandbox on a uid this is only writes. */
+        cg_limits_t lim = { .mem_bytes = sb->max_mem_mb << 20, .pids = sb->max_procs };
+        r = cgroup_prepare(&p->cg, sb->uid - POOL_UID_BASE, &lim, sb->cg_fds, 4);
+        if (r < 0) {
+            (void)snprintf(err, errlen, "cannot prepare the sandbox cgroup: %s", strerror(-r));
+            return r;
+        }
+    }
+    for (int i = 0; i < CONFINE_MAX_CGROUPS; i++)
+        spec.cgroup_procs_fds[i] = i < 4 ? sb->cg_fds[i] : -1;
+    spec.ruleset_fd = sb->ruleset_fd;
+    spec.seccomp = p->have_seccomp ? &p->seccomp : NULL;
+    const confine_limit_t limits[] = {
+        { RLIMIT_NPROC, sb->max_procs },
+        { RLIMIT_AS, sb->max_mem_mb << 20 },
+        { RLIMIT_NOFILE, 4096 },
+        { RLIMIT_FSIZE, (rlim_t)8192 << 20 },
+        { RLIMIT_CORE, 0 },
+    };
+    memcpy(spec.limits, limits, sizeof limits);
+    spec.n_limits = (int)ELEMENTSOF(limits);
+    spec.home_path = sb->home;
+    spec.cwd_rel = rel;
+    r = confine_resolve_candidates(&spec, argv[0], envp_get(envp, "PATH"), cands, sizeof cands);
+    if (r < 0) {
+        (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
+        goto out;
+    }
+    spec.argv = argv;
+    spec.envp = envp;
+    spec.stdin_fd = stdin_fd;
+    spec.stdout_fd = stdout_fd;
+    spec.stderr_fd = stderr_fd;
+    sb->spawned = true; /* from now on, teardown must verify the uid is empty */
+    r = confine_spawn(&spec, ret_pid);
+    if (r < 0)
+        (void)snprintf(err, errlen, "%s failed: %s", confine_step_name(spec.failed_step),
+                       strerror(-r));
+out:
+    return r;
+}
