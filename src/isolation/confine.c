@@ -133,13 +133,6 @@ static int confine_child(void *arg)
     /* Syscalls neither uids nor Landlock govern: user namespaces, io_uring, SysV IPC, ... */
     if (spec->seccomp && seccomp_filter_load_raw(spec->seccomp) < 0)
         FAIL(STEP_SECCOMP);
-    /* Per-process limits (NPROC is per uid, i.e. per sandbox). Soft = hard, so the sandbox
-     * cannot raise them. */
-    for (int i = 0; i < spec->n_limits; i++) {
-        struct rlimit rl = { spec->limits[i].value, spec->limits[i].value };
-        if (syscall(SYS_prlimit64, 0, spec->limits[i].resource, &rl, NULL) < 0)
-            FAIL(STEP_RLIMIT);
-    }
     /* As the sandbox uid, so ordinary permissions apply too; no symlink is followed. */
     long home = syscall(SYS_openat, AT_FDCWD, spec->home_path,
                         O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
@@ -157,6 +150,15 @@ static int confine_child(void *arg)
     }
     if (syscall(SYS_fchdir, (int)cwd) < 0)
         FAIL(STEP_CHDIR);
+    /* Per-process limits (NPROC is per uid, i.e. per sandbox). Soft = hard, so the sandbox
+     * cannot raise them. After the last descriptor this child opens: it still holds a copy of
+     * every server descriptor (close-on-exec), so with a busy host the home's would be numbered
+     * above RLIMIT_NOFILE and refused. Nothing of the sandbox runs before the execve below. */
+    for (int i = 0; i < spec->n_limits; i++) {
+        struct rlimit rl = { spec->limits[i].value, spec->limits[i].value };
+        if (syscall(SYS_prlimit64, 0, spec->limits[i].resource, &rl, NULL) < 0)
+            FAIL(STEP_RLIMIT);
+    }
     /* The server blocks SIGCHLD/SIGTERM and ignores SIGPIPE; exec would keep both. */
     struct sigaction_raw {
         void *handler;

@@ -10,7 +10,7 @@
 
 int uidpool_init(uidpool_t *p, uint32_t base, uint32_t count)
 {
-    *p = (uidpool_t){ .base = base, .count = count };
+    *p = (uidpool_t){ .base = base, .count = count, .lock_fd = -1 };
     p->state = calloc(count, 1);
     p->recycled = calloc(count, sizeof *p->recycled);
     if (!p->state || !p->recycled) {
@@ -26,6 +26,43 @@ void uidpool_done(uidpool_t *p)
     free(p->recycled);
     p->state = NULL;
     p->recycled = NULL;
+    p->lock_fd = safe_close(p->lock_fd); /* drops every uid lock of this pool */
+}
+
+int uidpool_lock_file(uidpool_t *p, const char *path)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return negative_errno();
+    safe_close(p->lock_fd);
+    p->lock_fd = fd;
+    return 0;
+}
+
+/* Lock byte <uid> for this pool: 0, or -EAGAIN when another pool holds it. Other errors (no
+ * lock file, ENOLCK) leave the uid to this pool alone, as without a lock file. */
+static int uid_lock(uidpool_t *p, uint32_t uid, short type)
+{
+    if (p->lock_fd < 0)
+        return 0;
+    struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = uid, .l_len = 1 };
+    if (fcntl(p->lock_fd, F_OFD_SETLK, &fl) == 0)
+        return 0;
+    return errno == EAGAIN || errno == EACCES ? -EAGAIN : 0;
+}
+
+/* Hand out uid if no other pool holds it; else it is reserved for good. */
+static bool claim(uidpool_t *p, uint32_t uid)
+{
+    uint8_t *s = &p->state[uid - p->base];
+    if (uid_lock(p, uid, F_WRLCK) < 0) {
+        *s = UID_RESERVED;
+        p->n_reserved++;
+        return false;
+    }
+    *s = UID_USED;
+    p->n_used++;
+    return true;
 }
 
 static bool in_range(const uidpool_t *p, uint64_t uid)
@@ -118,19 +155,15 @@ int uidpool_take(uidpool_t *p, uint32_t *ret)
     while (p->n_recycled > 0) {
         uint32_t uid = p->recycled[--p->n_recycled];
         uint8_t *s = &p->state[uid - p->base];
-        if (*s != UID_FREE)
+        if (*s != UID_FREE || !claim(p, uid))
             continue; /* reserved since it was recycled */
-        *s = UID_USED;
-        p->n_used++;
         *ret = uid;
         return 0;
     }
     while (p->next_fresh < p->count) {
         uint32_t off = p->next_fresh++;
-        if (p->state[off] != UID_FREE)
+        if (p->state[off] != UID_FREE || !claim(p, p->base + off))
             continue;
-        p->state[off] = UID_USED;
-        p->n_used++;
         *ret = p->base + off;
         return 0;
     }
@@ -146,10 +179,11 @@ void uidpool_release(uidpool_t *p, uint32_t uid, bool verified)
         return;
     p->n_used--;
     if (!verified) {
-        *s = UID_QUARANTINE;
+        *s = UID_QUARANTINE; /* and its lock stays held: no other pool takes it either */
         p->n_quarantined++;
         return;
     }
+    (void)uid_lock(p, uid, F_UNLCK);
     *s = UID_FREE;
     p->recycled[p->n_recycled++] = uid;
 }

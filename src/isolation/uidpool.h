@@ -17,10 +17,15 @@ typedef struct {
     size_t n_recycled;
     uint32_t next_fresh; /* offset of the next never-used uid */
     size_t n_used, n_quarantined, n_reserved;
+    int lock_fd; /* shared uid lock file, or -1 (see uidpool_lock_file) */
 } uidpool_t;
 
 int uidpool_init(uidpool_t *p, uint32_t base, uint32_t count);
 void uidpool_done(uidpool_t *p);
+/* Coordinate with other pools on this kernel (another host, a test beside a benchmark): every
+ * uid in use holds an open-file-description lock on byte <uid> of this file, so a uid another
+ * pool holds is never handed out here (it is reserved instead). Locks go with the process. */
+int uidpool_lock_file(uidpool_t *p, const char *path);
 /* Mark a uid as never to be handed out (passwd entry, live process). */
 void uidpool_reserve(uidpool_t *p, uint32_t uid);
 /* Reserve every uid in range named in a passwd/group-format file. */

@@ -31,7 +31,7 @@ static void conn_destroy(void *p)
         c->ops = NULL;
         ops->on_close(c, true);
     }
-    sandbox_unref(c->sb);
+    sandbox_release(c->sb);
     c->sb = NULL;
     timer_disarm(s->loop, &c->deadline);
     loop_unwatch(s->loop, &c->w);
@@ -699,7 +699,7 @@ static void conn_finish_response(void *p)
         c->ops = NULL;
         ops->on_close(c, false);
     }
-    sandbox_unref(c->sb); /* the request's hold on its sandbox ends with it */
+    sandbox_release(c->sb); /* the request's hold on its sandbox ends with it */
     c->sb = NULL;
     c->ops = NULL;
     c->hdata = NULL;

@@ -120,13 +120,31 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
     return 0;
 }
 
+/* Connections, pipes and (in host mode) a few descriptors per sandbox: take what we may. As
+ * root the hard limit can go up to fs.nr_open too (bounded, so the fd table stays sane). */
 static void raise_nofile(void)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    if (geteuid() == 0) {
+        uint64_t nr_open = 0;
+        FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+        char line[32];
+        if (f && fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\n")] = '\0';
+            if (parse_u64_str(line, UINT64_MAX, &nr_open) < 0)
+                nr_open = 0;
+        }
+        if (f)
+            fclose(f);
+        rlim_t want = (rlim_t)MIN(nr_open, (uint64_t)262144);
+        struct rlimit more = { want, want };
+        if (want > rl.rlim_max && setrlimit(RLIMIT_NOFILE, &more) == 0)
+            return; /* without CAP_SYS_RESOURCE this fails: fall back to the hard limit */
     }
+    rl.rlim_cur = rl.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
 }
 
 int main(int argc, char **argv)

@@ -22,7 +22,8 @@ typedef struct sandbox sandbox_t;
 
 #define POOL_UID_BASE 20000
 #define POOL_UID_COUNT 45000 /* stays inside a 65536-uid user namespace map */
-#define POOL_MAX_COUNT 4096  /* sandboxes per create request */
+#define POOL_UID_LOCK_FILE "/run/sbx-pool-uids.lock"
+#define POOL_MAX_COUNT 4096 /* sandboxes per create request */
 #define POOL_MAX_ENV_BYTES (64 * 1024)
 #define POOL_BUCKETS 4096
 
@@ -80,6 +81,10 @@ pool_t *pool_free(pool_t *p);
 sandbox_t *pool_find(pool_t *p, const char *id, size_t len);
 sandbox_t *sandbox_ref(sandbox_t *sb);
 void sandbox_unref(sandbox_t *sb);
+/* A request working on this sandbox (an upload, a download, an exec stream, a proxy connect):
+ * a reference that also keeps idle eviction away until it ends; its end counts as activity. */
+sandbox_t *sandbox_hold(sandbox_t *sb);
+void sandbox_release(sandbox_t *sb);
 /* "landlock" or "uid-only" */
 const char *sandbox_confinement(const sandbox_t *sb);
 /* Health detail: Landlock ABI and features in force. */

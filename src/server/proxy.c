@@ -54,6 +54,7 @@ struct tunnel {
     tdir_t up;   /* client -> backend */
     tdir_t down; /* backend -> client */
     bool dead;
+    sandbox_t *sb; /* host mode: an open tunnel is activity, so no idle eviction under it */
     tunnel_t *prev, *next;
 };
 
@@ -187,6 +188,7 @@ static void tunnel_free(void *p)
     safe_close(t->backend.w.fd);
     buf_free(&t->up.pend);
     buf_free(&t->down.pend);
+    sandbox_release(t->sb);
     free(t);
 }
 
@@ -357,13 +359,15 @@ static void tunnel_start(conn_t *c, int bfd, buf_t *head)
     }
     int cfd;
     buf_t early;
+    sandbox_t *sb = sandbox_hold(c->sb); /* taken while c is still ours */
     if (conn_hijack(c, &cfd, &early) < 0) {
+        sandbox_release(sb);
         free(t);
         return;
     }
     (void)buf_append(head, buf_head(&early), early.len); /* reserved above */
     buf_free(&early);
-    *t = (tunnel_t){ .srv = s, .up.pend = *head };
+    *t = (tunnel_t){ .srv = s, .up.pend = *head, .sb = sb };
     buf_init(head, 0);
     buf_init(&t->down.pend, PROXY_CHUNK);
     watcher_init(&t->client.w, cfd, tunnel_on_event, t);

@@ -216,7 +216,7 @@ static void dispatch_host(conn_t *c, sv_t path)
      * (the id is at least one byte, so they belong to this path). */
     char *r0 = (char *)rest.p - 3;
     memcpy(r0, "/v1", 3);
-    c->sb = sandbox_ref(sb);
+    c->sb = sandbox_hold(sb); /* released when the request ends (conn.c) */
     c->req.path = sv_make(r0, rest.len + 3);
     dispatch_dedicated_table(c, c->req.path);
 }

@@ -9,9 +9,12 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
+import urllib.parse
 
 import pytest
 
@@ -185,3 +188,169 @@ def make_server():
     yield start
     for s in started:
         s.stop()
+
+
+# -- pool host mode ----------------------------------------------------------------------------
+
+class HostServer(Server):
+    """A pool host (SBX_HOST_MODE=1) with its own homes directory (removed at stop)."""
+
+    def __init__(self, env=None, args=(), **kw):
+        self.homes = tempfile.mkdtemp(prefix="sbx-homes-")
+        os.chmod(self.homes, 0o711)  # sandboxes must be able to reach their own home
+        e = {"SBX_HOST_MODE": "1", "SBX_HOMES_DIR": self.homes}
+        e.update(env or {})
+        try:
+            super().__init__(env=e, args=args, **kw)
+        except Exception:
+            shutil.rmtree(self.homes, ignore_errors=True)
+            raise
+
+    def stop(self):
+        try:
+            return super().stop()
+        finally:
+            shutil.rmtree(self.homes, ignore_errors=True)
+
+    def create_raw(self, body=None, token=True, headers=None):
+        """POST /v1/sandboxes; (status, json)."""
+        return self.json("POST", "/v1/sandboxes", body if body is not None else {}, token=token,
+                         headers=headers)
+
+    def create(self, count=None, **opts):
+        """Create sandboxes (200 expected); return the list of Sandbox objects."""
+        body = dict(opts)
+        if count is not None:
+            body["count"] = count
+        st, j = self.create_raw(body)
+        assert st == 200, (st, j)
+        return [Sandbox(self, x) for x in j["sandboxes"]]
+
+    def sandbox(self, **opts):
+        return self.create(1, **opts)[0]
+
+    def list(self):
+        st, j = self.json("GET", "/v1/sandboxes")
+        assert st == 200, (st, j)
+        return j
+
+
+class ExecResult:
+    def __init__(self, events):
+        self.events = events
+        self.out = output_of(events, "stdout").decode(errors="replace")
+        self.err = output_of(events, "stderr").decode(errors="replace")
+        ex = [e for e in events if e.get("event") == "exit"]
+        self.exit = ex[-1] if ex else None
+        self.code = self.exit.get("exit_code") if self.exit else None
+
+    def __repr__(self):
+        return f"ExecResult(code={self.code}, out={self.out[-2000:]!r}, err={self.err[-2000:]!r})"
+
+
+class Sandbox:
+    """One sandbox of a HostServer; requests carry its own token unless told otherwise."""
+
+    def __init__(self, server, j):
+        self.server = server
+        self.info = j
+        self.id = j["id"]
+        self.uid = j["uid"]
+        self.home = j["home"]
+        self.token = j.get("token")
+
+    def path(self, rest=""):
+        return f"/v1/sandboxes/{self.id}{rest}"
+
+    def request(self, method, rest, body=None, headers=None, token=None, timeout=30):
+        """A scoped request; token=None uses this sandbox's token, "" sends no token."""
+        tok = self.token if token is None else token
+        h = dict(headers or {})
+        if tok:
+            h["X-Sandbox-Token"] = tok
+        return self.server.request(method, self.path(rest), body, headers=h, token=False,
+                                   timeout=timeout)
+
+    def json(self, method, rest, body=None, **kw):
+        st, _, data = self.request(method, rest, body, **kw)
+        try:
+            return st, json.loads(data) if data else None
+        except ValueError:
+            return st, data
+
+    def exec(self, body, **kw):
+        """POST .../exec; (status, events) for a stream, else (status, json)."""
+        st, hdrs, data = self.request("POST", "/exec", body, **kw)
+        if st != 200 or "ndjson" not in hdrs.get("content-type", ""):
+            return st, json.loads(data) if data else None
+        return st, [json.loads(l) for l in data.split(b"\n") if l]
+
+    def run(self, cmd, **body):
+        """Run cmd (a shell string or an argv list) in the foreground; expect a stream."""
+        b = {"cmd": cmd}
+        b.update(body)
+        st, ev = self.exec(b)
+        assert st == 200, (st, ev)
+        return ExecResult(ev)
+
+    def py(self, script, *args, **body):
+        """Run a python3 script inside the sandbox."""
+        return self.run(["python3", "-c", script, *args], **body)
+
+    def start(self, cmd, **body):
+        """Start a background process; return its json ({id, pid, ...})."""
+        b = {"cmd": cmd}
+        b.update(body)
+        st, j = self.json("POST", "/processes", b)
+        assert st == 200, (st, j)
+        return j
+
+    def read(self, path):
+        return self.request("GET", "/files/read?path=" + urllib.parse.quote(path, safe=""))
+
+    def write(self, path, data, query=""):
+        return self.request("PUT", "/files/write?path=" + urllib.parse.quote(path, safe="") +
+                            query, data)
+
+    def delete(self):
+        return self.json("DELETE", "")
+
+
+def uid_pids(uid):
+    """Host view: pids of live (non-zombie) processes whose real, effective or saved uid is uid."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                st = f.read()
+        except OSError:
+            continue
+        m = re.search(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)", st, re.M)
+        z = re.search(r"^State:\s+Z", st, re.M)
+        if m and not z and str(uid) in m.groups():
+            pids.append(int(d))
+    return pids
+
+
+@pytest.fixture
+def make_host_server():
+    started = []
+
+    def start(**kw):
+        s = HostServer(**kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def pool_host():
+    """One pool host shared by a test module (tests create and delete their own sandboxes)."""
+    s = HostServer()
+    yield s
+    s.stop()

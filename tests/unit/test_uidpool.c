@@ -105,8 +105,50 @@ TEST(passwd_and_group_files_reserve_their_ids)
     uidpool_done(&p);
 }
 
+TEST(pools_sharing_a_lock_file_never_hand_out_the_same_uid)
+{
+    char path[] = "/tmp/sbx-uidlock-XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_TRUE(fd >= 0);
+    close(fd);
+    uidpool_t p1, p2, p3;
+    ASSERT_EQ(uidpool_init(&p1, 20000, 4), 0);
+    ASSERT_EQ(uidpool_init(&p2, 20000, 4), 0);
+    ASSERT_EQ(uidpool_lock_file(&p1, path), 0);
+    ASSERT_EQ(uidpool_lock_file(&p2, path), 0);
+    uint32_t a, b, c, d;
+    ASSERT_EQ(uidpool_take(&p1, &a), 0);
+    ASSERT_EQ(uidpool_take(&p2, &b), 0);
+    ASSERT_EQ(a, 20000);
+    ASSERT_EQ(b, 20001); /* 20000 is p1's: reserved in p2 */
+    ASSERT_EQ(p2.n_reserved, 1);
+    uidpool_release(&p1, a, false); /* quarantined: p1 keeps the lock */
+    ASSERT_EQ(uidpool_take(&p1, &c), 0);
+    ASSERT_EQ(c, 20002);
+    uidpool_release(&p1, c, true); /* verified: unlocked, another pool may take it */
+    ASSERT_EQ(uidpool_init(&p3, 20000, 4), 0);
+    ASSERT_EQ(uidpool_lock_file(&p3, path), 0);
+    ASSERT_EQ(uidpool_take(&p3, &d), 0);
+    ASSERT_EQ(d, 20002);
+    /* p1 recycles 20002 first, but p3 holds it now: p1 skips to the next free one */
+    ASSERT_EQ(uidpool_take(&p1, &c), 0);
+    ASSERT_EQ(c, 20003);
+    /* p3 found every other uid held: each stays reserved in p3 for good */
+    ASSERT_EQ(uidpool_take(&p3, &d), -ENOSPC);
+    uidpool_done(&p2); /* closing the lock file drops p2's locks */
+    uidpool_done(&p3);
+    ASSERT_EQ(uidpool_init(&p3, 20000, 4), 0);
+    ASSERT_EQ(uidpool_lock_file(&p3, path), 0);
+    ASSERT_EQ(uidpool_take(&p3, &d), 0);
+    ASSERT_EQ(d, 20001);
+    uidpool_done(&p1);
+    uidpool_done(&p3);
+    unlink(path);
+}
+
 TAP_MAIN(T(fresh_uids_in_order), T(a_released_uid_is_reused_before_a_fresh_one),
          T(an_unverified_teardown_quarantines_the_uid),
          T(reserved_uids_are_skipped_and_exhaustion_is_enospc),
          T(a_recycled_uid_reserved_later_is_not_handed_out),
-         T(passwd_and_group_files_reserve_their_ids))
+         T(passwd_and_group_files_reserve_their_ids),
+         T(pools_sharing_a_lock_file_never_hand_out_the_same_uid))

@@ -1,0 +1,1158 @@
+/* SPDX-License-Identifier: MIT */
+/* bench-pool: figures for an sbx-server in pool host mode (SBX_HOST_MODE=1), each beside a
+ * baseline measured in the same run (posix_spawn of /bin/true, the same exec in a
+ * dedicated-mode server, a bare GET /health, the same mkdirs and rmdirs done by the bench on
+ * the homes' filesystem).
+ *
+ *   1. create 1 sandbox, exec `true` in it, delete it: N trios from 1 client thread and from
+ *      4 threads, wall time and mean per trio;
+ *   2. what create, first exec and delete cost the server: its own CPU time (from
+ *      /proc/<pid>/schedstat) around batches, divided by the batch size;
+ *   3. exec round trip of `true` in one existing sandbox: p50/p99;
+ *   4. memory per idle sandbox: the server's VmRSS, its descriptors and the kernel's slab
+ *      before and after creating many; what that many does to an exec.
+ *
+ * It speaks HTTP/1.1 through the bench's own client (bench_http.c); every answer is checked
+ * (status, ids, exit events, nothing left over at the end). Figures only: the exit status is 1
+ * only on a functional failure. Normally started by scripts/bench-pool.sh. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "bench_http.h"
+
+extern char **environ;
+
+#define KIB 1024.0
+#define MIB (1024.0 * 1024.0)
+#define MAX_THREADS 4
+#define CREATE_CHUNK 500 /* sandboxes per create request when filling the pool */
+
+typedef struct {
+    uint16_t port, ded_port;
+    const char *token; /* the host token (and the dedicated server's) */
+    pid_t pid, ded_pid;
+    const char *homes;
+    const char *only;
+    bool quick;
+    unsigned trio_n, batch_n, exec_n, idle_n, warmup;
+    uint64_t exec_p50_ns; /* section 3, for section 4 */
+    unsigned failures;
+} bench_t;
+
+/* A growing response body. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} body_t;
+
+/* One client: a keep-alive connection and its parsers. */
+typedef struct {
+    hc_t h;
+    nd_t nd;
+    body_t body;
+    char req[2048];
+} client_t;
+
+typedef struct {
+    char id[17];
+    char token[65];
+    uint32_t uid;
+} sbref_t;
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void section(const char *title) { printf("\n== %s\n", title); }
+
+static void fig(const char *label, double v, const char *unit, const char *note)
+{
+    printf("  %-58s %11.3f %-5s %s\n", label, v, unit, note ? note : "");
+}
+
+static void fig_count(const char *label, unsigned long long v, const char *note)
+{
+    printf("  %-58s %11llu       %s\n", label, v, note ? note : "");
+}
+
+static void _printf_(2, 3) fail(bench_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  FAIL: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    b->failures++;
+}
+
+static const char *target_note(bool met, const char *target, char *buf, size_t cap)
+{
+    (void)snprintf(buf, cap, "target %s: %s", target, met ? "met" : "MISSED");
+    return buf;
+}
+
+static ssize_t read_small_file(const char *path, char *buf, size_t cap)
+{
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return negative_errno();
+    size_t len = 0;
+    while (len + 1 < cap) {
+        ssize_t n = read(fd, buf + len, cap - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return negative_errno();
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    buf[len] = '\0';
+    return (ssize_t)len;
+}
+
+/* CPU time of the (single-threaded) server, its children not included (ns on the CPU). */
+static uint64_t server_cpu_ns(pid_t pid)
+{
+    char path[64], buf[256];
+    uint64_t ns = 0;
+    (void)snprintf(path, sizeof path, "/proc/%d/schedstat", (int)pid);
+    if (read_small_file(path, buf, sizeof buf) > 0)
+        (void)parse_u64(sv_make(buf, strspn(buf, "0123456789")), UINT64_MAX, &ns);
+    return ns;
+}
+
+/* A "Name:   123 kB" line of a /proc status-like file, in bytes. */
+static int kb_line(const char *path, const char *name, uint64_t *ret)
+{
+    char buf[8192];
+    ssize_t n = read_small_file(path, buf, sizeof buf);
+    if (n < 0)
+        return (int)n;
+    size_t nl = strlen(name);
+    for (const char *l = buf; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+        if (strncmp(l, name, nl) != 0 || l[nl] != ':')
+            continue;
+        const char *p = l + nl + 1;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        uint64_t kb;
+        if (parse_u64(sv_make(p, strspn(p, "0123456789")), UINT64_MAX / 1024, &kb) < 0)
+            return -EINVAL;
+        *ret = kb * 1024;
+        return 0;
+    }
+    return -ENOENT;
+}
+
+static uint64_t server_rss(pid_t pid)
+{
+    char path[64];
+    uint64_t v = 0;
+    (void)snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    (void)kb_line(path, "VmRSS", &v);
+    return v;
+}
+
+static uint64_t kernel_slab(void)
+{
+    uint64_t v = 0;
+    (void)kb_line("/proc/meminfo", "Slab", &v);
+    return v;
+}
+
+/* Entries of a directory ("." and ".." and, with prefix, names not starting with it, left
+ * out); -errno when it cannot be read. */
+static long count_entries(const char *path, const char *prefix)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return negative_errno();
+    long n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.' && (!prefix || strncmp(de->d_name, prefix, strlen(prefix)) == 0))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static long server_fds(pid_t pid)
+{
+    char path[64];
+    (void)snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    return count_entries(path, NULL);
+}
+
+/* The host's cgroup slots (one per uid that ever ran something). */
+static long cgroup_slots(pid_t pid)
+{
+    char path[96];
+    (void)snprintf(path, sizeof path, "/sys/fs/cgroup/pids/sbx-pool-%d", (int)pid);
+    return count_entries(path, "s");
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of sorted samples. */
+static uint64_t percentile(const uint64_t *v, size_t n, unsigned pct)
+{
+    size_t rank = (n * pct + 99) / 100;
+    return v[rank > 0 ? rank - 1 : 0];
+}
+
+static double mean_ms(const uint64_t *v, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)v[i];
+    return n ? s / (double)n / 1e6 : 0;
+}
+
+static void print_latency(const char *label, uint64_t *v, size_t n)
+{
+    char l[128];
+    qsort(v, n, sizeof *v, cmp_u64);
+    (void)snprintf(l, sizeof l, "%s p50", label);
+    fig(l, (double)percentile(v, n, 50) / 1e6, "ms", NULL);
+    (void)snprintf(l, sizeof l, "%s p99", label);
+    fig(l, (double)percentile(v, n, 99) / 1e6, "ms", NULL);
+    (void)snprintf(l, sizeof l, "%s mean", label);
+    fig(l, mean_ms(v, n), "ms", NULL);
+}
+
+/* ---- client ------------------------------------------------------------------------------ */
+
+static void body_sink(void *ctx, const char *p, size_t n)
+{
+    body_t *b = ctx;
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = MAX(b->cap * 2, b->len + n + 1);
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+/* An exec answer: NDJSON events, and the first bytes kept as text for a refusal's message. */
+static void exec_sink(void *ctx, const char *p, size_t n)
+{
+    client_t *c = ctx;
+    if (c->body.len < 1024)
+        body_sink(&c->body, p, MIN(n, 1024 - c->body.len));
+    nd_sink(&c->nd, p, n);
+}
+
+static int client_open(client_t *c, uint16_t port)
+{
+    *c = (client_t){ 0 };
+    return hc_open(&c->h, port, 64 * 1024);
+}
+
+static void client_close(client_t *c)
+{
+    hc_close(&c->h);
+    nd_free(&c->nd);
+    free(c->body.p);
+}
+
+/* Send c->req (len bytes) and read the whole answer. An exec stream must end with exit code 0;
+ * anything else must answer `want`. On failure, why says what went wrong. */
+static int client_do(client_t *c, size_t len, bool exec, int want, char *why, size_t wcap)
+{
+    rp_t rp;
+    nd_reset(&c->nd);
+    c->body.len = 0;
+    c->body.oom = false;
+    if (c->body.p)
+        c->body.p[0] = '\0';
+    rp_init(&rp, exec ? exec_sink : body_sink, exec ? (void *)c : (void *)&c->body);
+    int r = send_all(c->h.fd, c->req, len);
+    if (r >= 0)
+        r = hc_response(&c->h, &rp);
+    if (r < 0) {
+        (void)snprintf(why, wcap, "%s", strerror(-r));
+        return r;
+    }
+    if (exec && nd_check(&c->nd, &rp) < 0) {
+        (void)snprintf(why, wcap, "exec: %s: %.200s", c->nd.why, c->body.p ? c->body.p : "");
+        return -EBADMSG;
+    }
+    if (!exec && (rp.status != want || c->body.oom)) {
+        (void)snprintf(why, wcap, "HTTP %d (expected %d): %.200s", rp.status, want,
+                       c->body.p ? c->body.p : "");
+        return -EBADMSG;
+    }
+    if (rp.close) {
+        (void)snprintf(why, wcap, "the server closed the connection");
+        return -ECONNRESET;
+    }
+    return 0;
+}
+
+/* POST /v1/sandboxes {"count":n}; the answer's sandboxes go to out (room for n). */
+static int pool_create(client_t *c, const char *host_token, unsigned n, sbref_t *out,
+                       unsigned *ret_got, char *why, size_t wcap)
+{
+    char body[64];
+    (void)snprintf(body, sizeof body, "{\"count\":%u}", n);
+    int len = build_json_request(host_token, c->req, sizeof c->req, "/v1/sandboxes", body);
+    int r = len < 0 ? len : client_do(c, (size_t)len, false, 200, why, wcap);
+    if (r < 0)
+        return r;
+    json_error_t jerr;
+    json_t *j = json_loadb(c->body.p, c->body.len, 0, &jerr);
+    json_t *arr = json_object_get(j, "sandboxes");
+    size_t got = json_array_size(arr);
+    r = got == n ? 0 : -EBADMSG;
+    if (r < 0)
+        (void)snprintf(why, wcap, "asked for %u sandboxes, got %zu", n, got);
+    for (size_t i = 0; i < got && r >= 0; i++) {
+        json_t *s = json_array_get(arr, i);
+        const char *id = json_string_value(json_object_get(s, "id"));
+        const char *tok = json_string_value(json_object_get(s, "token"));
+        json_int_t uid = json_integer_value(json_object_get(s, "uid"));
+        if (!id || !tok || strlen(id) != 16 || strlen(tok) != 64 || uid <= 0) {
+            (void)snprintf(why, wcap, "malformed sandbox entry %zu", i);
+            r = -EBADMSG;
+            break;
+        }
+        memcpy(out[i].id, id, 17);
+        memcpy(out[i].token, tok, 65);
+        out[i].uid = (uint32_t)uid;
+    }
+    json_decref(j);
+    if (r >= 0)
+        *ret_got = (unsigned)got;
+    return r;
+}
+
+static int pool_exec_true(client_t *c, const sbref_t *s, char *why, size_t wcap)
+{
+    char target[64];
+    (void)snprintf(target, sizeof target, "/v1/sandboxes/%s/exec", s->id);
+    int len = build_json_request(s->token, c->req, sizeof c->req, target, "{\"cmd\":[\"true\"]}");
+    return len < 0 ? len : client_do(c, (size_t)len, true, 200, why, wcap);
+}
+
+static int pool_delete(client_t *c, const sbref_t *s, char *why, size_t wcap)
+{
+    char target[64];
+    (void)snprintf(target, sizeof target, "/v1/sandboxes/%s", s->id);
+    int len = build_head(s->token, c->req, sizeof c->req, "DELETE", target, NULL, -1);
+    int r = len < 0 ? len : client_do(c, (size_t)len, false, 200, why, wcap);
+    if (r >= 0 && !strstr(c->body.p, "\"deleted\":true")) {
+        (void)snprintf(why, wcap, "delete answered %.200s", c->body.p);
+        r = -EBADMSG;
+    }
+    return r;
+}
+
+/* DELETE /v1/sandboxes: everything; the answer must count `expect` (0: any). */
+static int pool_delete_all(client_t *c, const char *host_token, unsigned expect, char *why,
+                           size_t wcap)
+{
+    int len = build_head(host_token, c->req, sizeof c->req, "DELETE", "/v1/sandboxes", NULL, -1);
+    int r = len < 0 ? len : client_do(c, (size_t)len, false, 200, why, wcap);
+    char want[48];
+    (void)snprintf(want, sizeof want, "\"deleted\":%u", expect);
+    if (r >= 0 && expect > 0 && !strstr(c->body.p, want)) {
+        (void)snprintf(why, wcap, "delete-all answered %.200s (expected %s)", c->body.p, want);
+        r = -EBADMSG;
+    }
+    return r;
+}
+
+static int health(client_t *c, const char *token, char *why, size_t wcap)
+{
+    int len = build_head(token, c->req, sizeof c->req, "GET", "/health", NULL, -1);
+    return len < 0 ? len : client_do(c, (size_t)len, false, 200, why, wcap);
+}
+
+/* ---- 1. create + exec + delete trios ------------------------------------------------------ */
+
+typedef struct {
+    const bench_t *b;
+    unsigned n;
+    uint64_t *lat[3]; /* create, exec, delete: n each */
+    uint32_t *uids;   /* n */
+    uint64_t wall_ns;
+    int r;
+    char why[320];
+} trio_worker_t;
+
+static void *trio_thread(void *arg)
+{
+    trio_worker_t *w = arg;
+    client_t c;
+    w->r = client_open(&c, w->b->port);
+    if (w->r < 0) {
+        (void)snprintf(w->why, sizeof w->why, "connect: %s", strerror(-w->r));
+        return NULL;
+    }
+    uint64_t t0 = now_ns();
+    for (unsigned i = 0; i < w->n && w->r >= 0; i++) {
+        sbref_t s;
+        unsigned got;
+        uint64_t a = now_ns();
+        w->r = pool_create(&c, w->b->token, 1, &s, &got, w->why, sizeof w->why);
+        uint64_t bt = now_ns();
+        if (w->r >= 0)
+            w->r = pool_exec_true(&c, &s, w->why, sizeof w->why);
+        uint64_t ct = now_ns();
+        if (w->r >= 0)
+            w->r = pool_delete(&c, &s, w->why, sizeof w->why);
+        uint64_t d = now_ns();
+        if (w->lat[0]) {
+            w->lat[0][i] = bt - a;
+            w->lat[1][i] = ct - bt;
+            w->lat[2][i] = d - ct;
+        }
+        if (w->uids)
+            w->uids[i] = s.uid;
+    }
+    w->wall_ns = now_ns() - t0;
+    client_close(&c);
+    return NULL;
+}
+
+static unsigned distinct_u32(uint32_t *v, size_t n)
+{
+    unsigned d = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = 0;
+        while (k < i && v[k] != v[i])
+            k++;
+        d += k == i;
+        if (d > 64)
+            return d; /* enough to see that uids are not being recycled */
+    }
+    return d;
+}
+
+/* Run `threads` workers of n trios each; returns the wall time for all, or 0 on failure. */
+static uint64_t run_trios(bench_t *b, unsigned threads, unsigned n, uint64_t **lat, uint32_t *uids)
+{
+    trio_worker_t w[MAX_THREADS];
+    pthread_t t[MAX_THREADS];
+    uint64_t t0 = now_ns();
+    for (unsigned i = 0; i < threads; i++) {
+        w[i] = (trio_worker_t){ .b = b, .n = n, .uids = uids ? uids + (size_t)i * n : NULL };
+        for (int k = 0; k < 3; k++)
+            w[i].lat[k] = lat ? lat[k] + (size_t)i * n : NULL;
+        if (pthread_create(&t[i], NULL, trio_thread, &w[i]) != 0) {
+            w[i].r = -EAGAIN;
+            (void)snprintf(w[i].why, sizeof w[i].why, "pthread_create failed");
+            threads = i;
+            fail(b, "pthread_create");
+            break;
+        }
+    }
+    for (unsigned i = 0; i < threads; i++)
+        pthread_join(t[i], NULL);
+    uint64_t wall = now_ns() - t0;
+    for (unsigned i = 0; i < threads; i++)
+        if (w[i].r < 0) {
+            fail(b, "trio thread %u: %s", i, w[i].why);
+            wall = 0;
+        }
+    return wall;
+}
+
+typedef struct {
+    unsigned n;
+    uint64_t wall_ns;
+    int r;
+} spawn_worker_t;
+
+static void *spawn_thread(void *arg)
+{
+    spawn_worker_t *w = arg;
+    char *const argv[] = { "/bin/true", NULL };
+    uint64_t t0 = now_ns();
+    for (unsigned i = 0; i < w->n && w->r >= 0; i++) {
+        pid_t pid;
+        int st;
+        w->r = -posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
+        while (w->r >= 0 && waitpid(pid, &st, 0) < 0)
+            if (errno != EINTR)
+                w->r = negative_errno();
+        if (w->r >= 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0))
+            w->r = -ECHILD;
+    }
+    w->wall_ns = now_ns() - t0;
+    return NULL;
+}
+
+/* posix_spawn + waitpid of /bin/true, n per thread; returns the wall time, 0 on failure. */
+static uint64_t run_spawns(bench_t *b, unsigned threads, unsigned n)
+{
+    spawn_worker_t w[MAX_THREADS];
+    pthread_t t[MAX_THREADS];
+    uint64_t t0 = now_ns();
+    unsigned started = 0;
+    for (; started < threads; started++) {
+        w[started] = (spawn_worker_t){ .n = n };
+        if (pthread_create(&t[started], NULL, spawn_thread, &w[started]) != 0)
+            break;
+    }
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
+    uint64_t wall = now_ns() - t0;
+    for (unsigned i = 0; i < started; i++)
+        if (w[i].r < 0) {
+            fail(b, "posix_spawn /bin/true: %s", strerror(-w[i].r));
+            return 0;
+        }
+    return started == threads ? wall : 0;
+}
+
+static void trio_summary(const char *label, unsigned total, uint64_t wall, uint64_t cpu,
+                         const char *target)
+{
+    char l[128], note[96];
+    (void)snprintf(l, sizeof l, "%s: wall for %u trios", label, total);
+    /* the target is for 1,000 trios: scaled, so --quick says where it stands too */
+    bool met = target && (double)wall / 1e9 * 1000 / total <= 0.5;
+    fig(l, (double)wall / 1e9, "s", target ? target_note(met, target, note, sizeof note) : NULL);
+    (void)snprintf(l, sizeof l, "%s: wall per trio", label);
+    fig(l, (double)wall / total / 1e6, "ms", NULL);
+    (void)snprintf(l, sizeof l, "%s: server CPU per trio", label);
+    fig(l, (double)cpu / total / 1e6, "ms", "(its own; the command's process not included)");
+}
+
+static void bench_trios(bench_t *b)
+{
+    unsigned n = b->trio_n, per = n / MAX_THREADS;
+    char hdr[200], l[128];
+    (void)snprintf(hdr, sizeof hdr,
+                   "1. create 1 sandbox, exec [\"true\"] in it, delete it: %u trios from 1 "
+                   "client thread, then %u x %u (after %u warm-up)",
+                   n, MAX_THREADS, per, b->warmup);
+    section(hdr);
+    _cleanup_free_ uint64_t *all = calloc((size_t)3 * n, sizeof *all);
+    _cleanup_free_ uint32_t *uids = calloc(n, sizeof *uids);
+    if (!all || !uids) {
+        fail(b, "out of memory");
+        return;
+    }
+    uint64_t *lat[3] = { all, all + n, all + 2 * (size_t)n };
+    if (run_trios(b, 1, b->warmup, NULL, NULL) == 0)
+        return;
+    long slots0 = cgroup_slots(b->pid);
+    uint64_t c0 = server_cpu_ns(b->pid);
+    uint64_t seq = run_trios(b, 1, n, lat, uids);
+    uint64_t c1 = server_cpu_ns(b->pid);
+    if (seq == 0)
+        return;
+    trio_summary("1 thread", n, seq, c1 - c0, NULL);
+    print_latency("  1 thread: create (POST /v1/sandboxes count=1)", lat[0], n);
+    print_latency("  1 thread: exec [\"true\"] (first exec: cgroup joined)", lat[1], n);
+    print_latency("  1 thread: delete (DELETE /v1/sandboxes/<id>)", lat[2], n);
+    fig_count("  1 thread: distinct uids over the run", distinct_u32(uids, n),
+              "(recycled: the last uid freed is the next taken)");
+    uint64_t c2 = server_cpu_ns(b->pid);
+    uint64_t par = run_trios(b, MAX_THREADS, per, NULL, uids);
+    uint64_t c3 = server_cpu_ns(b->pid);
+    long slots1 = cgroup_slots(b->pid);
+    if (par) {
+        (void)snprintf(l, sizeof l, "%d threads", MAX_THREADS);
+        trio_summary(l, per * MAX_THREADS, par, c3 - c2, "<= 0.5 s per 1,000");
+        fig_count("  4 threads: distinct uids over the run", distinct_u32(uids, per * MAX_THREADS),
+                  NULL);
+    }
+    if (slots0 >= 0)
+        fig_count("cgroup slots created during both runs", (unsigned long long)(slots1 - slots0),
+                  "(a slot is made once per uid and kept for its next sandbox)");
+    uint64_t s1 = run_spawns(b, 1, n);
+    if (s1) {
+        fig("baseline: posix_spawn+waitpid /bin/true, 1 thread: wall", (double)s1 / 1e9, "s", NULL);
+        fig("baseline: ... per spawn", (double)s1 / n / 1e6, "ms", NULL);
+    }
+    uint64_t s4 = run_spawns(b, MAX_THREADS, per);
+    if (s4) {
+        fig("baseline: posix_spawn+waitpid /bin/true, 4 threads: wall", (double)s4 / 1e9, "s",
+            "(the floor for the 4-thread trio run)");
+        fig("baseline: ... per spawn", (double)s4 / (per * MAX_THREADS) / 1e6, "ms", NULL);
+    }
+    if (s4 && par)
+        fig("ratio: 4-thread trios / 4-thread bare spawns", (double)par / (double)s4, "x", NULL);
+}
+
+/* ---- 2. server-side create / exec / delete cost ------------------------------------------- */
+
+static void per_item(const char *label, uint64_t cpu, uint64_t wall, unsigned n, const char *note)
+{
+    char l[128];
+    (void)snprintf(l, sizeof l, "%s: server CPU each", label);
+    fig(l, (double)cpu / n / 1e3, "us", note);
+    (void)snprintf(l, sizeof l, "%s: wall each", label);
+    fig(l, (double)wall / n / 1e3, "us", NULL);
+}
+
+/* Exec `true` in each, then delete each one by one; server CPU per exec and per delete. */
+static int exec_then_delete(bench_t *b, client_t *c, sbref_t *s, unsigned n, const char *what)
+{
+    char why[320], l[128];
+    uint64_t c0 = server_cpu_ns(b->pid), t0 = now_ns();
+    for (unsigned i = 0; i < n; i++)
+        if (pool_exec_true(c, &s[i], why, sizeof why) < 0) {
+            fail(b, "exec in sandbox %u: %s", i, why);
+            return -EBADMSG;
+        }
+    uint64_t c1 = server_cpu_ns(b->pid), t1 = now_ns();
+    (void)snprintf(l, sizeof l, "first exec [\"true\"] per sandbox (%s)", what);
+    per_item(l, c1 - c0, t1 - t0, n, NULL);
+    for (unsigned i = 0; i < n; i++)
+        if (pool_delete(c, &s[i], why, sizeof why) < 0) {
+            fail(b, "delete %u: %s", i, why);
+            return -EBADMSG;
+        }
+    uint64_t c2 = server_cpu_ns(b->pid), t2 = now_ns();
+    (void)snprintf(l, sizeof l, "DELETE /v1/sandboxes/<id> after an exec (%s)", what);
+    per_item(l, c2 - c1, t2 - t1, n, NULL);
+    return 0;
+}
+
+/* What the filesystem alone costs for a home: mkdir + chown of the home and its three
+ * directories (.tmp, .sbx, .sbx/proxy), then the four rmdirs, by this process in a scratch
+ * directory beside the homes (the same filesystem). */
+static int fs_floor(bench_t *b, unsigned n, uint64_t *ret_make_ns, uint64_t *ret_remove_ns)
+{
+    char scratch[512];
+    (void)snprintf(scratch, sizeof scratch, "%s-fs-floor", b->homes);
+    if (mkdir(scratch, 0700) < 0 && errno != EEXIST)
+        return negative_errno();
+    _cleanup_close_ int top = open(scratch, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (top < 0)
+        return negative_errno();
+    static const char *const sub[] = { ".tmp", ".sbx", ".sbx/proxy" };
+    int r = 0;
+    uint64_t t0 = now_ns();
+    for (unsigned i = 0; i < n && r >= 0; i++) {
+        char name[16];
+        (void)snprintf(name, sizeof name, "h%u", i);
+        _cleanup_close_ int h = -EBADF;
+        if (mkdirat(top, name, 0700) < 0 ||
+            (h = openat(top, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+            fchown(h, 20000, 20000) < 0)
+            r = negative_errno();
+        for (size_t k = 0; k < ELEMENTSOF(sub) && r >= 0; k++)
+            if (mkdirat(h, sub[k], 0700) < 0 ||
+                fchownat(h, sub[k], 20000, 20000, AT_SYMLINK_NOFOLLOW) < 0)
+                r = negative_errno();
+    }
+    uint64_t t1 = now_ns();
+    for (unsigned i = 0; i < n; i++) {
+        char name[16], path[64];
+        (void)snprintf(name, sizeof name, "h%u", i);
+        for (size_t k = ELEMENTSOF(sub); k > 0; k--) {
+            (void)snprintf(path, sizeof path, "%s/%s", name, sub[k - 1]);
+            (void)unlinkat(top, path, AT_REMOVEDIR);
+        }
+        if (unlinkat(top, name, AT_REMOVEDIR) < 0 && r >= 0)
+            r = negative_errno();
+    }
+    uint64_t t2 = now_ns();
+    (void)rmdir(scratch);
+    *ret_make_ns = t1 - t0;
+    *ret_remove_ns = t2 - t1;
+    return r;
+}
+
+static void bench_server_cost(bench_t *b)
+{
+    unsigned n = b->batch_n;
+    char hdr[200], why[320], note[96];
+    (void)snprintf(hdr, sizeof hdr,
+                   "2. server-side cost: the server's own CPU time (/proc/<pid>/schedstat) around "
+                   "batches of %u, divided by %u",
+                   n, n);
+    section(hdr);
+    client_t c;
+    _cleanup_free_ sbref_t *s = calloc(n, sizeof *s);
+    int r = client_open(&c, b->port);
+    if (r < 0 || !s) {
+        fail(b, "connect: %s", strerror(r < 0 ? -r : ENOMEM));
+        if (r >= 0)
+            client_close(&c);
+        return;
+    }
+    unsigned got;
+    /* a: one request creates n; b: delete-all of sandboxes that never ran anything */
+    uint64_t c0 = server_cpu_ns(b->pid), t0 = now_ns();
+    r = pool_create(&c, b->token, n, s, &got, why, sizeof why);
+    uint64_t c1 = server_cpu_ns(b->pid), t1 = now_ns();
+    if (r < 0) {
+        fail(b, "create count=%u: %s", n, why);
+        goto out;
+    }
+    double each = (double)(c1 - c0) / n / 1e3;
+    per_item("create, count=N in one request", c1 - c0, t1 - t0, n,
+             target_note(each <= 100, "<= 100 us", note, sizeof note));
+    r = pool_delete_all(&c, b->token, n, why, sizeof why);
+    uint64_t c2 = server_cpu_ns(b->pid), t2 = now_ns();
+    if (r < 0) {
+        fail(b, "%s", why);
+        goto out;
+    }
+    per_item("DELETE /v1/sandboxes (never used)", c2 - c1, t2 - t1, n, NULL);
+    uint64_t mk = 0, rm = 0;
+    r = fs_floor(b, n, &mk, &rm);
+    if (r < 0)
+        fail(b, "filesystem baseline: %s", strerror(-r));
+    else {
+        fig("baseline: 4 x (mkdir + chown) of a home, by the bench", (double)mk / n / 1e3, "us",
+            "(same filesystem: the floor under create)");
+        fig("baseline: 4 x rmdir of a home, by the bench", (double)rm / n / 1e3, "us",
+            "(the floor under delete)");
+    }
+    /* c: one create request per sandbox, beside a bare request on the same connection */
+    for (unsigned i = 0; i < n && r >= 0; i++)
+        r = pool_create(&c, b->token, 1, &s[i], &got, why, sizeof why);
+    uint64_t c3 = server_cpu_ns(b->pid), t3 = now_ns();
+    if (r < 0) {
+        fail(b, "create count=1: %s", why);
+        goto out;
+    }
+    per_item("create, count=1 per request (HTTP included)", c3 - c2, t3 - t2, n, NULL);
+    for (unsigned i = 0; i < n && r >= 0; i++)
+        r = health(&c, b->token, why, sizeof why);
+    uint64_t c4 = server_cpu_ns(b->pid), t4 = now_ns();
+    if (r < 0)
+        fail(b, "GET /health: %s", why);
+    else
+        per_item("baseline: GET /health with the host token", c4 - c3, t4 - t3, n, NULL);
+    /* d: the uids were recycled from (a), so their cgroup slots exist when the run before
+     * executed on them; then first exec per sandbox, then one DELETE each */
+    long slots0 = cgroup_slots(b->pid);
+    r = exec_then_delete(b, &c, s, n, "recycled uids");
+    long slots1 = cgroup_slots(b->pid);
+    if (slots0 >= 0)
+        fig_count("cgroup slots made by these first execs", (unsigned long long)(slots1 - slots0),
+                  "(0 when every uid had one already)");
+out:
+    if (r < 0) /* leave nothing behind for the next section */
+        (void)pool_delete_all(&c, b->token, 0, why, sizeof why);
+    client_close(&c);
+}
+
+/* ---- 3. exec round trip in one sandbox ---------------------------------------------------- */
+
+/* n timed execs of ["true"] at target (after the warm-up), on c's connection to a server whose
+ * pid is given; its CPU time per exec (warm-up included) goes to ret_cpu_ns. */
+static int time_execs(bench_t *b, client_t *c, const char *token, const char *target, pid_t pid,
+                      uint64_t *v, unsigned n, uint64_t *ret_cpu_ns)
+{
+    char why[320];
+    int len = build_json_request(token, c->req, sizeof c->req, target, "{\"cmd\":[\"true\"]}");
+    if (len < 0)
+        return len;
+    uint64_t c0 = server_cpu_ns(pid);
+    for (unsigned i = 0; i < b->warmup + n; i++) {
+        uint64_t t0 = now_ns();
+        if (client_do(c, (size_t)len, true, 200, why, sizeof why) < 0) {
+            fail(b, "exec %u at %s: %s", i, target, why);
+            return -EBADMSG;
+        }
+        if (i >= b->warmup)
+            v[i - b->warmup] = now_ns() - t0;
+    }
+    *ret_cpu_ns = (server_cpu_ns(pid) - c0) / (b->warmup + n);
+    return 0;
+}
+
+/* The same exec in a dedicated-mode sbx-server (no sandbox, no confinement), when the script
+ * started one; returns its p50 or 0. */
+static uint64_t dedicated_exec(bench_t *b, uint64_t *v, unsigned n)
+{
+    client_t c;
+    uint64_t cpu = 0, p50 = 0;
+    if (!b->ded_port)
+        return 0;
+    int r = client_open(&c, b->ded_port);
+    if (r < 0) {
+        fail(b, "connect to the dedicated server: %s", strerror(-r));
+        return 0;
+    }
+    if (time_execs(b, &c, b->token, "/v1/exec", b->ded_pid, v, n, &cpu) >= 0) {
+        print_latency("baseline: the same exec, dedicated-mode server (/v1/exec)", v, n);
+        fig("baseline: dedicated-mode server CPU each", (double)cpu / 1e3, "us", NULL);
+        p50 = percentile(v, n, 50);
+    }
+    client_close(&c);
+    return p50;
+}
+
+static int time_spawn(uint64_t *v, unsigned n, unsigned warmup)
+{
+    char *const argv[] = { "/bin/true", NULL };
+    for (unsigned i = 0; i < warmup + n; i++) {
+        pid_t pid;
+        int st;
+        uint64_t t0 = now_ns();
+        int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
+        if (r != 0)
+            return -r;
+        while (waitpid(pid, &st, 0) < 0)
+            if (errno != EINTR)
+                return negative_errno();
+        if (i >= warmup)
+            v[i - warmup] = now_ns() - t0;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            return -ECHILD;
+    }
+    return 0;
+}
+
+static void bench_exec(bench_t *b)
+{
+    unsigned n = b->exec_n;
+    char hdr[200], why[320], target[64];
+    (void)snprintf(hdr, sizeof hdr,
+                   "3. exec round trip of [\"true\"] in one existing sandbox: N=%u sequential "
+                   "on one keep-alive connection (after %u warm-up)",
+                   n, b->warmup);
+    section(hdr);
+    _cleanup_free_ uint64_t *v = calloc(n, sizeof *v);
+    client_t c;
+    sbref_t s;
+    unsigned got;
+    int r = client_open(&c, b->port);
+    if (r < 0 || !v) {
+        fail(b, "connect: %s", strerror(r < 0 ? -r : ENOMEM));
+        if (r >= 0)
+            client_close(&c);
+        return;
+    }
+    r = pool_create(&c, b->token, 1, &s, &got, why, sizeof why);
+    if (r < 0) {
+        fail(b, "create: %s", why);
+        client_close(&c);
+        return;
+    }
+    (void)snprintf(target, sizeof target, "/v1/sandboxes/%s/exec", s.id);
+    uint64_t cpu = 0, p50 = 0, ded50 = 0, floor50 = 0;
+    if (time_execs(b, &c, s.token, target, b->pid, v, n, &cpu) >= 0) {
+        print_latency("exec [\"true\"] in a sandbox", v, n);
+        p50 = b->exec_p50_ns = percentile(v, n, 50);
+        fig("exec [\"true\"] in a sandbox: server CPU each", (double)cpu / 1e3, "us",
+            "(its own; the confined child runs on its own CPU time)");
+    }
+    if (pool_delete(&c, &s, why, sizeof why) < 0)
+        fail(b, "delete: %s", why);
+    client_close(&c);
+    ded50 = dedicated_exec(b, v, n);
+    r = time_spawn(v, n, b->warmup);
+    if (r < 0)
+        fail(b, "posix_spawn /bin/true: %s", strerror(-r));
+    else {
+        print_latency("baseline: posix_spawn+waitpid /bin/true (bench process)", v, n);
+        floor50 = percentile(v, n, 50);
+    }
+    if (p50 && ded50)
+        fig("ratio: exec p50 in a sandbox / dedicated-mode exec p50", (double)p50 / (double)ded50,
+            "x", NULL);
+    if (p50 && floor50)
+        fig("ratio: exec p50 in a sandbox / posix_spawn p50", (double)p50 / (double)floor50, "x",
+            NULL);
+}
+
+/* ---- 4. memory per idle sandbox ----------------------------------------------------------- */
+
+/* Exec in k of the sandboxes (their first), then time m execs in the first: descriptors per
+ * sandbox that has run something, and what a host this full does to an exec. */
+static int idle_then_exec(bench_t *b, client_t *c, sbref_t *s, unsigned k, long fd1)
+{
+    char why[320], l[160];
+    int r = 0;
+    for (unsigned i = 0; i < k && r >= 0; i++)
+        r = pool_exec_true(c, &s[i], why, sizeof why);
+    long fd2 = server_fds(b->pid);
+    if (r < 0) {
+        fail(b, "exec: %s", why);
+        return r;
+    }
+    if (fd1 >= 0 && fd2 >= 0 && k > 0)
+        fig("  more server descriptors per sandbox after its first exec", (double)(fd2 - fd1) / k,
+            "", "(its cgroup.procs files, kept for its next exec)");
+    unsigned m = b->quick ? 50 : 200;
+    _cleanup_free_ uint64_t *v = calloc(m, sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    for (unsigned i = 0; i < m && r >= 0; i++) {
+        uint64_t t0 = now_ns();
+        r = pool_exec_true(c, &s[0], why, sizeof why);
+        v[i] = now_ns() - t0;
+    }
+    if (r < 0) {
+        fail(b, "exec: %s", why);
+        return r;
+    }
+    qsort(v, m, sizeof *v, cmp_u64);
+    (void)snprintf(l, sizeof l, "exec [\"true\"] p50 with %u sandboxes in the host (%ld fds)",
+                   b->idle_n + CREATE_CHUNK, fd2);
+    fig(l, (double)percentile(v, m, 50) / 1e6, "ms",
+        b->exec_p50_ns ? "(section 3 had 1 sandbox)" : NULL);
+    if (b->exec_p50_ns)
+        fig("  ratio to the p50 of section 3",
+            (double)percentile(v, m, 50) / (double)b->exec_p50_ns, "x", NULL);
+    return 0;
+}
+
+static void idle_report(bench_t *b, uint64_t rss0, uint64_t rss1, uint64_t slab0, uint64_t slab1,
+                        long fd0, long fd1)
+{
+    unsigned n = b->idle_n;
+    char note[96];
+    double per = ((double)rss1 - (double)rss0) / n;
+    fig("server VmRSS before", (double)rss0 / MIB, "MiB", NULL);
+    fig("server VmRSS with them", (double)rss1 / MIB, "MiB", NULL);
+    fig("server VmRSS per idle sandbox", per / KIB, "KiB",
+        target_note(per <= 50 * KIB, "<= 50 KB", note, sizeof note));
+    if (fd0 >= 0 && fd1 >= 0)
+        fig("server descriptors per idle sandbox", (double)(fd1 - fd0) / n, "",
+            "(its home and its Landlock ruleset)");
+    fig("kernel slab per idle sandbox (system-wide delta, approximate)",
+        ((double)slab1 - (double)slab0) / n / KIB, "KiB",
+        "(home inodes and dentries, ruleset, open files)");
+    long homes = count_entries(b->homes, NULL);
+    if (homes >= 0)
+        fig_count("homes on disk", (unsigned long long)homes, NULL);
+}
+
+static void bench_idle(bench_t *b)
+{
+    unsigned n = b->idle_n, total = n + CREATE_CHUNK, k = b->quick ? 50 : 200;
+    char hdr[200], why[320], l[128];
+    (void)snprintf(hdr, sizeof hdr,
+                   "4. memory per idle sandbox: the server's VmRSS, descriptors and the kernel's "
+                   "slab with %u sandboxes and with %u more (requests of %u)",
+                   CREATE_CHUNK, n, CREATE_CHUNK);
+    section(hdr);
+    client_t c;
+    _cleanup_free_ sbref_t *s = calloc(CREATE_CHUNK, sizeof *s);
+    int r = client_open(&c, b->port);
+    if (r < 0 || !s) {
+        fail(b, "connect: %s", strerror(r < 0 ? -r : ENOMEM));
+        if (r >= 0)
+            client_close(&c);
+        return;
+    }
+    /* A first chunk, kept, so the allocator has grown for responses this size already. */
+    unsigned got = 0, made = 0;
+    r = pool_create(&c, b->token, CREATE_CHUNK, s, &got, why, sizeof why);
+    uint64_t rss0 = server_rss(b->pid), slab0 = kernel_slab();
+    long fd0 = server_fds(b->pid);
+    uint64_t c0 = server_cpu_ns(b->pid), t0 = now_ns();
+    while (r >= 0 && made < n) {
+        r = pool_create(&c, b->token, MIN(CREATE_CHUNK, n - made), s, &got, why, sizeof why);
+        made += r >= 0 ? got : 0;
+    }
+    uint64_t c1 = server_cpu_ns(b->pid), t1 = now_ns();
+    if (r < 0) {
+        fail(b, "create: %s (after %u)", why, made);
+        (void)pool_delete_all(&c, b->token, 0, why, sizeof why);
+        client_close(&c);
+        return;
+    }
+    idle_report(b, rss0, server_rss(b->pid), slab0, kernel_slab(), fd0, server_fds(b->pid));
+    per_item("create, in requests of 500", c1 - c0, t1 - t0, n, NULL);
+    (void)idle_then_exec(b, &c, s, MIN(got, k), server_fds(b->pid));
+    uint64_t c2 = server_cpu_ns(b->pid), t2 = now_ns();
+    r = pool_delete_all(&c, b->token, total, why, sizeof why);
+    uint64_t c3 = server_cpu_ns(b->pid), t3 = now_ns();
+    (void)snprintf(l, sizeof l, "DELETE /v1/sandboxes (%u, %u of them after an exec)", total,
+                   MIN(got, k));
+    if (r < 0)
+        fail(b, "%s", why);
+    else
+        per_item(l, c3 - c2, t3 - t2, total, NULL);
+    fig("server VmRSS after deleting them", (double)server_rss(b->pid) / MIB, "MiB", NULL);
+    client_close(&c);
+}
+
+/* ---- main -------------------------------------------------------------------------------- */
+
+static void print_loadavg(const char *when)
+{
+    char buf[128];
+    if (read_small_file("/proc/loadavg", buf, sizeof buf) > 0)
+        printf("load average %s (1, 5, 15 min; runnable/total): %s", when, buf);
+}
+
+static const char *fs_name(unsigned long magic)
+{
+    switch (magic) {
+    case 0xEF53: return "ext2/3/4";
+    case 0x01021994: return "tmpfs";
+    case 0x9123683E: return "btrfs";
+    case 0x58465342: return "xfs";
+    case 0x794C7630: return "overlayfs";
+    default: return "another filesystem";
+    }
+}
+
+static bool want(const bench_t *b, const char *name)
+{
+    if (!b->only)
+        return true;
+    size_t nl = strlen(name);
+    for (const char *p = b->only; *p;) {
+        size_t k = strcspn(p, ",");
+        if (k == nl && strncmp(p, name, nl) == 0)
+            return true;
+        p += k + (p[k] == ',');
+    }
+    return false;
+}
+
+/* Nothing may be left: no sandbox in the registry, no home on disk. */
+static void check_empty(bench_t *b)
+{
+    client_t c;
+    char why[320];
+    int r = client_open(&c, b->port);
+    if (r >= 0)
+        r = health(&c, b->token, why, sizeof why);
+    else
+        (void)snprintf(why, sizeof why, "connect: %s", strerror(-r));
+    if (r < 0)
+        fail(b, "GET /health at the end: %s", why);
+    else if (!strstr(c.body.p, "\"sandboxes\":0"))
+        fail(b, "sandboxes left at the end: %.300s", c.body.p);
+    if (r >= 0 && !strstr(c.body.p, "\"quarantined\":0"))
+        fail(b, "quarantined uids at the end (a teardown did not converge): %.300s", c.body.p);
+    long homes = count_entries(b->homes, NULL);
+    if (homes != 0)
+        fail(b, "%ld entries left in %s", homes, b->homes);
+    client_close(&c);
+}
+
+static int free_port(void)
+{
+    _cleanup_close_ int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t al = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &al) < 0)
+        return 1;
+    printf("%u\n", ntohs(a.sin_port));
+    return 0;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: bench-pool --port N --pid PID --homes DIR [--quick] [--only LIST]\n"
+                    "                  [--dedicated-port N --dedicated-pid PID]\n"
+                    "       bench-pool --free-port\n"
+                    "LIST: trio,cost,exec,idle. The host token comes from $SBX_BENCH_TOKEN (a\n"
+                    "dedicated-mode server given for a baseline uses the same token).\n"
+                    "Usually run through "
+                    "scripts/bench-pool.sh, which starts the server.\n");
+}
+
+static int parse_args(bench_t *b, int argc, char **argv)
+{
+    uint64_t v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (streq(a, "--quick"))
+            b->quick = true;
+        else if (streq(a, "--port") && val && parse_u64_str(val, 65535, &v) >= 0 && v > 0)
+            b->port = (uint16_t)v, i++;
+        else if (streq(a, "--pid") && val && parse_u64_str(val, INT32_MAX, &v) >= 0 && v > 0)
+            b->pid = (pid_t)v, i++;
+        else if (streq(a, "--homes") && val)
+            b->homes = val, i++;
+        else if (streq(a, "--only") && val)
+            b->only = val, i++;
+        else if (streq(a, "--dedicated-port") && val && parse_u64_str(val, 65535, &v) >= 0 && v)
+            b->ded_port = (uint16_t)v, i++;
+        else if (streq(a, "--dedicated-pid") && val && parse_u64_str(val, INT32_MAX, &v) >= 0 &&
+                 v > 0)
+            b->ded_pid = (pid_t)v, i++;
+        else
+            return -EINVAL;
+    }
+    b->token = getenv("SBX_BENCH_TOKEN");
+    if (!b->port || !b->pid || !b->homes || !b->token || !*b->token || (b->ded_port && !b->ded_pid))
+        return -EINVAL;
+    b->trio_n = b->quick ? 100 : 1000;
+    b->batch_n = b->quick ? 100 : 1000;
+    b->exec_n = b->quick ? 100 : 1000;
+    b->idle_n = b->quick ? 1000 : 5000;
+    b->warmup = b->quick ? 5 : 20;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bench_t b = { 0 };
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc == 2 && streq(argv[1], "--free-port"))
+        return free_port();
+    if (parse_args(&b, argc, argv) < 0) {
+        usage();
+        return 2;
+    }
+    struct utsname u;
+    (void)uname(&u);
+    printf("sbx-server pool-host benchmark%s: %ld CPUs, Linux %s, server pid %d, port %u\n",
+           b.quick ? " (--quick: small sizes, a CI smoke run)" : "", sysconf(_SC_NPROCESSORS_ONLN),
+           u.release, (int)b.pid, b.port);
+    printf("bench command:");
+    for (int i = 0; i < argc; i++)
+        printf(" %s", argv[i]);
+    printf("\nfigures only; nothing here asserts on timings (exit 1 = a functional failure)\n");
+    struct statfs sf;
+    if (statfs(b.homes, &sf) == 0)
+        printf("homes: %s on %s\n", b.homes, fs_name((unsigned long)sf.f_type));
+    print_loadavg("at start");
+    if (want(&b, "trio"))
+        bench_trios(&b);
+    if (want(&b, "cost"))
+        bench_server_cost(&b);
+    if (want(&b, "exec"))
+        bench_exec(&b);
+    if (want(&b, "idle"))
+        bench_idle(&b);
+    check_empty(&b);
+    print_loadavg("at end");
+    printf("\n%s: %u functional failure%s\n", b.failures ? "FAILED" : "done", b.failures,
+           b.failures == 1 ? "" : "s");
+    return b.failures ? 1 : 0;
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Build bench-pool and run it against a freshly started pool-host sbx-server (SBX_HOST_MODE=1,
+# as root: every sandbox is a uid) with a random host token, a free loopback port and a
+# temporary SBX_HOMES_DIR. Prints figures beside same-run baselines; exits non-zero only on a
+# functional failure (a refused request, a wrong answer, something left over), never on timings.
+#
+#   scripts/bench-pool.sh [--quick]
+#
+# --quick: small sizes, the whole run in well under 20 s (a CI smoke run).
+# SBX_BUILD: the build directory (default: build).
+# Also: `ninja -C build bench-pool` or `ninja -C build bench-pool-quick`.
+# TMPDIR: where the homes go (default /tmp). Create and delete cost what the filesystem's four
+# mkdirs and rmdirs cost, so the bench prints that floor beside them; TMPDIR=/dev/shm (tmpfs)
+# takes the disk out of the figures.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+INVOKED="$0${*:+ $*}"
+BUILD=${SBX_BUILD:-build}
+case $BUILD in
+/*) ;;
+*) BUILD=$ROOT/$BUILD ;;
+esac
+QUICK=0
+for a in "$@"; do
+    case $a in
+    --quick) QUICK=1 ;;
+    *)
+        echo "usage: $0 [--quick]" >&2
+        exit 2
+        ;;
+    esac
+done
+if [ "$(id -u)" != 0 ]; then
+    echo "bench-pool: host mode needs root (each sandbox runs as its own uid)" >&2
+    exit 2
+fi
+
+if [ -z "${SBX_BENCH_NO_BUILD:-}" ]; then # the meson run_target has built both already
+    [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" "$ROOT" >/dev/null
+    ninja -C "$BUILD" sbx-server bench/bench-pool >/dev/null
+fi
+SERVER=$BUILD/sbx-server
+BENCH=$BUILD/bench/bench-pool
+
+# Each idle sandbox holds two descriptors (its home and its Landlock ruleset).
+if [ "$QUICK" = 1 ]; then CAPACITY=1600; else CAPACITY=5600; fi
+NEED=$((2 * CAPACITY + 256))
+HARD=$(ulimit -Hn)
+if [ "$HARD" != unlimited ] && [ "$HARD" -lt "$NEED" ]; then
+    echo "bench-pool: hard fd limit $HARD < $NEED (2 per sandbox); raise it" >&2
+    exit 2
+fi
+
+# The homes directory must be traversable by the sandbox uids (0711), like /sbx/homes.
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbx-bench-pool.XXXXXX")
+chmod 0711 "$WORK"
+HOMES=$WORK/homes
+mkdir "$WORK/dedicated"
+TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+PORT=$("$BENCH" --free-port)
+DPORT=$("$BENCH" --free-port)
+SPID=
+DPID=
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    for p in $SPID $DPID; do
+        kill "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Wait until the server with pid $1 listens on port $2 (its log: $3).
+wait_listening() {
+    for _ in $(seq 200); do
+        if ! kill -0 "$1" 2>/dev/null; then
+            echo "sbx-server exited at start:" >&2
+            cat "$3" >&2
+            exit 1
+        fi
+        (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null && return 0
+        sleep 0.05
+    done
+}
+
+echo "command: $INVOKED"
+echo "server:  env -i PATH=\$PATH SBX_TOKEN=<random 64 hex> SBX_PORT=$PORT SBX_HOST_MODE=1" \
+    "SBX_HOMES_DIR=$HOMES SBX_CAPACITY=$CAPACITY $SERVER   (as root, cwd $WORK)"
+(cd "$WORK" && exec env -i PATH="$PATH" SBX_TOKEN="$TOKEN" SBX_PORT="$PORT" SBX_HOST_MODE=1 \
+    SBX_HOMES_DIR="$HOMES" SBX_CAPACITY="$CAPACITY" "$SERVER") 2>"$WORK/server.log" &
+SPID=$!
+# The baseline: a dedicated-mode server (one sandbox = the whole server, no confinement).
+echo "baseline: env -i PATH=\$PATH SBX_TOKEN=<same> SBX_PORT=$DPORT $SERVER   (cwd $WORK/dedicated)"
+(cd "$WORK/dedicated" && exec env -i PATH="$PATH" SBX_TOKEN="$TOKEN" SBX_PORT="$DPORT" \
+    "$SERVER") 2>"$WORK/dedicated.log" &
+DPID=$!
+wait_listening "$SPID" "$PORT" "$WORK/server.log"
+wait_listening "$DPID" "$DPORT" "$WORK/dedicated.log"
+
+ARGS=(--port "$PORT" --pid "$SPID" --homes "$HOMES"
+    --dedicated-port "$DPORT" --dedicated-pid "$DPID")
+echo "bench:   SBX_BENCH_TOKEN=<same> $BENCH ${ARGS[*]} $*"
+set +e
+SBX_BENCH_TOKEN=$TOKEN "$BENCH" "${ARGS[@]}" "$@"
+RC=$?
+set -e
+if ! kill -0 "$SPID" 2>/dev/null; then
+    echo "sbx-server died during the benchmark; its log:" >&2
+    RC=1
+fi
+if [ "$RC" != 0 ]; then
+    echo "--- sbx-server log (last 20 lines) ---" >&2
+    tail -n 20 "$WORK/server.log" >&2
+fi
+exit "$RC"

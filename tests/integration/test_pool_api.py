@@ -1,0 +1,593 @@
+# SPDX-License-Identifier: MIT
+"""Pool host API (SBX_HOST_MODE=1): create/list/delete, capacity, bounds, environment,
+ownership, cwd, idle eviction, host shutdown, the Landlock floor, the mode gate, /health and
+per-sandbox process scoping. Needs root, like the pool host itself."""
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import Sandbox, uid_pids
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
+
+
+def wait_until(pred, timeout=5.0, step=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def ids_of(listing):
+    return {x["id"] for x in listing}
+
+
+# ---- create, capacity, list, tokens, delete-all ----------------------------------------------
+
+def test_create_count_and_capacity(make_host_server):
+    s = make_host_server(env={"SBX_CAPACITY": "4"})
+    st, j = s.create_raw({"count": 3})
+    assert st == 200 and len(j["sandboxes"]) == 3 and j["rejected"] == 0, j
+    uids = {x["uid"] for x in j["sandboxes"]}
+    assert len(uids) == 3 and all(20000 <= u < 65000 for u in uids)
+    for x in j["sandboxes"]:
+        assert len(x["id"]) == 16 and len(x["token"]) == 64
+        assert x["home"] == os.path.join(s.homes, x["id"])
+        st_ = os.stat(x["home"])
+        assert (st_.st_uid, st_.st_mode & 0o777) == (x["uid"], 0o700)
+    st, j = s.create_raw({"count": 3})  # one slot left
+    assert st == 200 and len(j["sandboxes"]) == 1 and j["rejected"] == 2, j
+    st, j = s.create_raw({"count": 2})  # full: still 200
+    assert (st, j) == (200, {"sandboxes": [], "rejected": 2})
+    st, j = s.create_raw({})  # count defaults to 1
+    assert (st, j) == (200, {"sandboxes": [], "rejected": 1})
+    assert len(s.list()) == 4
+    assert s.json("GET", "/health")[1]["sandboxes"] == 4
+
+
+def test_concurrent_creates_never_exceed_capacity(make_host_server):
+    s = make_host_server(env={"SBX_CAPACITY": "5"})
+    results = []
+    lock = threading.Lock()
+
+    def create():
+        st, j = s.create_raw({"count": 2})
+        with lock:
+            results.append((st, j))
+    ts = [threading.Thread(target=create) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert all(st == 200 for st, _ in results), results
+    created = [x for _, j in results for x in j["sandboxes"]]
+    assert len(created) == 5 and sum(j["rejected"] for _, j in results) == 16 - 5
+    assert len({x["id"] for x in created}) == 5 and len({x["uid"] for x in created}) == 5
+    assert ids_of(s.list()) == {x["id"] for x in created}
+    assert len(os.listdir(s.homes)) == 5
+
+
+def test_limits_and_confinement_reported_and_applied(make_host_server):
+    s = make_host_server()
+    st, j = s.create_raw({"max_procs": 17, "max_mem_mb": 300, "idle_timeout_secs": 0})
+    assert st == 200
+    sb = j["sandboxes"][0]
+    assert sb["confinement"] == "landlock"
+    lim = sb["limits"]
+    assert (lim["max_procs"], lim["max_mem_mb"], lim["idle_timeout_secs"]) == (17, 300, 0)
+    assert lim["nofile"] == 4096 and lim["core"] == 0
+    assert lim["cgroup_memory_bytes"] in (None, 300 << 20)
+    assert lim["cgroup_pids"] in (None, 17)
+    a = Sandbox(s, sb)
+    r = a.py("import resource as r\nfor k in ('NPROC', 'NOFILE', 'AS', 'CORE', 'FSIZE'):\n"
+             "    print(*r.getrlimit(getattr(r, 'RLIMIT_' + k)))")
+    assert r.out.splitlines() == ["17 17", "4096 4096", f"{300 << 20} {300 << 20}", "0 0",
+                                  f"{8192 << 20} {8192 << 20}"], r
+    st, listing = s.json("GET", "/v1/sandboxes")
+    assert [x["confinement"] for x in listing] == ["landlock"]
+    assert listing[0]["limits"]["max_procs"] == 17
+    # defaults
+    d = s.sandbox()
+    assert (d.info["limits"]["max_procs"], d.info["limits"]["max_mem_mb"]) == (256, 2048)
+
+
+def test_list_has_no_tokens_and_token_recovery(make_host_server):
+    s = make_host_server()
+    made = s.create(3)
+    listing = s.list()
+    assert ids_of(listing) == {x.id for x in made}
+    raw = json.dumps(listing)
+    for sb in made:
+        assert sb.token not in raw
+    for x in listing:
+        assert "token" not in x and {"id", "uid", "home", "created_at_ms", "confinement"} <= set(x)
+    assert [x["id"] for x in listing] == [x.id for x in made]  # creation order
+    for sb in made:
+        st, j = s.json("GET", f"/v1/sandboxes/{sb.id}/token")
+        assert (st, j) == (200, {"id": sb.id, "token": sb.token})
+    now_ms = time.time() * 1000
+    assert all(abs(x["created_at_ms"] - now_ms) < 60000 for x in listing)
+
+
+def test_delete_all(make_host_server):
+    s = make_host_server()
+    made = s.create(3)
+    made[0].run("sleep 1000 </dev/null >/dev/null 2>&1 &")
+    made[1].start(["sleep", "1000"])
+    assert uid_pids(made[0].uid) and uid_pids(made[1].uid)
+    st, j = s.json("DELETE", "/v1/sandboxes")
+    assert (st, j) == (200, {"deleted": 3})
+    assert s.list() == [] and os.listdir(s.homes) == []
+    for sb in made:
+        assert uid_pids(sb.uid) == []
+        st, _, _ = sb.request("POST", "/exec", {"cmd": "id"})
+        assert st == 403  # the token died with the sandbox
+    st, j = s.json("DELETE", "/v1/sandboxes")
+    assert (st, j) == (200, {"deleted": 0})
+    assert len(s.create(2)) == 2  # positive control: the host still creates
+
+
+def test_delete_one(make_host_server):
+    s = make_host_server()
+    a, b = s.create(2)
+    st, j = a.delete()
+    assert (st, j) == (200, {"id": a.id, "deleted": True})
+    assert ids_of(s.list()) == {b.id} and not os.path.exists(a.home)
+    st, _ = a.delete()
+    assert st == 403  # gone: no entry, no token to match
+    assert b.run("echo ok").out == "ok\n"
+
+
+# ---- bounds -----------------------------------------------------------------------------------
+
+BAD_BODIES = [
+    {"count": 0}, {"count": 5000}, {"count": -1}, {"count": "3"}, {"count": 1.5},
+    {"max_procs": 0}, {"max_procs": 5000}, {"max_procs": True},
+    {"max_mem_mb": 0}, {"max_mem_mb": 1048577}, {"max_mem_mb": -5},
+    {"idle_timeout_secs": -1}, {"idle_timeout_secs": "1"},
+    {"env": {"K": "x" * (200 * 1024)}}, {"env": {"A=B": "c"}}, {"env": {"": "v"}},
+    {"env": ["A=B"]}, {"env": {"K": 5}}, {"env": {"K": "a\u0000b"}},
+]
+
+
+@pytest.mark.parametrize("body", BAD_BODIES, ids=[json.dumps(b)[:40] for b in BAD_BODIES])
+def test_create_bounds(pool_host, body):
+    n = len(pool_host.list())
+    st, j = pool_host.create_raw(body)
+    assert st == 400 and "error" in j, (st, j)
+    assert len(pool_host.list()) == n
+
+
+@pytest.mark.parametrize("raw", [b"[1]", b"{", b'{"count":1,"count":2}', b"null", b"\xff"])
+def test_create_bad_json(pool_host, raw):
+    st, _, data = pool_host.request("POST", "/v1/sandboxes", raw)
+    assert st == 400, (st, data)
+
+
+def test_create_bounds_positive_control(pool_host):
+    sbs = pool_host.create(2, max_procs=4096, max_mem_mb=1, idle_timeout_secs=0,
+                           env={"K": "x" * (60 * 1024)})
+    assert len(sbs) == 2
+    for sb in sbs:
+        sb.delete()
+
+
+# ---- environment ------------------------------------------------------------------------------
+
+def test_env_precedence_and_host_secrets(make_host_server):
+    secret = "hush-" + secrets.token_hex(8)
+    s = make_host_server(env={"SBX_SECRET_TEST": secret, "HOST_ONLY_VAR": secret})
+    a = s.sandbox(env={"FOO": "create", "BAR": "b", "PATH": "/usr/bin:/bin"})
+    r = a.run("env")
+    env = dict(l.split("=", 1) for l in r.out.splitlines() if "=" in l)
+    assert env["FOO"] == "create" and env["BAR"] == "b" and env["PATH"] == "/usr/bin:/bin"
+    r = a.run("env", env={"FOO": "exec", "NEW": "n"})
+    env = dict(l.split("=", 1) for l in r.out.splitlines() if "=" in l)
+    assert env["FOO"] == "exec" and env["BAR"] == "b" and env["NEW"] == "n"
+    # nothing of the server's own environment, not even in the initial environment block
+    r = a.run("env; cat /proc/self/environ; cat /proc/$$/environ")
+    assert secret not in r.out and s.token not in r.out, r
+    assert "SBX_TOKEN" not in r.out and "HOST_ONLY_VAR" not in r.out
+    j = a.start(["sleep", "5"], env={"P": "bg"})
+
+    def environ():
+        with open(f"/proc/{j['pid']}/environ", "rb") as f:
+            return f.read()
+    blk = wait_until(environ, 2)  # empty until the exec has set up the new image
+    assert secret.encode() not in blk and b"P=bg" in blk and b"FOO=create" in blk
+    # a sibling does not get A's create-time env
+    b = s.sandbox()
+    assert "FOO=" not in b.run("env").out
+
+
+def test_base_environment(make_host_server):
+    s = make_host_server()
+    a = s.sandbox()
+    r = a.run('echo "$HOME|$TMPDIR|$USER|$LOGNAME|$SBX_SANDBOX_ID|$SBX_PROXY_DIR|$PATH"; '
+              'mktemp; id -un 2>/dev/null || true')
+    home, tmp, user, logname, sid, proxy, path = r.out.splitlines()[0].split("|")
+    assert home == a.home and tmp == a.home + "/.tmp"
+    assert user == logname == "sbx-" + a.id and sid == a.id
+    assert proxy == a.home + "/.sbx/proxy"
+    assert path.split(":")[0] == a.home + "/.local/bin" and "/usr/bin" in path.split(":")
+    assert r.out.splitlines()[1].startswith(a.home + "/.tmp/")  # TMPDIR is writable
+    for d in (".tmp", ".sbx", ".sbx/proxy"):
+        st_ = os.stat(os.path.join(a.home, d))
+        assert (st_.st_uid, st_.st_gid) == (a.uid, a.uid)
+
+
+# ---- files and cwd ----------------------------------------------------------------------------
+
+def test_files_written_via_the_api_belong_to_the_sandbox(make_host_server):
+    s = make_host_server()
+    a = s.sandbox()
+    st, _, data = a.write("deep/er/file.txt", b"hello", query="&mode=640")
+    assert st == 200, data
+    assert a.json("POST", "/files/mkdir?path=made/x")[0] == 200
+    for rel in ("deep", "deep/er", "deep/er/file.txt", "made", "made/x"):
+        st_ = os.lstat(os.path.join(a.home, rel))
+        assert (st_.st_uid, st_.st_gid) == (a.uid, a.uid), rel
+    assert os.stat(os.path.join(a.home, "deep/er/file.txt")).st_mode & 0o777 == 0o640
+    r = a.run("cat deep/er/file.txt && echo more >> deep/er/file.txt && ls -ln deep/er")
+    assert r.out.startswith("hello") and f" {a.uid} {a.uid} " in r.out, r
+    st, j = a.json("POST", "/files/rename", {"from": "deep/er/file.txt", "to": "made/f"})
+    assert st == 200 and os.stat(os.path.join(a.home, "made/f")).st_uid == a.uid
+
+
+def test_exec_cwd_relative_to_home(make_host_server):
+    s = make_host_server()
+    a = s.sandbox()
+    assert a.json("POST", "/files/mkdir?path=sub/dir")[0] == 200
+    for cwd in ("sub/dir", "./sub/dir/", a.home + "/sub/dir", "sub/../sub/dir", "/sub/dir"):
+        r = a.run("pwd", cwd=cwd)
+        assert r.out.strip() == a.home + "/sub/dir", (cwd, r)
+    assert a.run("pwd").out.strip() == a.home
+    assert a.run("pwd", cwd="").out.strip() == a.home
+    st, j = a.exec({"cmd": "pwd", "cwd": "missing"})
+    assert st == 400 and "chdir" in j["error"], j
+    assert a.write("afile", b"x")[0] == 200
+    st, j = a.exec({"cmd": "pwd", "cwd": "afile"})
+    assert st == 400, j
+    # background processes too
+    j = a.start("pwd > where", cwd="sub/dir")
+    assert wait_until(lambda: os.path.exists(a.home + "/sub/dir/where"))
+    assert wait_until(lambda: open(a.home + "/sub/dir/where").read() == a.home + "/sub/dir\n")
+
+
+# ---- idle eviction and host shutdown ---------------------------------------------------------
+
+def test_idle_eviction(make_host_server):
+    s = make_host_server()
+    keep = s.sandbox()  # no idle timeout: never evicted
+    t0 = time.monotonic()
+    a = s.sandbox(idle_timeout_secs=1)
+    assert a.run("echo hi").out == "hi\n"
+    t_used = time.monotonic()
+    assert wait_until(lambda: a.id not in ids_of(s.list()), 5)
+    waited = time.monotonic() - t_used
+    assert 0.8 <= waited <= 3.5, waited
+    assert not os.path.exists(a.home)
+    assert a.request("POST", "/exec", {"cmd": "id"})[0] == 403
+    assert keep.id in ids_of(s.list()) and time.monotonic() - t0 > 1
+
+
+def test_idle_eviction_waits_for_background_processes(make_host_server):
+    s = make_host_server()
+    a = s.sandbox(idle_timeout_secs=1)
+    j = a.start(["sleep", "3"])
+    time.sleep(2.2)
+    assert a.id in ids_of(s.list())  # a running process keeps it
+    assert a.json("GET", f"/processes/{j['id']}")[1]["running"] is True
+    t_exit = time.monotonic() + 0.8  # the sleep ends about here
+    assert wait_until(lambda: a.id not in ids_of(s.list()), 6)
+    assert time.monotonic() - t_exit <= 3.5
+    assert uid_pids(a.uid) == []
+
+
+def test_idle_eviction_waits_for_a_foreground_exec(make_host_server):
+    s = make_host_server()
+    a = s.sandbox(idle_timeout_secs=1)
+    r = a.run("sleep 2.5; echo done")
+    assert r.out == "done\n" and r.code == 0
+    assert a.id in ids_of(s.list())
+    assert wait_until(lambda: a.id not in ids_of(s.list()), 4)
+
+
+def test_idle_eviction_waits_for_a_slow_upload(make_host_server):
+    """A request in flight (here an upload trickling in over 2.5 s) is activity: the sandbox
+    must not be deleted under it, and the 200 must mean the bytes are on disk."""
+    s = make_host_server()
+    a = s.sandbox(idle_timeout_secs=1)
+    n = 25
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.settimeout(10)
+    sock.sendall((f"PUT {a.path('/files/write?path=up')} HTTP/1.1\r\nHost: x\r\n"
+                  f"X-Sandbox-Token: {a.token}\r\nContent-Length: {n}\r\n\r\n").encode())
+    for _ in range(n):
+        sock.sendall(b"x")
+        time.sleep(0.1)
+    resp = sock.recv(4096)
+    sock.close()
+    assert resp.startswith(b"HTTP/1.1 200"), resp
+    assert a.id in ids_of(s.list())
+    assert open(os.path.join(a.home, "up"), "rb").read() == b"x" * n
+    # the end of the request counts as activity; then it is evicted as usual
+    assert wait_until(lambda: a.id not in ids_of(s.list()), 4)
+
+
+UNIX_HTTP_KEEPALIVE = """
+import http.server, socketserver, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = self.path.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+socketserver.UnixStreamServer(sys.argv[1], H).serve_forever()
+"""
+
+
+def test_idle_eviction_waits_for_an_open_proxy_tunnel(make_host_server):
+    """A client talking to a sandbox's service through the proxy (one tunnel, several requests
+    over 2.5 s) is using the sandbox, even when the service was started untracked."""
+    s = make_host_server()
+    a = s.sandbox(idle_timeout_secs=1)
+    sock_path = a.home + "/.sbx/proxy/8080.sock"
+    a.run(["sh", "-c", 'setsid python3 -c "$0" "$1" </dev/null >/dev/null 2>&1 &',
+           UNIX_HTTP_KEEPALIVE, sock_path])
+    assert wait_until(lambda: os.path.exists(sock_path), 5)
+    c = socket.create_connection(("127.0.0.1", s.port))
+    c.settimeout(5)
+    got = b""
+    for i in range(6):
+        c.sendall((f"GET {a.path('/proxy/8080/r' + str(i))} HTTP/1.1\r\nHost: x\r\n"
+                   f"X-Sandbox-Token: {a.token}\r\n\r\n").encode())
+        want = f"/r{i}".encode()
+        while not got.endswith(want):
+            chunk = c.recv(4096)
+            assert chunk, (i, got)
+            got += chunk
+        time.sleep(0.5)
+    assert a.id in ids_of(s.list())
+    c.close()
+    # the end of the tunnel counts as activity; then the sandbox is evicted as usual
+    assert wait_until(lambda: a.id not in ids_of(s.list()), 4)
+    assert uid_pids(a.uid) == []
+
+
+def test_host_exits_when_idle(make_host_server):
+    t0 = time.monotonic()
+    s = make_host_server(env={"SBX_IDLE_TIMEOUT": "2"})
+    a = s.sandbox()
+    time.sleep(3)
+    assert s.proc.poll() is None  # positive control: a sandbox keeps the host up
+    assert a.delete()[0] == 200
+    t_empty = time.monotonic()
+    s.proc.wait(timeout=6)
+    assert s.proc.returncode == 0
+    assert 1.5 <= time.monotonic() - t_empty <= 4.5
+    assert time.monotonic() - t0 < 12
+
+
+def test_host_exits_when_never_used(make_host_server):
+    s = make_host_server(env={"SBX_IDLE_TIMEOUT": "2"})
+    s.proc.wait(timeout=6)
+    assert s.proc.returncode == 0
+    assert not os.path.exists(s.homes) or os.listdir(s.homes) == []
+
+
+# ---- Landlock floor ---------------------------------------------------------------------------
+
+def test_landlock_floor_refuses_to_start(make_host_server):
+    with pytest.raises(RuntimeError) as e:
+        make_host_server(env={"SBX_MIN_LANDLOCK_ABI": "99"})
+    msg = str(e.value)
+    assert "SBX_MIN_LANDLOCK_ABI=99" in msg and "ABI" in msg, msg
+    assert "have: fs" in msg and "--allow-unconfined" in msg, msg
+
+
+def test_allow_unconfined_starts_uid_only(make_host_server):
+    s = make_host_server(env={"SBX_MIN_LANDLOCK_ABI": "99"}, args=("--allow-unconfined",))
+    a, b = s.create(2)
+    assert a.info["confinement"] == "uid-only"
+    assert [x["confinement"] for x in s.list()] == ["uid-only", "uid-only"]
+    h = s.json("GET", "/health")[1]
+    assert "landlock" not in h["confinement"] and "uid" in h["confinement"]
+    # still uid-isolated: own uid, sibling home unreadable
+    r = a.run(f"id -u; ls {b.home}; echo rc=$?")
+    assert r.out.splitlines()[0] == str(a.uid) and "rc=0" not in r.out
+
+
+def test_landlock_floor_default_accepts_this_kernel(make_host_server):
+    s = make_host_server(env={"SBX_MIN_LANDLOCK_ABI": "6"})
+    h = s.json("GET", "/health")[1]
+    if h["landlock"]["abi"] < 6:
+        pytest.skip("kernel Landlock ABI below 6")
+    assert s.sandbox().info["confinement"] == "landlock"
+
+
+@pytest.mark.parametrize("env,needle", [({"SBX_CAPACITY": "0"}, "SBX_CAPACITY"),
+                                        ({"SBX_CAPACITY": "x"}, "SBX_CAPACITY"),
+                                        ({"SBX_MIN_LANDLOCK_ABI": "-1"}, "SBX_MIN_LANDLOCK_ABI"),
+                                        ({"SBX_HOMES_DIR": "relative/dir"}, "SBX_HOMES_DIR"),
+                                        ({"SBX_HOST_MODE": "2"}, "SBX_HOST_MODE")])
+def test_bad_host_config_refuses_to_start(make_host_server, env, needle):
+    with pytest.raises(RuntimeError) as e:
+        make_host_server(env=env)
+    assert needle in str(e.value)
+
+
+# ---- the mode gate and /health ----------------------------------------------------------------
+
+DEDICATED = [("POST", "/v1/exec", {"cmd": "id"}), ("GET", "/v1/files/read?path=/etc/passwd", None),
+             ("PUT", "/v1/files/write?path=/tmp/sbx-gate", b"x"), ("GET", "/v1/processes", None),
+             ("POST", "/v1/processes", {"cmd": "id"}), ("GET", "/v1/proxy/8080/", None),
+             ("GET", "/v1/files/list?path=/", None)]
+
+
+@pytest.mark.parametrize("method,path,body", DEDICATED, ids=[p for _, p, _ in DEDICATED])
+def test_dedicated_routes_in_host_mode(pool_host, method, path, body):
+    a = pool_host.sandbox()
+    try:
+        st, _, data = pool_host.request(method, path, body)
+        assert st == 404 and b"uid=0" not in data and b"root:" not in data, (st, data)
+        for tok in ("", a.token, secrets.token_hex(32)):
+            st, _, data = pool_host.request(method, path, body, token=False,
+                                            headers={"X-Sandbox-Token": tok} if tok else {})
+            assert st == 403, (tok, st, data)
+        assert not os.path.exists("/tmp/sbx-gate")
+        # positive control: the scoped equivalent works with the sandbox token
+        st, _, _ = a.request("POST", "/exec", {"cmd": "id -u"})
+        assert st == 200
+    finally:
+        a.delete()
+
+
+def test_health(pool_host):
+    a = pool_host.sandbox()
+    try:
+        st, h = pool_host.json("GET", "/health")
+        assert st == 200 and h["mode"] == "host" and h["status"] == "ok"
+        assert h["sandboxes"] == len(pool_host.list()) >= 1
+        ll = h["landlock"]
+        assert isinstance(ll["abi"], int) and ll["abi"] >= 1
+        assert ll["features"].startswith("fs")
+        if ll["abi"] >= 6:
+            assert "scope_abstract_unix" in ll["features"]
+        assert {"landlock", "uid", "no_new_privs", "rlimits"} <= set(h["confinement"])
+        assert h["capacity"] == 64
+        st, h2 = pool_host.json("GET", "/health", token=False)
+        assert st == 200 and set(h2) == {"status", "protocol"}
+        st, h3 = pool_host.json("GET", "/health", token=False,
+                                headers={"X-Sandbox-Token": a.token})
+        assert set(h3) == {"status", "protocol"}
+    finally:
+        a.delete()
+    assert pool_host.json("GET", "/health")[1]["sandboxes"] == len(pool_host.list())
+
+
+# ---- processes are scoped per sandbox -----------------------------------------------------
+
+def test_processes_are_scoped(make_host_server):
+    s = make_host_server()
+    a, b = s.create(2)
+    j = a.start(["sleep", "30"], tag="a-tag")
+    pid_id = j["id"]
+    st, lb = b.json("GET", "/processes")
+    assert st == 200 and lb == []
+    for method, rest, body in [("GET", f"/processes/{pid_id}", None),
+                               ("DELETE", f"/processes/{pid_id}", None),
+                               ("POST", f"/processes/{pid_id}/signal", {"signal": "SIGKILL"}),
+                               ("POST", f"/processes/{pid_id}/stdin", {"data": "x"}),
+                               ("GET", f"/processes/{pid_id}/output?follow=false", None)]:
+        st, _, data = b.request(method, rest, body)
+        assert st == 404, (method, rest, st, data)
+    # positive controls: A sees and controls it; it survived B's attempts
+    st, la = a.json("GET", "/processes")
+    assert [x["id"] for x in la] == [pid_id] and la[0]["tag"] == "a-tag"
+    assert a.json("GET", f"/processes/{pid_id}")[1]["running"] is True
+    st, r = a.json("DELETE", f"/processes/{pid_id}")
+    assert st == 200 and r["killed"] is True
+    # the host-wide process count in /health covers everyone
+    b.start(["sleep", "30"])
+    assert s.json("GET", "/health")[1]["processes"] >= 1
+    assert [x["id"] for x in a.json("GET", "/processes")[1]] == [pid_id]
+
+
+def test_deleted_sandbox_processes_are_gone(make_host_server):
+    s = make_host_server()
+    a, b = s.create(2)
+    ja = a.start(["sleep", "30"])
+    jb = b.start(["sleep", "30"])
+    assert a.delete()[0] == 200
+    assert not os.path.exists(f"/proc/{ja['pid']}") or uid_pids(a.uid) == []
+    assert b.json("GET", f"/processes/{jb['id']}")[1]["running"] is True
+    assert [x["id"] for x in b.json("GET", "/processes")[1]] == [jb["id"]]
+
+
+# ---- teardown paths -----------------------------------------------------------------------------
+
+def test_delete_during_a_streaming_exec(make_host_server):
+    s = make_host_server()
+    a, b = s.create(2)
+    out = {}
+
+    def stream():
+        out["r"] = a.exec({"cmd": "echo started; sleep 30; echo never"})
+    t = threading.Thread(target=stream)
+    t.start()
+    assert wait_until(lambda: len(uid_pids(a.uid)) >= 2, 3)
+    t0 = time.monotonic()
+    assert a.delete()[0] == 200
+    t.join(timeout=10)
+    assert not t.is_alive() and time.monotonic() - t0 < 5
+    st, ev = out["r"]
+    assert st == 200 and ev[-1]["event"] == "exit" and ev[-1]["signal"] == 9, ev
+    assert not any(e.get("data") == "never\n" for e in ev)
+    assert uid_pids(a.uid) == []
+    assert b.run("echo ok").out == "ok\n"
+
+
+def test_recycled_uid_gets_the_new_sandboxes_limits(make_host_server):
+    s = make_host_server(env={"SBX_CAPACITY": "1"})
+    a = s.sandbox(max_mem_mb=64, max_procs=8)
+    r = a.py("b = bytearray(200 << 20); print('big-ok')")
+    assert "big-ok" not in r.out  # A's limit holds
+    assert a.delete()[0] == 200
+    b = s.sandbox()  # capacity 1: the same uid, recycled, with the default limits
+    assert b.uid == a.uid
+    r = b.py("b = b'x' * (200 << 20); print('big-ok')")
+    assert r.out == "big-ok\n", r
+    r = b.run("for i in $(seq 20); do sleep 1 & done; wait; echo forked")
+    assert r.out == "forked\n", r
+
+
+def test_shutdown_deletes_every_sandbox(make_host_server):
+    s = make_host_server()
+    a, b = s.create(2)
+    a.run("setsid sleep 1000 </dev/null >/dev/null 2>&1 &")
+    b.start(["sleep", "1000"])
+    assert uid_pids(a.uid) and uid_pids(b.uid)
+    # a request in flight at shutdown (it holds its sandbox past the pool's teardown)
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall((f"PUT {a.path('/files/write?path=up')} HTTP/1.1\r\nHost: x\r\n"
+                  f"X-Sandbox-Token: {a.token}\r\nContent-Length: 100\r\n\r\nhalf").encode())
+    time.sleep(0.2)
+    s.proc.terminate()
+    s.proc.wait(timeout=10)
+    assert s.proc.returncode == 0
+    sock.close()
+    assert uid_pids(a.uid) == [] and uid_pids(b.uid) == []
+    assert os.listdir(s.homes) == []
+
+
+def test_two_hosts_on_one_kernel_never_share_a_uid(make_host_server):
+    """Two pool hosts on one machine (tests, benchmarks, a restarted host beside an old one):
+    a uid one hands out is never handed out by the other, so neither's teardown (a kill of
+    every process of the uid) nor its sandboxes can reach the other's."""
+    h1 = make_host_server()
+    h2 = make_host_server()
+    a1 = h1.create(3)
+    a2 = h2.create(3)
+    assert not ({x.uid for x in a1} & {x.uid for x in a2}), ([x.uid for x in a1],
+                                                             [x.uid for x in a2])
+    j = a1[0].start(["sleep", "30"])
+    for sb in a2:
+        sb.run("true")
+        assert sb.delete()[0] == 200
+    assert a1[0].json("GET", f"/processes/{j['id']}")[1]["running"] is True
+    # released uids go back to the host that released them, still never to both at once
+    b2 = h2.create(3)
+    assert not ({x.uid for x in a1} & {x.uid for x in b2})

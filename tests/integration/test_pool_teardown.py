@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: MIT
+"""Pool host teardown of a home: the short path for a home as create made it (four rmdirs by
+descriptor) and the full walk it hands over to when the sandbox changed the layout. Whatever the
+sandbox planted, delete removes the home, never anything outside it, and recycles the uid."""
+import os
+import shutil
+import tempfile
+
+import pytest
+
+
+@pytest.fixture
+def outside():
+    """A root-owned directory outside every home, holding an empty directory named like each
+    entry of the layout, so that following a planted link would find something to remove."""
+    d = tempfile.mkdtemp(prefix="sbx-outside-")
+    for name in ("proxy", ".tmp", ".sbx", "empty"):
+        os.mkdir(os.path.join(d, name))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def quarantined(host):
+    return host.json("GET", "/health")[1]["uids"]["quarantined"]
+
+
+def delete_and_check(host, sb, before):
+    st, j = sb.delete()
+    assert (st, j) == (200, {"id": sb.id, "deleted": True})
+    assert not os.path.exists(sb.home)
+    assert quarantined(host) == before  # teardown converged: the uid is recycled
+
+
+def test_pristine_home_is_removed(pool_host):
+    q = quarantined(pool_host)
+    a = pool_host.sandbox()
+    for rel in (".tmp", ".sbx", ".sbx/proxy"):  # the layout the short path expects
+        assert os.path.isdir(os.path.join(a.home, rel)), rel
+    delete_and_check(pool_host, a, q)
+    b = pool_host.sandbox()  # the recycled uid works in a fresh home
+    try:
+        assert b.uid == a.uid and b.run("ls -A").out.split() == [".sbx", ".tmp"]
+    finally:
+        b.delete()
+
+
+def test_pristine_home_after_an_exec_is_removed(pool_host):
+    q = quarantined(pool_host)
+    a = pool_host.sandbox()
+    assert a.run("true").code == 0
+    delete_and_check(pool_host, a, q)
+
+
+def test_files_left_in_the_home_are_removed(pool_host):
+    q = quarantined(pool_host)
+    a = pool_host.sandbox()
+    r = a.run("echo x > top && echo y > .tmp/t && mkdir -p a/b && echo z > a/b/c && "
+              "echo w > .sbx/proxy/f")
+    assert r.code == 0, r
+    delete_and_check(pool_host, a, q)
+
+
+@pytest.mark.parametrize("entry,target", [
+    (".sbx", ""),             # the short path opens .sbx with O_NOFOLLOW
+    (".tmp", "empty"),        # rmdir of a link fails; the link is unlinked, not followed
+    (".sbx/proxy", "proxy"),  # rmdir of .sbx/proxy, a link in a real directory
+])
+def test_planted_link_is_never_followed(pool_host, outside, entry, target):
+    q = quarantined(pool_host)
+    a = pool_host.sandbox()
+    dest = os.path.join(outside, target) if target else outside
+    r = a.run(["sh", "-c", 'rm -rf "$1" && ln -s "$2" "$1"', "sh", entry, dest])
+    assert r.code == 0, r
+    link = os.path.join(a.home, entry)
+    # positive control: the link is there, and following it reaches an empty directory that a
+    # teardown following links would remove
+    assert os.path.islink(link) and os.path.realpath(link) == os.path.realpath(dest)
+    assert os.path.isdir(os.path.join(link, "proxy") if entry == ".sbx" else link)
+    delete_and_check(pool_host, a, q)
+    for name in ("proxy", ".tmp", ".sbx", "empty"):
+        assert os.path.isdir(os.path.join(outside, name)), name
+
+
+def test_missing_layout_entries(pool_host):
+    q = quarantined(pool_host)
+    a = pool_host.sandbox()
+    assert a.run("rmdir .sbx/proxy .tmp").code == 0
+    delete_and_check(pool_host, a, q)
+
+
+def test_exec_with_many_server_descriptors(make_host_server):
+    """Every confined child starts with a copy of the server's descriptors (each sandbox holds
+    two): its limits, RLIMIT_NOFILE 4096 among them, must not refuse the child its own steps."""
+    s = make_host_server(env={"SBX_CAPACITY": "2200"})
+    many = s.create(2100)
+    fds = len(os.listdir(f"/proc/{s.proc.pid}/fd"))
+    assert fds > 4096 + 64, fds  # vacuity guard: more than the sandbox's descriptor limit
+    r = many[-1].run("ulimit -n; true")
+    assert (r.code, r.out) == (0, "4096\n"), r  # the limit still holds in the sandbox
+    st, j = s.json("DELETE", "/v1/sandboxes")
+    assert (st, j) == (200, {"deleted": 2100})
