@@ -89,21 +89,27 @@ fuzz_one() { # corpus name
 stage_fuzz_http_head() { fuzz_one http_head; }
 stage_fuzz_request_decode() { fuzz_one request_decode; }
 
+# Benchmark smoke runs: small sizes, functional failures only (figures are printed, not judged).
+stage_bench_smoke() { bash scripts/bench.sh --quick; }
+stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
+
 # name : time limit (s) : stage it needs
 STAGES=(
     "setup:900:"
     "build:600:"
     "unit:180:build"
-    "integration:420:build"
+    "integration:900:build"
     "asan_build:600:"
     "asan_unit:240:asan_build"
-    "asan_integration:480:asan_build"
+    "asan_integration:1200:asan_build"
     "format:60:"
     "banned:60:"
     "static:60:build"
     "fuzz_build:600:"
     "fuzz_http_head:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_request_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
+    "bench_smoke:300:build"
+    "bench_pool_smoke:300:build"
 )
 
 if [[ "${1:-}" == --stage ]]; then
