@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "bench_http.h"
+#include "bench_util.h"
 
 extern char **environ;
 
@@ -75,20 +76,6 @@ typedef struct {
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static void section(const char *title) { printf("\n== %s\n", title); }
-
-static void fig(const char *label, double v, const char *unit, const char *note)
-{
-    printf("  %-58s %11.3f %-5s %s\n", label, v, unit, note ? note : "");
-}
-
 static void fig_count(const char *label, unsigned long long v, const char *note)
 {
     printf("  %-58s %11llu       %s\n", label, v, note ? note : "");
@@ -105,42 +92,7 @@ static void _printf_(2, 3) fail(bench_t *b, const char *fmt, ...)
     b->failures++;
 }
 
-static const char *target_note(bool met, const char *target, char *buf, size_t cap)
-{
-    (void)snprintf(buf, cap, "target %s: %s", target, met ? "met" : "MISSED");
-    return buf;
-}
-
-static ssize_t read_small_file(const char *path, char *buf, size_t cap)
-{
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return negative_errno();
-    size_t len = 0;
-    while (len + 1 < cap) {
-        ssize_t n = read(fd, buf + len, cap - 1 - len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return negative_errno();
-        if (n == 0)
-            break;
-        len += (size_t)n;
-    }
-    buf[len] = '\0';
-    return (ssize_t)len;
-}
-
 /* CPU time of the (single-threaded) server, its children not included (ns on the CPU). */
-static uint64_t server_cpu_ns(pid_t pid)
-{
-    char path[64], buf[256];
-    uint64_t ns = 0;
-    (void)snprintf(path, sizeof path, "/proc/%d/schedstat", (int)pid);
-    if (read_small_file(path, buf, sizeof buf) > 0)
-        (void)parse_u64(sv_make(buf, strspn(buf, "0123456789")), UINT64_MAX, &ns);
-    return ns;
-}
 
 /* A "Name:   123 kB" line of a /proc status-like file, in bytes. */
 static int kb_line(const char *path, const char *name, uint64_t *ret)
@@ -212,18 +164,7 @@ static long cgroup_slots(pid_t pid)
     return count_entries(path, "s");
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Nearest-rank percentile of sorted samples. */
-static uint64_t percentile(const uint64_t *v, size_t n, unsigned pct)
-{
-    size_t rank = (n * pct + 99) / 100;
-    return v[rank > 0 ? rank - 1 : 0];
-}
 
 static double mean_ms(const uint64_t *v, size_t n)
 {
@@ -1007,13 +948,6 @@ static void bench_idle(bench_t *b)
 
 /* ---- main -------------------------------------------------------------------------------- */
 
-static void print_loadavg(const char *when)
-{
-    char buf[128];
-    if (read_small_file("/proc/loadavg", buf, sizeof buf) > 0)
-        printf("load average %s (1, 5, 15 min; runnable/total): %s", when, buf);
-}
-
 static const char *fs_name(unsigned long magic)
 {
     switch (magic) {
@@ -1024,20 +958,6 @@ static const char *fs_name(unsigned long magic)
     case 0x794C7630: return "overlayfs";
     default: return "another filesystem";
     }
-}
-
-static bool want(const bench_t *b, const char *name)
-{
-    if (!b->only)
-        return true;
-    size_t nl = strlen(name);
-    for (const char *p = b->only; *p;) {
-        size_t k = strcspn(p, ",");
-        if (k == nl && strncmp(p, name, nl) == 0)
-            return true;
-        p += k + (p[k] == ',');
-    }
-    return false;
 }
 
 /* Nothing may be left: no sandbox in the registry, no home on disk. */
@@ -1060,18 +980,6 @@ static void check_empty(bench_t *b)
     if (homes != 0)
         fail(b, "%ld entries left in %s", homes, b->homes);
     client_close(&c);
-}
-
-static int free_port(void)
-{
-    _cleanup_close_ int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t al = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &al) < 0)
-        return 1;
-    printf("%u\n", ntohs(a.sin_port));
-    return 0;
 }
 
 static void usage(void)
@@ -1142,13 +1050,13 @@ int main(int argc, char **argv)
     if (statfs(b.homes, &sf) == 0)
         printf("homes: %s on %s\n", b.homes, fs_name((unsigned long)sf.f_type));
     print_loadavg("at start");
-    if (want(&b, "trio"))
+    if (bench_want(b.only, "trio"))
         bench_trios(&b);
-    if (want(&b, "cost"))
+    if (bench_want(b.only, "cost"))
         bench_server_cost(&b);
-    if (want(&b, "exec"))
+    if (bench_want(b.only, "exec"))
         bench_exec(&b);
-    if (want(&b, "idle"))
+    if (bench_want(b.only, "idle"))
         bench_idle(&b);
     check_empty(&b);
     print_loadavg("at end");

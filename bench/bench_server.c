@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "bench_http.h"
+#include "bench_util.h"
 
 extern char **environ;
 
@@ -52,21 +53,7 @@ typedef struct {
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static double secs(uint64_t ns) { return (double)ns / 1e9; }
-
-static void section(const char *title) { printf("\n== %s\n", title); }
-
-static void fig(const char *label, double v, const char *unit, const char *note)
-{
-    printf("  %-52s %12.3f %-6s %s\n", label, v, unit, note ? note : "");
-}
 
 static void fig_count(const char *label, unsigned long long v, const char *note)
 {
@@ -86,12 +73,6 @@ static void _printf_(2, 3) fail(bench_t *b, const char *fmt, ...)
     b->failures++;
 }
 
-static const char *target_note(bool met, const char *target, char *buf, size_t cap)
-{
-    (void)snprintf(buf, cap, "target %s: %s", target, met ? "met" : "MISSED");
-    return buf;
-}
-
 /* CPU time of this process (user + system). */
 static uint64_t self_cpu_ns(void)
 {
@@ -102,56 +83,8 @@ static uint64_t self_cpu_ns(void)
            (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000u;
 }
 
-static ssize_t read_small_file(const char *path, char *buf, size_t cap)
-{
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return negative_errno();
-    size_t len = 0;
-    while (len + 1 < cap) {
-        ssize_t n = read(fd, buf + len, cap - 1 - len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return negative_errno();
-        if (n == 0)
-            break;
-        len += (size_t)n;
-    }
-    buf[len] = '\0';
-    return (ssize_t)len;
-}
-
 /* CPU time of the (single-threaded) server, children not included: nanoseconds on the CPU
  * from /proc/<pid>/schedstat, else utime + stime in clock ticks from /proc/<pid>/stat. */
-static uint64_t server_cpu_ns(pid_t pid)
-{
-    char path[64], buf[2048];
-    uint64_t ns;
-    (void)snprintf(path, sizeof path, "/proc/%d/schedstat", (int)pid);
-    if (read_small_file(path, buf, sizeof buf) > 0 &&
-        parse_u64(sv_make(buf, strspn(buf, "0123456789")), UINT64_MAX, &ns) >= 0)
-        return ns;
-    (void)snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    if (read_small_file(path, buf, sizeof buf) < 0)
-        return 0;
-    const char *p = strrchr(buf, ')');
-    uint64_t v[2] = { 0, 0 };
-    /* fields after the command name: state is field 3; utime and stime are 14 and 15 */
-    for (int field = 2; p && *p && field <= 15; field++) {
-        p = strchr(p, ' ');
-        if (!p)
-            break;
-        p++;
-        if (field + 1 == 14 || field + 1 == 15) {
-            size_t n = strcspn(p, " ");
-            if (parse_u64(sv_make(p, n), UINT64_MAX, &v[field + 1 - 14]) < 0)
-                return 0;
-        }
-    }
-    long hz = sysconf(_SC_CLK_TCK);
-    return (v[0] + v[1]) * (1000000000u / (uint64_t)(hz > 0 ? hz : 100));
-}
 
 /* A "Name:   123 kB" line of /proc/<pid>/status, in bytes. */
 static int proc_status_bytes(pid_t pid, const char *name, uint64_t *ret)
@@ -177,18 +110,7 @@ static int proc_status_bytes(pid_t pid, const char *name, uint64_t *ret)
     return -ENOENT;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Nearest-rank percentile of sorted samples. */
-static uint64_t percentile(const uint64_t *v, size_t n, unsigned pct)
-{
-    size_t rank = (n * pct + 99) / 100;
-    return v[rank > 0 ? rank - 1 : 0];
-}
 
 /* ---- 1. exec round trip ------------------------------------------------------------------ */
 
@@ -964,38 +886,6 @@ static void bench_concurrent(bench_t *b)
 /* ---- main -------------------------------------------------------------------------------- */
 
 /* Other work on the machine skews every figure: say how busy it was. */
-static void print_loadavg(const char *when)
-{
-    char buf[128];
-    if (read_small_file("/proc/loadavg", buf, sizeof buf) > 0)
-        printf("load average %s (1, 5, 15 min; runnable/total): %s", when, buf);
-}
-
-static bool want(const bench_t *b, const char *name)
-{
-    if (!b->only)
-        return true;
-    size_t nl = strlen(name);
-    for (const char *p = b->only; *p;) {
-        size_t k = strcspn(p, ",");
-        if (k == nl && strncmp(p, name, nl) == 0)
-            return true;
-        p += k + (p[k] == ',');
-    }
-    return false;
-}
-
-static int free_port(void)
-{
-    _cleanup_close_ int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t al = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &al) < 0)
-        return 1;
-    printf("%u\n", ntohs(a.sin_port));
-    return 0;
-}
 
 static void usage(void)
 {
@@ -1058,15 +948,15 @@ int main(int argc, char **argv)
         printf(" %s", argv[i]);
     printf("\nfigures only; nothing here asserts on timings (exit 1 = a functional failure)\n");
     print_loadavg("at start");
-    if (want(&b, "exec"))
+    if (bench_want(b.only, "exec"))
         bench_exec(&b);
-    if (want(&b, "stream"))
+    if (bench_want(b.only, "stream"))
         bench_stream(&b);
-    if (want(&b, "files"))
+    if (bench_want(b.only, "files"))
         bench_files(&b);
-    if (want(&b, "idle"))
+    if (bench_want(b.only, "idle"))
         bench_idle(&b);
-    if (want(&b, "concurrent"))
+    if (bench_want(b.only, "concurrent"))
         bench_concurrent(&b);
     print_loadavg("at end");
     printf("\n%s: %u functional failure%s\n", b.failures ? "FAILED" : "done", b.failures,
