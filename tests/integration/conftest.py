@@ -146,6 +146,17 @@ class Server:
         return b"".join(chunks)
 
 
+def wait_until(pred, timeout=5.0, step=0.02):
+    """Poll pred until it returns something true or timeout seconds pass; return its value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
 def status_of(raw_response):
     """Status code of a raw HTTP response (first line)."""
     line = raw_response.split(b"\r\n", 1)[0]

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from conftest import SERVER_BIN, Server, free_port, output_of
+from conftest import SERVER_BIN, free_port, output_of
 from rawclient import RawConn, request_bytes
 
 

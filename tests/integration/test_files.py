@@ -10,7 +10,6 @@ import urllib.parse
 
 import pytest
 
-from conftest import Server
 
 
 def q(**params):

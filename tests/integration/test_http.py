@@ -4,8 +4,6 @@ strict framing, bounded heads, smuggling, keep-alive and pipelining, unread bodi
 connection cap and the head deadline."""
 import json
 import select
-import socket
-import threading
 import time
 
 import pytest

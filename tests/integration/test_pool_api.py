@@ -11,19 +11,9 @@ import time
 
 import pytest
 
-from conftest import Sandbox, uid_pids
+from conftest import Sandbox, uid_pids, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
-
-
-def wait_until(pred, timeout=5.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def ids_of(listing):

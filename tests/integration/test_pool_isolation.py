@@ -18,19 +18,9 @@ import urllib.parse
 
 import pytest
 
-from conftest import uid_pids
+from conftest import uid_pids, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
-
-
-def wait_until(pred, timeout=5.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 @pytest.fixture

@@ -6,9 +6,8 @@ import json
 import os
 import time
 
-import pytest
 
-from conftest import output_of
+from conftest import output_of, wait_until
 from rawclient import RawConn, request_bytes
 
 
@@ -18,16 +17,6 @@ def pid_alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):  # gone between open() and read()
         return False
-
-
-def wait_until(pred, timeout, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
 
 
 def start(server, body):

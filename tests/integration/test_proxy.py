@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import Server, free_port, status_of
+from conftest import free_port, status_of
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
