@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
     build-essential meson ninja-build pkg-config
     clang clang-format
-    libsodium-dev libjansson-dev libseccomp-dev libcap-dev musl-tools
+    libsodium-dev libjansson-dev libseccomp-dev libcap-dev libsqlite3-dev sqlite3 musl-tools
     python3 python3-pytest
     curl iproute2 procps
 )

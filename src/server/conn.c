@@ -478,6 +478,10 @@ void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c))
         return;
     }
     buf_init(&c->body, max);
+    if (c->body_left == 0) { /* no body at all: nothing to wait for */
+        done(c);
+        return;
+    }
     c->collecting = true;
     c->collect_done = done;
     conn_send_continue(c);
@@ -589,7 +593,10 @@ static void conn_begin_request(conn_t *c, int head_len)
     c->ops = NULL;
     c->hdata = NULL;
     c->last_progress_ms = loop_now_ms(c->srv->loop);
-    router_dispatch(c);
+    if (c->srv->dispatch)
+        c->srv->dispatch(c);
+    else
+        router_dispatch(c);
 }
 
 static void conn_fail_head(conn_t *c, int status)

@@ -88,7 +88,15 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
     }
     memcpy(cfg->bind, bind, strlen(bind) + 1);
     const char *listen = getenv("SBX_LISTEN");
-    if (listen && *listen) {
+    if (listen && strncmp(listen, "fd:", 3) == 0) {
+        uint64_t fd;
+        if (parse_u64_str(listen + 3, 1000000, &fd) < 0 || fd < 3) {
+            log_error("SBX_LISTEN=%s: expected fd:N (an inherited socket, N >= 3)", listen);
+            return -EINVAL;
+        }
+        cfg->listen_inherited = true;
+        cfg->inherited_fd = (int)fd;
+    } else if (listen && *listen) {
         if (strncmp(listen, "unix:", 5) != 0 || strlen(listen + 5) == 0 ||
             strlen(listen + 5) >= sizeof cfg->unix_path || listen[5] != '/') {
             log_error("SBX_LISTEN=%s: expected unix:/absolute/path", listen);
@@ -163,7 +171,10 @@ int main(int argc, char **argv)
         server_done(&srv);
         return 1;
     }
-    if (cfg.unix_path[0])
+    if (cfg.listen_inherited)
+        log_info("listening on inherited socket fd %d (%s mode, auth %s)", cfg.inherited_fd,
+                 cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
+    else if (cfg.unix_path[0])
         log_info("listening on unix:%s (%s mode, auth %s)", cfg.unix_path,
                  cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
     else

@@ -55,6 +55,8 @@ struct tunnel {
     tdir_t down; /* backend -> client */
     bool dead;
     sandbox_t *sb; /* host mode: an open tunnel is activity, so no idle eviction under it */
+    tunnel_close_cb on_close; /* the owner's lease (sbx-node), told once when the tunnel ends */
+    void *on_close_data;
     tunnel_t *prev, *next;
 };
 
@@ -177,6 +179,34 @@ static int build_head(const conn_t *c, const route_params_t *p, buf_t *out)
     return r;
 }
 
+int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const *drop,
+                       const char *extra, buf_t *out)
+{
+    sv_t up;
+    bool upgrade = http_header_get(rq, "upgrade", &up) && up.len > 0;
+    buf_init(out, 2 * HTTP_MAX_HEAD + 4096);
+    int r = buf_printf(out, SV_FMT " " SV_FMT " HTTP/1.1\r\n", SV_ARG(rq->method), SV_ARG(target));
+    for (size_t i = 0; r >= 0 && i < rq->n_headers; i++) {
+        const http_header_t *h = &rq->headers[i];
+        bool skip = sv_eq_lit_nocase(h->name, "connection") ||
+                    sv_eq_lit_nocase(h->name, "keep-alive") ||
+                    sv_eq_lit_nocase(h->name, "proxy-connection");
+        for (size_t d = 0; !skip && drop && drop[d]; d++)
+            skip = sv_eq_lit_nocase(h->name, drop[d]);
+        if (!skip)
+            r = buf_printf(out, SV_FMT ": " SV_FMT "\r\n", SV_ARG(h->name), SV_ARG(h->value));
+    }
+    if (r >= 0 && extra)
+        r = buf_append(out, extra, strlen(extra));
+    /* One request per forwarded connection: the next request on the client's connection is
+     * authorized again, never carried by this hop's tunnel. Upgrades keep their tunnel. */
+    if (r >= 0)
+        r = buf_printf(out, "Connection: %s\r\n\r\n", upgrade ? "Upgrade" : "close");
+    if (r < 0)
+        buf_free(out);
+    return r;
+}
+
 /* ---- established tunnels ----------------------------------------------------------------- */
 
 static void tunnel_free(void *p)
@@ -198,6 +228,9 @@ static void tunnel_close(tunnel_t *t)
     if (t->dead)
         return;
     t->dead = true;
+    if (t->on_close)
+        t->on_close(t, t->on_close_data);
+    t->on_close = NULL;
     loop_unwatch(s->loop, &t->client.w);
     loop_unwatch(s->loop, &t->backend.w);
     if (t->prev)
@@ -333,15 +366,18 @@ static void tunnel_on_event(loop_t *l, watcher_t *w, uint32_t ev)
     tunnel_pump(t);
 }
 
+void proxy_tunnel_close(tunnel_t *t) { tunnel_close(t); }
+
 /* The backend accepted: take the client socket away from HTTP and start copying. Takes bfd
- * and the contents of head. */
-static void tunnel_start(conn_t *c, int bfd, buf_t *head)
+ * and the contents of head (and of down_pre). */
+tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, tunnel_close_cb cb,
+                             void *cb_data)
 {
     server_t *s = c->srv;
     _cleanup_close_ int fd = bfd;
     char *space;
     if (c->dead)
-        return;
+        return NULL;
     /* What can fail is done before the hijack, while an HTTP answer is still possible: the
      * bytes already read past the head join the replayed head. */
     tunnel_t *t = calloc(1, sizeof *t);
@@ -349,13 +385,13 @@ static void tunnel_start(conn_t *c, int bfd, buf_t *head)
     if (!t || !size_add_ok(head->len, c->in.len, &total)) {
         free(t);
         proxy_fail(c, -ENOMEM, 0);
-        return;
+        return NULL;
     }
     head->max = MAX(total, (size_t)PROXY_CHUNK);
     if (buf_reserve(head, c->in.len, &space) < 0) {
         free(t);
         proxy_fail(c, -ENOMEM, 0);
-        return;
+        return NULL;
     }
     int cfd;
     buf_t early;
@@ -363,13 +399,20 @@ static void tunnel_start(conn_t *c, int bfd, buf_t *head)
     if (conn_hijack(c, &cfd, &early) < 0) {
         sandbox_release(sb);
         free(t);
-        return;
+        return NULL;
     }
     (void)buf_append(head, buf_head(&early), early.len); /* reserved above */
     buf_free(&early);
-    *t = (tunnel_t){ .srv = s, .up.pend = *head, .sb = sb };
+    *t = (tunnel_t){
+        .srv = s, .up.pend = *head, .sb = sb, .on_close = cb, .on_close_data = cb_data
+    };
     buf_init(head, 0);
-    buf_init(&t->down.pend, PROXY_CHUNK);
+    if (down_pre && down_pre->len > 0) {
+        t->down.pend = *down_pre; /* what the backend already answered goes first */
+        t->down.pend.max = MAX(t->down.pend.max, (size_t)PROXY_CHUNK);
+        buf_init(down_pre, 0);
+    } else
+        buf_init(&t->down.pend, PROXY_CHUNK);
     watcher_init(&t->client.w, cfd, tunnel_on_event, t);
     watcher_init(&t->backend.w, TAKE_FD(fd), tunnel_on_event, t);
     t->next = s->tunnels;
@@ -377,7 +420,16 @@ static void tunnel_start(conn_t *c, int bfd, buf_t *head)
         s->tunnels->prev = t;
     s->tunnels = t;
     s->n_tunnels++;
-    tunnel_pump(t);
+    /* The first copy runs from the loop, so cb never runs before the caller has t. */
+    int r = tside_watch(t, &t->client, &t->up, &t->down);
+    if (r >= 0)
+        r = tside_watch(t, &t->backend, &t->down, &t->up);
+    if (r < 0) {
+        t->on_close = NULL;
+        tunnel_close(t);
+        return NULL;
+    }
+    return t;
 }
 
 /* ---- connecting -------------------------------------------------------------------------- */
@@ -436,7 +488,7 @@ static void pending_on_connect(loop_t *l, watcher_t *w, uint32_t ev)
             proxy_fail(c, -err, port);
         return;
     }
-    tunnel_start(c, fd, &head);
+    (void)proxy_tunnel_start(c, fd, &head, NULL, NULL, NULL);
     buf_free(&head);
 }
 

@@ -5,6 +5,9 @@
 
 #include <stdint.h>
 
+#include "common/buf.h"
+#include "http.h"
+
 typedef struct server server_t;
 
 #define PROXY_CONNECT_TIMEOUT_MS 10000
@@ -13,6 +16,28 @@ typedef struct server server_t;
 /* Start a non-blocking connection to the dedicated-mode backend 127.0.0.1:port.
  * Returns 0 with *ret_fd set (connected or in progress: wait for EPOLLOUT), or -errno. */
 int proxy_open_tcp(uint16_t port, int *ret_fd);
+
+typedef struct conn conn_t;
+typedef struct tunnel tunnel_t;
+typedef void (*tunnel_close_cb)(tunnel_t *t, void *data);
+
+/* Take c's socket away from HTTP and splice it with the connected backend socket bfd (taken).
+ * head: bytes for the backend first (taken; bytes the client sent past its head follow);
+ * down_pre: bytes for the client first (taken; may be NULL). cb(t, data) runs exactly once when
+ * the tunnel ends, whoever ends it, never before this returns. Returns the tunnel (valid until
+ * cb runs), or NULL when it could not start (the client has then been answered or dropped, and
+ * cb never runs). */
+tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, tunnel_close_cb cb,
+                             void *cb_data);
+/* A request head for a forwarding hop: "METHOD target HTTP/1.1", the client's headers except
+ * those named in drop (case-insensitive, NULL-terminated list) and the hop-by-hop Connection,
+ * Keep-Alive and Proxy-Connection, then extra ("Name: value\r\n" lines, may be NULL), then
+ * "Connection: close" (or "Connection: Upgrade" when the client asks for an upgrade). */
+int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const *drop,
+                       const char *extra, buf_t *out);
+
+/* Cut a tunnel in both directions now (its cb runs). */
+void proxy_tunnel_close(tunnel_t *t);
 
 /* Tear down every established tunnel (server shutdown). */
 void proxy_free_all(server_t *s);

@@ -198,6 +198,27 @@ static int listen_unix(const server_config_t *cfg)
     return TAKE_FD(fd);
 }
 
+/* A socket bound by sbx-node and inherited across exec. Listening here, not in the node, makes
+ * this process the socket's SO_PEERCRED identity: the node verifies exactly that (pid, start
+ * time, executable) before it forwards a connection. */
+static int listen_inherited(const server_config_t *cfg)
+{
+    int fd = cfg->inherited_fd, type = 0, domain = 0;
+    socklen_t l = sizeof type;
+    if (fd < 3 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0)
+        return -EBADF;
+    l = sizeof domain;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &l) < 0 || type != SOCK_STREAM ||
+        domain != AF_UNIX)
+        return -ENOTSOCK;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
+        return negative_errno();
+    if (listen(fd, 4096) < 0)
+        return negative_errno();
+    return fd;
+}
+
 int server_init(server_t *s, const server_config_t *cfg)
 {
     int r;
@@ -229,7 +250,9 @@ int server_init(server_t *s, const server_config_t *cfg)
     if (r < 0)
         return r;
 
-    s->listen_fd = cfg->unix_path[0] ? listen_unix(cfg) : listen_tcp(cfg);
+    s->listen_fd = cfg->listen_inherited ? listen_inherited(cfg)
+                   : cfg->unix_path[0]   ? listen_unix(cfg)
+                                         : listen_tcp(cfg);
     if (s->listen_fd < 0)
         return s->listen_fd;
     watcher_init(&s->listen_w, s->listen_fd, on_accept, s);

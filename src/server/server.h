@@ -17,7 +17,9 @@
 typedef struct {
     uint16_t port;
     char bind[64];
-    char unix_path[108];      /* SBX_LISTEN=unix:/path */
+    char unix_path[108];   /* SBX_LISTEN=unix:/path */
+    bool listen_inherited; /* SBX_LISTEN=fd:N: a bound socket handed over by sbx-node */
+    int inherited_fd;
     char *token;              /* NULL with --allow-no-auth */
     uint64_t idle_timeout_ms; /* 0 = never */
     uint64_t max_connections;
@@ -60,6 +62,9 @@ struct server {
     uint64_t next_proc_id;
     int exit_code;
     pool_t *pool; /* host mode only */
+    /* Daemons built on this HTTP core (sbx-node, sbx-control) route requests themselves. */
+    void (*dispatch)(conn_t *c);
+    void *app;
     uint64_t pool_empty_since_ms;
 };
 

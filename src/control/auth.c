@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: MIT */
+/* Principals and bearer tokens. A token is 160 random bits ("sbx_" + hex); the store keeps only
+ * its SHA-256 (tokens/<hash>), so a copy of the store grants nothing. The first start of an
+ * empty store creates an admin token and writes it, 0600, where the client finds it; it also
+ * creates the join token that nodes present to register (state dir, 0600). */
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "common/log.h"
+#include "control.h"
+
+int random_hex(char *out, size_t nbytes)
+{
+    unsigned char b[64];
+    if (nbytes > sizeof b)
+        return -EINVAL;
+    randombytes_buf(b, nbytes);
+    sodium_bin2hex(out, 2 * nbytes + 1, b, nbytes);
+    return 0;
+}
+
+void auth_token_hash(const char *token, char out[65])
+{
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, (const unsigned char *)token, strlen(token));
+    sodium_bin2hex(out, 65, h, sizeof h);
+}
+
+static const char *role_name(role_t r)
+{
+    return r == ROLE_ADMIN ? "admin" : r == ROLE_WRITE ? "write" : r == ROLE_READ ? "read" : "none";
+}
+
+static role_t role_parse(const char *s)
+{
+    return !s                  ? ROLE_NONE
+           : streq(s, "admin") ? ROLE_ADMIN
+           : streq(s, "write") ? ROLE_WRITE
+           : streq(s, "read")  ? ROLE_READ
+                               : ROLE_NONE;
+}
+
+/* Write a secret file with mode 0600 (its directory 0700 if we create it). */
+static int write_secret(const char *path, const char *value)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (slash && slash != path && (size_t)(slash - path) < sizeof dir) {
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = 0;
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+            return negative_errno();
+    }
+    char tmp[PATH_MAX + 8];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return negative_errno();
+    size_t n = strlen(value);
+    if (fchmod(fd, 0600) < 0 || write(fd, value, n) != (ssize_t)n || write(fd, "\n", 1) != 1 ||
+        fsync(fd) < 0)
+        return negative_errno();
+    if (rename(tmp, path) < 0)
+        return negative_errno();
+    return 0;
+}
+
+static int token_create(store_t *st, const char *principal, const char *ns, role_t role,
+                        char out[64])
+{
+    char hex[41], hash[65], key[80];
+    random_hex(hex, 20);
+    (void)snprintf(out, 64, "sbx_%s", hex);
+    auth_token_hash(out, hash);
+    (void)snprintf(key, sizeof key, "tokens/%s", hash);
+    json_t *j = json_pack("{s:s,s:s,s:s,s:I}", "principal", principal, "namespace", ns, "role",
+                          role_name(role), "created_ms", (json_int_t)wall_ms());
+    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!v)
+        return -ENOMEM;
+    int r = store_cas(st, key, v, strlen(v), STORE_REV_ABSENT, NULL);
+    free(v);
+    return r;
+}
+
+int auth_bootstrap(control_t *ctl)
+{
+    store_kv_t *kvs;
+    size_t n;
+    int r = store_list(ctl->store, "tokens/", &kvs, &n);
+    if (r < 0)
+        return r;
+    store_kv_free(kvs, n);
+    if (n == 0) {
+        char tok[64];
+        r = token_create(ctl->store, "admin", "*", ROLE_ADMIN, tok);
+        if (r >= 0)
+            r = write_secret(ctl->cfg.admin_token_file, tok);
+        sodium_memzero(tok, sizeof tok);
+        if (r < 0) {
+            log_error("cannot create the admin token at %s: %s", ctl->cfg.admin_token_file,
+                      strerror(-r));
+            return r;
+        }
+        log_info("created the admin token: %s (mode 0600)", ctl->cfg.admin_token_file);
+    }
+    /* The join token nodes register with: its hash in the store, the token in the state dir. */
+    store_kv_t kv;
+    char path[PATH_MAX + 32];
+    (void)snprintf(path, sizeof path, "%s/node-join.token", ctl->cfg.state_dir);
+    if (store_get(ctl->store, "meta/join-token", &kv) == 0 && access(path, R_OK) == 0) {
+        store_kv_clear(&kv);
+        return 0;
+    }
+    char hex[41], tok[64], hash[65];
+    random_hex(hex, 20);
+    (void)snprintf(tok, sizeof tok, "sbxjoin_%s", hex);
+    auth_token_hash(tok, hash);
+    r = store_cas(ctl->store, "meta/join-token", hash, strlen(hash), STORE_REV_ANY, NULL);
+    if (r >= 0)
+        r = write_secret(path, tok);
+    sodium_memzero(tok, sizeof tok);
+    if (r < 0)
+        log_error("cannot create the node join token: %s", strerror(-r));
+    return r;
+}
+
+static bool bearer(conn_t *c, char *out, size_t cap)
+{
+    sv_t v;
+    if (!http_header_get(&c->req, "authorization", &v) || v.len < 8 ||
+        !sv_eq_lit_nocase(sv_make(v.p, 7), "bearer "))
+        return false;
+    sv_t t = sv_make(v.p + 7, v.len - 7);
+    while (t.len && t.p[0] == ' ')
+        t = sv_make(t.p + 1, t.len - 1);
+    if (t.len == 0 || t.len >= cap || memchr(t.p, 0, t.len))
+        return false;
+    memcpy(out, t.p, t.len);
+    out[t.len] = 0;
+    return true;
+}
+
+static void unauthorized(conn_t *c, const char *msg)
+{
+    c->keep_alive = c->keep_alive && c->body_left == 0;
+    json_t *j = json_pack("{s:s}", "error", msg);
+    char *b = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    (void)conn_respond(c, 401, "application/json", b ? b : "{}", b ? strlen(b) : 2,
+                       "WWW-Authenticate: Bearer realm=\"sbx\"\r\n");
+    free(b);
+}
+
+bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret)
+{
+    char tok[256], hash[65], key[80];
+    if (!bearer(c, tok, sizeof tok)) {
+        unauthorized(c, "an API token is required (Authorization: Bearer ...)");
+        return false;
+    }
+    auth_token_hash(tok, hash);
+    sodium_memzero(tok, sizeof tok);
+    (void)snprintf(key, sizeof key, "tokens/%s", hash);
+    store_kv_t kv;
+    if (store_get(ctl->store, key, &kv) < 0) {
+        unauthorized(c, "unknown API token");
+        return false;
+    }
+    json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
+    store_kv_clear(&kv);
+    const char *p = NULL, *pns = NULL, *role = NULL;
+    if (json_unpack(j, "{s:s,s:s,s:s}", "principal", &p, "namespace", &pns, "role", &role) < 0 ||
+        strlen(p) >= sizeof ret->principal || strlen(pns) >= sizeof ret->ns) {
+        json_decref(j);
+        conn_respond_error(c, 500, "corrupt token record");
+        return false;
+    }
+    principal_t pr = { .role = role_parse(role) };
+    memcpy(pr.principal, p, strlen(p) + 1);
+    memcpy(pr.ns, pns, strlen(pns) + 1);
+    json_decref(j);
+    /* "" is a global operation: only principals of every namespace ("*") may */
+    bool ns_ok = streq(pr.ns, "*") || (ns && *ns && streq(pr.ns, ns));
+    if (!ns_ok || pr.role < need) {
+        conn_respond_error(c, 403, "token of %s may not %s in namespace %s", pr.principal,
+                           need == ROLE_ADMIN   ? "administer"
+                           : need == ROLE_WRITE ? "write"
+                                                : "read",
+                           ns && *ns ? ns : "(any)");
+        return false;
+    }
+    if (ret)
+        *ret = pr;
+    return true;
+}
+
+static void tokens_create_done(conn_t *c)
+{
+    control_t *ctl = c->srv->app;
+    json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, NULL);
+    const char *p = NULL, *ns = NULL, *role = NULL;
+    if (json_unpack(b, "{s:s,s:s,s:s}", "principal", &p, "namespace", &ns, "role", &role) < 0 ||
+        !valid_name(p, 63) || (!streq(ns, "*") && !valid_name(ns, 63)) ||
+        role_parse(role) == ROLE_NONE) {
+        json_decref(b);
+        conn_respond_error(c, 400,
+                           "expected {principal, namespace (or \"*\"), role: "
+                           "read|write|admin} with names [a-z0-9][a-z0-9._-]*");
+        return;
+    }
+    char tok[64];
+    int r = token_create(ctl->store, p, ns, role_parse(role), tok);
+    if (r < 0) {
+        json_decref(b);
+        conn_respond_errno(c, r, "token");
+        return;
+    }
+    conn_respond_json(c, 201,
+                      json_pack("{s:s,s:s,s:s,s:s}", "token", tok, "principal", p, "namespace", ns,
+                                "role", role));
+    sodium_memzero(tok, sizeof tok);
+    json_decref(b);
+}
+
+void route_tokens_create(control_t *ctl, conn_t *c)
+{
+    if (!auth_check(ctl, c, "", ROLE_ADMIN, NULL))
+        return;
+    conn_collect_body(c, 4096, tokens_create_done);
+}

@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/* sbx-control: principals and tokens, the Jobs API, placement onto nodes, run records (every
+ * change a compare-and-swap in the store), capability signing, lifecycle (pause, resume, move),
+ * and the edge proxy that routes /v1/jobs/{ns}/{job}/proxy/{port}/... to the run's node.
+ *
+ * Threads: the HTTP loop (API + edge proxy) and the reconciler (talks to nodes with blocking
+ * calls). Each has its own store handle; they share only the wake-up flag. */
+#pragma once
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cap/cap.h"
+#include "routecache.h"
+#include "server/server.h"
+#include "store/store.h"
+
+#define CTL_KEYS_MAX 8
+#define CTL_NODE_LIVE_MS 5000        /* a node not heard from for this long gets no new runs */
+#define CTL_ROUTE_TTL_MS 30000       /* edge route cache entries live this long */
+#define CTL_RETRY_BODY_MAX (1 << 20) /* request bodies up to this size are replayable */
+#define CTL_INSTALL_STALE_MS 60000   /* an "installing" record older than this is retried */
+
+typedef enum { ROLE_NONE = 0, ROLE_READ = 1, ROLE_WRITE = 2, ROLE_ADMIN = 3 } role_t;
+
+typedef struct {
+    char principal[64];
+    char ns[64]; /* "*" = every namespace */
+    role_t role;
+} principal_t;
+
+/* The run record (store key runs/<job id>). */
+typedef struct {
+    cap_run_t run;
+    char state[16]; /* installing | running | paused | failed | retired | exited */
+    char host[64];  /* the node's address */
+    uint16_t port;
+    /* a run to retire on another node once this one runs (a move) */
+    bool has_prev;
+    cap_run_t prev;
+    char prev_host[64];
+    uint16_t prev_port;
+    int attempts;
+    int64_t updated_ms;
+    char ns[64];
+} runrec_t;
+
+typedef struct {
+    char state_dir[PATH_MAX];
+    char admin_token_file[PATH_MAX];
+    uint64_t publish_delay_ms; /* a new signing key is published this long before use */
+} control_config_t;
+
+typedef struct {
+    cap_keyrec_t recs[CTL_KEYS_MAX];
+    size_t n;
+} keyring_t;
+
+typedef struct control {
+    server_t srv;
+    control_config_t cfg;
+    store_t *store; /* the loop thread's handle */
+    routecache_t routes;
+    keyring_t keys;
+    timer_t_ keys_t;
+    /* reconciler */
+    pthread_t rec_thread;
+    bool rec_started;
+    pthread_mutex_t rec_lock;
+    pthread_cond_t rec_cond;
+    bool rec_dirty, stopping;
+} control_t;
+
+/* control.c */
+int control_init(control_t *ctl, const control_config_t *cfg, const server_config_t *scfg);
+int control_run(control_t *ctl);
+void control_done(control_t *ctl);
+void control_kick(control_t *ctl); /* wake the reconciler */
+int64_t wall_ms(void);
+
+/* auth.c: tokens, principals, bootstrap */
+int auth_bootstrap(control_t *ctl);
+/* Check the bearer token of c for `need` on namespace ns ("" = any). Answers 401/403 itself
+ * and returns false when refused. */
+bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret);
+void auth_token_hash(const char *token, char out[65]);
+int random_hex(char *out, size_t nbytes); /* 2*nbytes hex chars + NUL */
+void route_tokens_create(control_t *ctl, conn_t *c);
+
+/* keys.c: signing keys in the store, rotation */
+int keys_load(store_t *st, keyring_t *kr);
+int keys_ensure(store_t *st, uint64_t publish_delay_ms);
+int keys_rotate(store_t *st, uint64_t publish_delay_ms);
+json_t *keys_verify_set_json(const keyring_t *kr, int64_t now_s);
+/* Sign c with the current signer (c->iat/exp set here: now, now + CAP_LIFETIME_S). */
+int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
+
+/* records.c: JSON <-> records */
+int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev);
+int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev);
+json_t *run_id_to_json(const cap_run_t *id);
+int run_id_from_json(json_t *j, cap_run_t *id);
+int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev);
+int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t expect,
+             int64_t *ret_rev);
+bool valid_name(const char *s, size_t max); /* [a-z0-9][a-z0-9._-]* namespaces, label keys */
+
+/* jobs.c */
+void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
+
+/* nodes.c */
+void route_nodes(control_t *ctl, conn_t *c, sv_t rest);
+
+/* edge.c */
+void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint16_t port,
+                sv_t rest);
+
+/* reconcile.c */
+int reconciler_start(control_t *ctl);
+void reconciler_stop(control_t *ctl);

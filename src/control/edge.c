@@ -1,0 +1,431 @@
+/* SPDX-License-Identifier: MIT */
+/* The edge proxy: ANY /v1/jobs/{ns}/{job}/proxy/{port}/... -> the node of the job's run.
+ *
+ * The bearer has already been checked (read on ns). The proxy finds the route (cache, else the
+ * run record), signs a capability for exactly that run and request purpose, strips
+ * Authorization, keeps X-Sandbox-Token, and forwards to the node. Requests whose body is small
+ * enough to keep (or that have none) are replayable: the proxy reads the node's answer head
+ * before committing, and a recognized RefreshRoute (409 + X-Sbx-Verdict) makes it look the
+ * route up again, repair the cache entry by compare-and-swap against the rejected route, and
+ * make exactly one freshly built retry. A Deny is final. Transport failures: a connection that
+ * could not be made sent nothing, so it is retried once on a refreshed route; a failure after
+ * sending is retried once only for GET and HEAD. Larger or chunked bodies stream straight
+ * through (no retry: the refusal reaches the client, which may retry itself). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/socket.h>
+
+#include "cap/purpose.h"
+#include "common/log.h"
+#include "control.h"
+#include "server/proxy.h"
+
+#define EDGE_CONNECT_TIMEOUT_MS 10000
+#define EDGE_ANSWER_TIMEOUT_MS 120000 /* replayable requests: the node's answer head */
+#define EDGE_HEAD_MAX (64 * 1024)
+
+typedef struct {
+    control_t *ctl;
+    conn_t *conn;  /* NULL once the client left */
+    char key[128]; /* ns/job */
+    char ns[64], job[32];
+    uint16_t port;
+    char *rest; /* path after /proxy/{port} plus the query */
+    route_t route;
+    bool retried, replayable, sent_any;
+    buf_t out; /* head (+ body) for the node, not yet sent */
+    buf_t in;  /* the node's answer so far */
+    size_t out_total;
+    watcher_t w;
+    timer_t_ deadline;
+    enum { E_CONNECTING, E_SENDING, E_READING } st;
+} edge_t;
+
+static void edge_free(void *p)
+{
+    edge_t *e = p;
+    safe_close(e->w.fd);
+    buf_free(&e->out);
+    buf_free(&e->in);
+    free(e->rest);
+    free(e);
+}
+
+static void edge_release(edge_t *e)
+{
+    loop_t *l = e->ctl->srv.loop;
+    loop_unwatch(l, &e->w);
+    timer_disarm(l, &e->deadline);
+    if (e->conn)
+        conn_set_handler(e->conn, NULL, NULL);
+    e->conn = NULL;
+    if (loop_defer(l, edge_free, e) < 0)
+        edge_free(e);
+}
+
+static void edge_on_conn_close(conn_t *c, bool aborted)
+{
+    edge_t *e = c->hdata;
+    (void)aborted;
+    e->conn = NULL;
+    edge_release(e);
+}
+
+static const handler_ops_t edge_ops = { .on_close = edge_on_conn_close };
+
+_printf_(3, 4) static void edge_fail(edge_t *e, int status, const char *fmt, ...)
+{
+    conn_t *c = e->conn;
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    edge_release(e);
+    if (c)
+        conn_respond_error(c, status, "%s", msg);
+}
+
+/* The job's route from the store. 0, or -ENOENT (no run), -EAGAIN (not serving: *state says). */
+static int route_from_store(control_t *ctl, const char *ns, const char *job, route_t *ret,
+                            char *state, size_t scap)
+{
+    runrec_t rr;
+    int64_t rev;
+    int r = runrec_load(ctl->store, job, &rr, &rev);
+    if (r < 0)
+        return -ENOENT;
+    if (!streq(rr.ns, ns))
+        return -ENOENT;
+    (void)snprintf(state, scap, "%s", rr.state);
+    if (!streq(rr.state, "running"))
+        return -EAGAIN;
+    route_t rt = { .run = rr.run, .port = rr.port, .rev = rev };
+    (void)snprintf(rt.job, sizeof rt.job, "%s/%s", ns, job);
+    (void)snprintf(rt.host, sizeof rt.host, "%s", rr.host);
+    *ret = rt;
+    return 0;
+}
+
+static int connect_node(const route_t *rt, int *ret_fd)
+{
+    struct sockaddr_storage ss = { 0 };
+    socklen_t sl;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, rt->host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons(rt->port);
+        sl = sizeof *a4;
+    } else if (inet_pton(AF_INET6, rt->host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons(rt->port);
+        sl = sizeof *a6;
+    } else
+        return -EINVAL;
+    _cleanup_close_ int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return negative_errno();
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, (struct sockaddr *)&ss, sl) < 0 && errno != EINPROGRESS)
+        return negative_errno();
+    *ret_fd = TAKE_FD(fd);
+    return 0;
+}
+
+/* Capability + head for the current route (freshly built for every attempt). */
+static int build_request(edge_t *e)
+{
+    conn_t *c = e->conn;
+    http_request_t *rq = &c->req;
+    sv_t rest = sv_make(e->rest, strlen(e->rest));
+    const char *q = memchr(rest.p, '?', rest.len);
+    sv_t path = q ? sv_make(rest.p, (size_t)(q - rest.p)) : rest;
+    sv_t up;
+    cap_proto_t proto = http_header_get(rq, "upgrade", &up) && sv_eq_lit_nocase(up, "websocket")
+                            ? CAP_PROTO_WEBSOCKET
+                            : CAP_PROTO_HTTP;
+    uint32_t purpose = cap_purpose_of(rq->method, e->port, path);
+    cap_t cap = { .run = e->route.run, .access = purpose };
+    if (purpose == CAP_PROXY) {
+        cap.port = e->port;
+        cap.proto = proto;
+    }
+    char wire[CAP_WIRE_MAX + 64];
+    int r = keys_sign(&e->ctl->keys, &cap, wire, sizeof wire);
+    if (r < 0)
+        return r;
+    char extra[sizeof wire + 160];
+    (void)snprintf(extra, sizeof extra, "X-Sbx-Capability: %s\r\nX-Forwarded-For: %s\r\n", wire,
+                   c->peer);
+    char target[HTTP_MAX_HEAD + 128];
+    int tl = snprintf(target, sizeof target, "/v1/runs/%s/ports/%u%s", e->job, e->port, e->rest);
+    if (tl < 0 || (size_t)tl >= sizeof target)
+        return -E2BIG;
+    static const char *const drop[] = { "authorization", "x-sbx-capability", "x-forwarded-for",
+                                        NULL };
+    buf_free(&e->out);
+    r = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, extra, &e->out);
+    if (r >= 0 && e->replayable && c->body.len > 0) {
+        e->out.max += c->body.len;
+        r = buf_append(&e->out, buf_head(&c->body), c->body.len);
+    }
+    return r;
+}
+
+static void edge_on_event(loop_t *l, watcher_t *w, uint32_t ev);
+static void edge_on_timeout(loop_t *l, timer_t_ *t);
+
+static void start_attempt(edge_t *e)
+{
+    loop_t *l = e->ctl->srv.loop;
+    int r = build_request(e);
+    if (r < 0) {
+        edge_fail(e, r == -ENOKEY ? 503 : 500, "edge: cannot build the request: %s", strerror(-r));
+        return;
+    }
+    int fd;
+    r = connect_node(&e->route, &fd);
+    if (r < 0) {
+        edge_fail(e, 502, "edge: cannot connect to the node: %s", strerror(-r));
+        return;
+    }
+    safe_close(e->w.fd);
+    watcher_init(&e->w, fd, edge_on_event, e);
+    e->st = E_CONNECTING;
+    e->sent_any = false;
+    buf_clear(&e->in);
+    if (loop_watch(l, &e->w, EPOLLOUT) < 0 ||
+        timer_arm(l, &e->deadline, EDGE_CONNECT_TIMEOUT_MS) < 0)
+        edge_fail(e, 500, "edge: %s", "cannot watch the node connection");
+}
+
+/* Hand the client socket to a tunnel with the node: what the node already answered goes first. */
+static void commit(edge_t *e)
+{
+    conn_t *c = e->conn;
+    loop_unwatch(e->ctl->srv.loop, &e->w); /* before the fd changes hands */
+    int fd = TAKE_FD(e->w.fd);
+    buf_t up = e->out, down = e->in;
+    buf_init(&e->out, 0);
+    buf_init(&e->in, 0);
+    edge_release(e); /* detaches from c */
+    (void)proxy_tunnel_start(c, fd, &up, &down, NULL, NULL);
+    buf_free(&up);
+    buf_free(&down);
+}
+
+/* Look the route up again; true (with *fresh) when the store names another run than rejected. */
+static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh)
+{
+    char state[16];
+    route_t rt;
+    if (route_from_store(e->ctl, e->ns, e->job, &rt, state, sizeof state) < 0) {
+        routecache_drop(&e->ctl->routes, e->key, rejected);
+        return false;
+    }
+    if (cap_run_equal(&rt.run, &rejected->run) && streq(rt.host, rejected->host) &&
+        rt.port == rejected->port)
+        return false;
+    /* CAS: a late refusal of an old route never evicts a newer entry; expiry is kept. */
+    if (!routecache_replace(&e->ctl->routes, rejected, &rt, loop_now_ms(e->ctl->srv.loop)))
+        log_debug("edge: route of %s already repaired", e->key);
+    *fresh = rt;
+    return true;
+}
+
+static void transport_failed(edge_t *e, int err)
+{
+    route_t fresh;
+    bool idempotent =
+        sv_eq(e->conn->req.method, SV("GET")) || sv_eq(e->conn->req.method, SV("HEAD"));
+    bool may_retry = !e->retried && e->replayable && (!e->sent_any || idempotent);
+    if (may_retry) {
+        route_t rejected = e->route;
+        if (refresh(e, &rejected, &fresh))
+            e->route = fresh;
+        else
+            routecache_drop(&e->ctl->routes, e->key, &rejected);
+        if (!e->sent_any || idempotent) {
+            e->retried = true;
+            log_debug("edge: %s: %s, retrying once", e->key, strerror(-err));
+            start_attempt(e);
+            return;
+        }
+    }
+    routecache_drop(&e->ctl->routes, e->key, &e->route);
+    edge_fail(e, 502, "edge: the node did not answer: %s", strerror(-err));
+}
+
+/* The node's answer head is complete: RefreshRoute -> one retry; anything else -> commit. */
+static void answered(edge_t *e)
+{
+    const char *p = buf_head(&e->in);
+    bool refresh_route = e->in.len > 12 && memcmp(p + 9, "409", 3) == 0 &&
+                         memmem(p, e->in.len, "\r\nX-Sbx-Verdict: RefreshRoute\r\n", 31);
+    if (refresh_route && !e->retried) {
+        route_t fresh, rejected = e->route;
+        if (refresh(e, &rejected, &fresh)) {
+            e->retried = true;
+            e->route = fresh;
+            log_info("edge: %s: node refused run generation %llu (RefreshRoute); retrying on "
+                     "generation %llu at %s",
+                     e->key, (unsigned long long)rejected.run.generation,
+                     (unsigned long long)fresh.run.generation, fresh.run.node);
+            start_attempt(e);
+            return;
+        }
+    }
+    commit(e);
+}
+
+static void on_readable(edge_t *e)
+{
+    for (;;) {
+        char *space;
+        if (buf_reserve(&e->in, 16384, &space) < 0) {
+            commit(e); /* a huge head: not a refusal, pass it through */
+            return;
+        }
+        ssize_t n = recv(e->w.fd, space, 16384, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n <= 0) {
+            if (e->in.len > 0)
+                commit(e); /* whatever the node said before closing */
+            else
+                transport_failed(e, n < 0 ? negative_errno() : -ECONNRESET);
+            return;
+        }
+        buf_commit(&e->in, (size_t)n);
+        if (memmem(buf_head(&e->in), e->in.len, "\r\n\r\n", 4)) {
+            answered(e);
+            return;
+        }
+        if (e->in.len >= EDGE_HEAD_MAX) {
+            commit(e);
+            return;
+        }
+    }
+}
+
+static void on_writable(edge_t *e)
+{
+    loop_t *l = e->ctl->srv.loop;
+    if (e->st == E_CONNECTING) {
+        int err = 0;
+        socklen_t sl = sizeof err;
+        if (getsockopt(e->w.fd, SOL_SOCKET, SO_ERROR, &err, &sl) < 0)
+            err = errno;
+        if (err) {
+            transport_failed(e, -err);
+            return;
+        }
+        e->st = E_SENDING;
+        if (!e->replayable) { /* streamed: the tunnel sends head and body */
+            commit(e);
+            return;
+        }
+    }
+    while (e->out.len > 0) {
+        ssize_t n = send(e->w.fd, buf_head(&e->out), e->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n < 0) {
+            transport_failed(e, negative_errno());
+            return;
+        }
+        e->sent_any = true;
+        buf_consume(&e->out, (size_t)n);
+    }
+    e->st = E_READING;
+    (void)loop_watch(l, &e->w, EPOLLIN);
+    (void)timer_arm(l, &e->deadline, EDGE_ANSWER_TIMEOUT_MS);
+}
+
+static void edge_on_event(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    edge_t *e = w->data;
+    (void)l;
+    if (!e->conn)
+        return;
+    if (e->st == E_READING)
+        on_readable(e);
+    else if ((ev & (EPOLLERR | EPOLLHUP)) && e->st == E_CONNECTING)
+        on_writable(e); /* SO_ERROR tells what failed */
+    else
+        on_writable(e);
+}
+
+static void edge_on_timeout(loop_t *l, timer_t_ *t)
+{
+    edge_t *e = t->data;
+    (void)l;
+    if (e->st == E_CONNECTING)
+        transport_failed(e, -ETIMEDOUT);
+    else
+        edge_fail(e, 504, "edge: %s", "the node did not answer in time");
+}
+
+static void edge_begin(conn_t *c)
+{
+    edge_t *e = c->hdata;
+    start_attempt(e);
+}
+
+void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint16_t port,
+                sv_t rest)
+{
+    http_request_t *rq = &c->req;
+    edge_t *e = calloc(1, sizeof *e);
+    const char *q = memchr(rq->target.p, '?', rq->target.len);
+    sv_t query = q ? sv_make(q, rq->target.len - (size_t)(q - rq->target.p)) : SV("");
+    if (!e || asprintf(&e->rest, SV_FMT SV_FMT, SV_ARG(rest), SV_ARG(query)) < 0) {
+        free(e);
+        conn_respond_errno(c, -ENOMEM, "edge");
+        return;
+    }
+    e->ctl = ctl;
+    e->port = port;
+    (void)snprintf(e->ns, sizeof e->ns, "%s", ns);
+    (void)snprintf(e->job, sizeof e->job, "%s", job);
+    (void)snprintf(e->key, sizeof e->key, "%s/%s", ns, job);
+    watcher_init(&e->w, -EBADF, edge_on_event, e);
+    timer_init(&e->deadline, edge_on_timeout, e);
+    buf_init(&e->in, EDGE_HEAD_MAX + 16384);
+    uint64_t now = loop_now_ms(ctl->srv.loop);
+    if (!routecache_get(&ctl->routes, e->key, now, &e->route)) {
+        char state[16] = "";
+        int r = route_from_store(ctl, ns, job, &e->route, state, sizeof state);
+        if (r == -ENOENT) {
+            edge_free(e);
+            conn_respond_error(c, 404, "no running job %s in namespace %s", job, ns);
+            return;
+        }
+        if (r == -EAGAIN) {
+            edge_free(e);
+            if (streq(state, "installing"))
+                conn_respond(c, 503, "application/json", "{\"error\":\"the sandbox is starting\"}",
+                             35, "Retry-After: 1\r\n");
+            else
+                conn_respond_error(c, 409, "the sandbox is not running (run %s)", state);
+            return;
+        }
+        (void)routecache_put(&ctl->routes, &e->route, now, CTL_ROUTE_TTL_MS);
+    }
+    e->conn = c;
+    conn_set_handler(c, &edge_ops, e);
+    e->replayable = !rq->has_transfer_encoding && rq->content_length <= CTL_RETRY_BODY_MAX;
+    if (e->replayable && rq->content_length > 0)
+        conn_collect_body(c, CTL_RETRY_BODY_MAX, edge_begin);
+    else
+        start_attempt(e);
+}

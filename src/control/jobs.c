@@ -1,0 +1,496 @@
+/* SPDX-License-Identifier: MIT */
+/* The Jobs API (in the spirit of Hugging Face Jobs):
+ *   POST /v1/jobs/{ns}                          create      (write)
+ *   GET  /v1/jobs/{ns}[?label=k=v&label=k]      list        (read)
+ *   GET  /v1/jobs/{ns}/{id}                     inspect     (read)
+ *   POST /v1/jobs/{ns}/{id}/{cancel|pause|resume|move}     (write)
+ *   ANY  /v1/jobs/{ns}/{id}/proxy/{port}/...    edge proxy  (read)
+ * A job's secrets are stored apart (secrets/<id>), handed to the node only as the command's
+ * environment, and never returned, logged, or allowed as label values. Lifecycle actions only
+ * record what is wanted (desired, move_to); the reconciler makes it so and moves the stage. */
+#include <ctype.h>
+#include <sodium.h>
+#include <stdio.h>
+
+#include "common/log.h"
+#include "control.h"
+
+#define JOB_BODY_MAX (256 * 1024)
+#define LABELS_MAX 64
+#define EXPOSE_MAX 16
+
+static bool env_name_ok(const char *k)
+{
+    if (!*k || !(isalpha((unsigned char)*k) || *k == '_') || strlen(k) > 128)
+        return false;
+    for (; *k; k++)
+        if (!(isalnum((unsigned char)*k) || *k == '_'))
+            return false;
+    return true;
+}
+
+static bool str_clean(json_t *v, size_t max)
+{
+    if (!json_is_string(v) || json_string_length(v) > max)
+        return false;
+    const char *s = json_string_value(v);
+    return strlen(s) == json_string_length(v); /* no NUL inside */
+}
+
+static const char *check_env(json_t *o, const char *what)
+{
+    const char *k;
+    json_t *v;
+    if (!o)
+        return NULL;
+    if (!json_is_object(o) || json_object_size(o) > 256)
+        return what;
+    json_object_foreach(o, k, v) {
+        if (!env_name_ok(k) || streq(k, "SBX_LISTEN") || !str_clean(v, 64 * 1024))
+            return what;
+    }
+    return NULL;
+}
+
+static bool label_key_ok(const char *k)
+{
+    size_t n = strlen(k);
+    if (n == 0 || n > 63)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)k[i];
+        if (!(isalnum(ch) || ch == '.' || ch == '_' || ch == '-' || ch == '/'))
+            return false;
+    }
+    return true;
+}
+
+static const char *check_labels(json_t *labels, json_t *secrets)
+{
+    const char *k, *sk;
+    json_t *v, *sv;
+    if (!labels)
+        return NULL;
+    if (!json_is_object(labels) || json_object_size(labels) > LABELS_MAX)
+        return "labels: an object of at most 64 string values";
+    json_object_foreach(labels, k, v) {
+        if (!label_key_ok(k) || !str_clean(v, 256))
+            return "labels: keys [A-Za-z0-9._/-]{1,63}, string values of at most 256 bytes";
+        json_object_foreach(secrets, sk, sv) {
+            if (json_string_length(sv) > 0 && json_equal(v, sv))
+                return "labels: a label must not carry a secret's value";
+        }
+    }
+    return NULL;
+}
+
+static const char *check_expose(json_t *ex)
+{
+    size_t i;
+    json_t *e;
+    if (!json_is_array(ex) || json_array_size(ex) > EXPOSE_MAX)
+        return "expose: an array of at most 16 {port, protocol}";
+    json_array_foreach(ex, i, e) {
+        json_int_t port;
+        const char *proto = "http";
+        if (json_unpack(e, "{s:I,s?s!}", "port", &port, "protocol", &proto) < 0 || port < 1 ||
+            port > 65535 || (!streq(proto, "http") && !streq(proto, "websocket")))
+            return "expose: entries {port: 1..65535, protocol: \"http\"|\"websocket\"}";
+    }
+    return NULL;
+}
+
+/* Flavors: resources and network of a run. */
+static json_t *flavor_limits(const char *name)
+{
+    static const struct {
+        const char *name;
+        int mem_mb, pids, cpu_milli;
+    } f[] = { { "cpu-small", 512, 256, 500 },
+              { "cpu-basic", 2048, 1024, 1000 },
+              { "cpu-large", 8192, 4096, 2000 } };
+    char base[32];
+    bool nonet = false;
+    size_t n = strlen(name);
+    if (n >= sizeof base)
+        return NULL;
+    memcpy(base, name, n + 1);
+    if (n > 6 && streq(base + n - 6, "-nonet")) {
+        nonet = true;
+        base[n - 6] = 0;
+    }
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (streq(f[i].name, base))
+            return json_pack("{s:s,s:i,s:i,s:i,s:b}", "name", name, "memory_mb", f[i].mem_mb,
+                             "pids", f[i].pids, "cpu_milli", f[i].cpu_milli, "network", !nonet);
+    return NULL;
+}
+
+/* Validate a create request and split it into the job record and its secrets. */
+static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_secrets)
+{
+    const char *image = "host", *substrate = "process", *flavor = "cpu-basic";
+    json_t *command = NULL, *env = NULL, *secrets = NULL, *labels = NULL, *expose = NULL;
+    json_int_t timeout = 0;
+    const char *e;
+    if (!json_is_object(b) ||
+        json_unpack(b, "{s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image, "substrate",
+                    &substrate, "flavor", &flavor, "command", &command, "env", &env, "secrets",
+                    &secrets, "labels", &labels, "expose", &expose, "timeout", &timeout) < 0)
+        return "expected {image, substrate, flavor, command, env, secrets, labels, expose, "
+               "timeout} (unknown fields are refused)";
+    if (!streq(substrate, "process"))
+        return "substrate: only \"process\" is available on this platform";
+    if (!streq(image, "host"))
+        return "image: only \"host\" (the node's /usr and /etc, read-only) is available";
+    json_t *fl = flavor_limits(flavor);
+    if (!fl)
+        return "flavor: one of cpu-small, cpu-basic, cpu-large (optionally with -nonet)";
+    size_t i;
+    json_t *a;
+    if (command && (!json_is_array(command) || json_array_size(command) > 256)) {
+        json_decref(fl);
+        return "command: an array of strings";
+    }
+    json_array_foreach(command, i, a) {
+        if (!str_clean(a, 64 * 1024)) {
+            json_decref(fl);
+            return "command: an array of strings";
+        }
+    }
+    if ((e = check_env(env, "env: names [A-Za-z_][A-Za-z0-9_]*, string values")) ||
+        (e = check_env(secrets, "secrets: names [A-Za-z_][A-Za-z0-9_]*, string values")) ||
+        (e = check_labels(labels, secrets)) || (expose && (e = check_expose(expose))) ||
+        (timeout < 0 || timeout > 7 * 86400 ? (e = "timeout: 0..604800 seconds") : NULL)) {
+        json_decref(fl);
+        return e;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(secrets, k, v) {
+        if (json_object_get(env, k)) {
+            json_decref(fl);
+            return "secrets and env must not share a name";
+        }
+    }
+    json_t *job =
+        json_pack("{s:s,s:s,s:o,s:O,s:O,s:O,s:O,s:I}", "image", image, "substrate", substrate,
+                  "flavor", fl, "command", command ? command : json_array(), "env",
+                  env ? env : json_object(), "labels", labels ? labels : json_object(), "expose",
+                  expose ? expose : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
+                  "timeout", timeout);
+    if (!job)
+        return "out of memory";
+    *ret_job = job;
+    *ret_secrets = secrets ? json_incref(secrets) : json_object();
+    return NULL;
+}
+
+/* What inspect and list show: the job, its run, never the secrets. */
+static json_t *job_view(control_t *ctl, json_t *job)
+{
+    json_t *v = json_deep_copy(job);
+    const char *id = json_string_value(json_object_get(job, "id"));
+    runrec_t rr;
+    if (v && id && runrec_load(ctl->store, id, &rr, NULL) == 0)
+        json_object_set_new(
+            v, "run",
+            json_pack("{s:I,s:s,s:s,s:s,s:s,s:s}", "generation", (json_int_t)rr.run.generation,
+                      "node", rr.run.node, "substrate", rr.run.substrate, "activation",
+                      rr.run.activation, "instance", rr.run.instance, "state", rr.state));
+    return v;
+}
+
+typedef struct {
+    char ns[64];
+    char principal[64];
+} create_ctx_t;
+
+static void create_free(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    free(c->hdata);
+    c->hdata = NULL;
+}
+static const handler_ops_t create_ops = { .on_close = create_free };
+
+static void create_done(conn_t *c)
+{
+    control_t *ctl = c->srv->app;
+    create_ctx_t *cx = c->hdata;
+    json_error_t jerr;
+    json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr), *job = NULL, *sec = NULL;
+    const char *e = b ? job_from_request(b, &job, &sec) : jerr.text;
+    json_decref(b);
+    if (e) {
+        conn_respond_error(c, 400, "create: %s", e);
+        return;
+    }
+    char id[25], key[128];
+    random_hex(id, 12);
+    json_object_set_new(job, "id", json_string(id));
+    json_object_set_new(job, "namespace", json_string(cx->ns));
+    json_object_set_new(job, "initiator", json_string(cx->principal));
+    json_object_set_new(job, "created_ms", json_integer(wall_ms()));
+    json_object_set_new(job, "stage", json_string("SCHEDULING"));
+    json_object_set_new(job, "message", json_string(""));
+    json_object_set_new(job, "desired", json_string("running"));
+    json_object_set_new(job, "move_to", json_string(""));
+    json_object_set_new(job, "secret_names", json_array());
+    const char *k;
+    json_t *v;
+    json_object_foreach(sec, k, v)
+        json_array_append_new(json_object_get(job, "secret_names"), json_string(k));
+    char *sv = json_dumps(sec, JSON_COMPACT);
+    json_decref(sec);
+    (void)snprintf(key, sizeof key, "secrets/%s", id);
+    int r = sv ? store_cas(ctl->store, key, sv, strlen(sv), STORE_REV_ABSENT, NULL) : -ENOMEM;
+    if (sv) {
+        sodium_memzero(sv, strlen(sv));
+        free(sv);
+    }
+    if (r >= 0)
+        r = job_save(ctl->store, cx->ns, id, job, STORE_REV_ABSENT, NULL);
+    if (r < 0) {
+        json_decref(job);
+        conn_respond_errno(c, r, "create");
+        return;
+    }
+    log_info("job %s/%s created by %s", cx->ns, id, cx->principal);
+    control_kick(ctl);
+    conn_respond_json(c, 201, job);
+}
+
+static bool labels_match(json_t *job, const conn_t *c)
+{
+    const char *q = memchr(c->req.target.p, '?', c->req.target.len);
+    if (!q)
+        return true;
+    sv_t query = sv_make(q + 1, c->req.target.len - (size_t)(q + 1 - c->req.target.p));
+    json_t *labels = json_object_get(job, "labels");
+    while (query.len) {
+        const char *amp = memchr(query.p, '&', query.len);
+        sv_t part = sv_make(query.p, amp ? (size_t)(amp - query.p) : query.len);
+        query = amp ? sv_make(amp + 1, query.len - part.len - 1) : SV("");
+        if (part.len < 6 || memcmp(part.p, "label=", 6) != 0)
+            continue;
+        char sel[600];
+        int n = url_decode(sv_make(part.p + 6, part.len - 6), sel, sizeof sel, true);
+        if (n < 0)
+            return false;
+        char *eq = strchr(sel, '=');
+        if (eq)
+            *eq = 0;
+        json_t *v = json_object_get(labels, sel);
+        if (!v || (eq && !streq(json_string_value(v), eq + 1)))
+            return false;
+    }
+    return true;
+}
+
+static void list_jobs(control_t *ctl, conn_t *c, const char *ns)
+{
+    char prefix[96];
+    (void)snprintf(prefix, sizeof prefix, "jobs/%s/", ns);
+    store_kv_t *kvs;
+    size_t n;
+    int r = store_list(ctl->store, prefix, &kvs, &n);
+    if (r < 0) {
+        conn_respond_errno(c, r, "list");
+        return;
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < n; i++) {
+        json_t *j = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        if (j && labels_match(j, c))
+            json_array_append_new(arr, job_view(ctl, j));
+        json_decref(j);
+    }
+    store_kv_free(kvs, n);
+    conn_respond_json(c, 200, arr);
+}
+
+static void action_done(conn_t *c);
+
+typedef struct {
+    char ns[64], id[32], action[16];
+} action_ctx_t;
+
+/* Record what the caller wants (CAS on the job record) and wake the reconciler. */
+static void job_action(control_t *ctl, conn_t *c, const char *ns, const char *id,
+                       const char *action, json_t *body)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        json_t *job;
+        int64_t rev;
+        int r = job_load(ctl->store, ns, id, &job, &rev);
+        if (r < 0) {
+            conn_respond_error(c, 404, "no job %s in namespace %s", id, ns);
+            return;
+        }
+        const char *stage = json_string_value(json_object_get(job, "stage"));
+        const char *desired = json_string_value(json_object_get(job, "desired"));
+        bool terminal =
+            streq(stage, "COMPLETED") || streq(stage, "CANCELED") || streq(stage, "ERROR");
+        const char *err = NULL;
+        if (streq(action, "cancel")) {
+            if (!terminal || streq(stage, "ERROR"))
+                json_object_set_new(job, "desired", json_string("canceled"));
+        } else if (terminal || streq(desired, "canceled")) {
+            err = "the job has ended";
+        } else if (streq(action, "pause")) {
+            json_object_set_new(job, "desired", json_string("paused"));
+        } else if (streq(action, "resume")) {
+            if (!streq(desired, "paused"))
+                err = "the job is not paused";
+            json_object_set_new(job, "desired", json_string("running"));
+        } else { /* move */
+            const char *to = json_string_value(json_object_get(body, "node"));
+            if (to && !cap_id_valid(to))
+                err = "move: node must be a node name";
+            json_object_set_new(job, "desired", json_string("running"));
+            json_object_set_new(job, "move_to", json_string(to ? to : "*"));
+        }
+        if (err) {
+            json_decref(job);
+            conn_respond_error(c, 409, "%s: %s (stage %s)", action, err, stage);
+            return;
+        }
+        r = job_save(ctl->store, ns, id, job, rev, NULL);
+        if (r == -ESTALE) {
+            json_decref(job);
+            continue; /* someone else changed it: read again */
+        }
+        if (r < 0) {
+            json_decref(job);
+            conn_respond_errno(c, r, action);
+            return;
+        }
+        log_info("job %s/%s: %s requested", ns, id, action);
+        control_kick(ctl);
+        conn_respond_json(c, 202, job_view(ctl, job));
+        json_decref(job);
+        return;
+    }
+    conn_respond_error(c, 503, "%s: too much contention on the job record", action);
+}
+
+static void action_done(conn_t *c)
+{
+    control_t *ctl = c->srv->app;
+    action_ctx_t *ax = c->hdata;
+    json_t *body = c->body.len ? json_loadb(buf_head(&c->body), c->body.len, 0, NULL) : NULL;
+    if (c->body.len && !json_is_object(body)) {
+        json_decref(body);
+        conn_respond_error(c, 400, "%s: body must be a JSON object", ax->action);
+        return;
+    }
+    job_action(ctl, c, ax->ns, ax->id, ax->action, body);
+    json_decref(body);
+}
+
+static const handler_ops_t action_ops = { .on_close = create_free };
+
+/* Split "a/b/c" into up to n segments (views). Returns the count. */
+static size_t split(sv_t s, sv_t *seg, size_t n)
+{
+    size_t k = 0;
+    while (s.len && k < n) {
+        const char *slash = memchr(s.p, '/', s.len);
+        seg[k++] = sv_make(s.p, slash ? (size_t)(slash - s.p) : s.len);
+        if (!slash)
+            return k;
+        s = sv_make(slash + 1, s.len - seg[k - 1].len - 1);
+    }
+    return k;
+}
+
+static bool sv_to(sv_t v, char *out, size_t cap)
+{
+    if (v.len == 0 || v.len >= cap || memchr(v.p, 0, v.len))
+        return false;
+    memcpy(out, v.p, v.len);
+    out[v.len] = 0;
+    return true;
+}
+
+/* rest: what follows /v1/jobs/ */
+void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
+{
+    sv_t seg[4];
+    char ns[64], id[32];
+    size_t n = split(rest, seg, 4);
+    bool get = sv_eq(c->req.method, SV("GET")), post = sv_eq(c->req.method, SV("POST"));
+    if (n < 1 || !sv_to(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
+        conn_respond_error(c, 404, "expected /v1/jobs/{namespace}[/{id}[/...]]");
+        return;
+    }
+    if (n >= 2 && (!sv_to(seg[1], id, sizeof id) || !cap_id_valid(id))) {
+        conn_respond_error(c, 404, "no such job");
+        return;
+    }
+    if (n >= 3 && sv_eq(seg[2], SV("proxy"))) {
+        /* /v1/jobs/{ns}/{id}/proxy/{port}[/rest] */
+        const char *after = seg[2].p + seg[2].len;
+        sv_t tail = sv_make(after, (size_t)(rest.p + rest.len - after)); /* "/{port}/..." */
+        sv_t num = tail.len > 1 ? sv_make(tail.p + 1, tail.len - 1) : SV("");
+        const char *slash = memchr(num.p, '/', num.len);
+        sv_t pnum = sv_make(num.p, slash ? (size_t)(slash - num.p) : num.len);
+        uint64_t port;
+        if (parse_u64(pnum, 65535, &port) < 0 || port == 0) {
+            conn_respond_error(c, 404, "proxy: invalid port (expected 1..65535)");
+            return;
+        }
+        sv_t prest = slash ? sv_make(slash, (size_t)(num.p + num.len - slash)) : SV("");
+        if (!auth_check(ctl, c, ns, ROLE_READ, NULL))
+            return;
+        edge_proxy(ctl, c, ns, id, (uint16_t)port, prest);
+        return;
+    }
+    if (n == 1 && post) {
+        principal_t pr;
+        if (!auth_check(ctl, c, ns, ROLE_WRITE, &pr))
+            return;
+        create_ctx_t *cx = calloc(1, sizeof *cx);
+        if (!cx) {
+            conn_respond_errno(c, -ENOMEM, "create");
+            return;
+        }
+        memcpy(cx->ns, ns, strlen(ns) + 1);
+        memcpy(cx->principal, pr.principal, strlen(pr.principal) + 1);
+        conn_set_handler(c, &create_ops, cx);
+        conn_collect_body(c, JOB_BODY_MAX, create_done);
+    } else if (n == 1 && get) {
+        if (auth_check(ctl, c, ns, ROLE_READ, NULL))
+            list_jobs(ctl, c, ns);
+    } else if (n == 2 && get) {
+        if (!auth_check(ctl, c, ns, ROLE_READ, NULL))
+            return;
+        json_t *job;
+        if (job_load(ctl->store, ns, id, &job, NULL) < 0) {
+            conn_respond_error(c, 404, "no job %s in namespace %s", id, ns);
+            return;
+        }
+        conn_respond_json(c, 200, job_view(ctl, job));
+        json_decref(job);
+    } else if (n == 3 && post &&
+               (sv_eq(seg[2], SV("cancel")) || sv_eq(seg[2], SV("pause")) ||
+                sv_eq(seg[2], SV("resume")) || sv_eq(seg[2], SV("move")))) {
+        if (!auth_check(ctl, c, ns, ROLE_WRITE, NULL))
+            return;
+        action_ctx_t *ax = calloc(1, sizeof *ax);
+        if (!ax) {
+            conn_respond_errno(c, -ENOMEM, "action");
+            return;
+        }
+        memcpy(ax->ns, ns, strlen(ns) + 1);
+        memcpy(ax->id, id, strlen(id) + 1);
+        (void)sv_to(seg[2], ax->action, sizeof ax->action);
+        conn_set_handler(c, &action_ops, ax);
+        conn_collect_body(c, 4096, action_done);
+    } else if (n <= 3) {
+        conn_respond_error(c, 405, "method not allowed");
+    } else {
+        conn_respond_error(c, 404, "no such route");
+    }
+}

@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/* sbx-control: configuration from arguments, then the control plane's loop. */
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <stdio.h>
+
+#include "common/log.h"
+#include "control/control.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: sbx-control --state DIR [--listen ADDR:PORT] [--admin-token-file FILE]\n"
+               "                   [--key-publish-delay-ms N]\n"
+               "The sbx control plane (embedded SQLite store in DIR/store.db).\n"
+               "Default listen 127.0.0.1:49980; the admin token goes to $SBX_HOME/token\n"
+               "($SBX_HOME defaults to ~/.sbx) on the first start of an empty store.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "state", required_argument, NULL, 's' },
+        { "listen", required_argument, NULL, 'l' },
+        { "admin-token-file", required_argument, NULL, 't' },
+        { "key-publish-delay-ms", required_argument, NULL, 'd' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    control_config_t cfg = { .publish_delay_ms = 2000 };
+    server_config_t scfg = { .head_timeout_ms = 10000,
+                             .body_timeout_ms = 60000,
+                             .write_timeout_ms = 120000,
+                             .keepalive_ms = 75000,
+                             .max_connections = 10000,
+                             .port = 49980 };
+    const char *listen = "127.0.0.1:49980", *tokfile = NULL;
+    int o;
+    const char *lvl = getenv("SBX_LOG_LEVEL");
+    if (lvl && streq(lvl, "debug"))
+        log_set_level(LOG_DEBUG_);
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        uint64_t v;
+        switch (o) {
+        case 's':
+            if (strlen(optarg) >= sizeof cfg.state_dir || optarg[0] != '/') {
+                log_error("--state takes an absolute path");
+                return 2;
+            }
+            memcpy(cfg.state_dir, optarg, strlen(optarg) + 1);
+            break;
+        case 'l': listen = optarg; break;
+        case 't': tokfile = optarg; break;
+        case 'd':
+            if (parse_u64_str(optarg, 3600000, &v) < 0) {
+                log_error("--key-publish-delay-ms: a number of milliseconds");
+                return 2;
+            }
+            cfg.publish_delay_ms = v;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!cfg.state_dir[0]) {
+        usage(stderr);
+        return 2;
+    }
+    const char *colon = strrchr(listen, ':');
+    uint64_t port;
+    if (!colon || (size_t)(colon - listen) >= sizeof scfg.bind ||
+        parse_u64_str(colon + 1, 65535, &port) < 0 || port == 0) {
+        log_error("--listen takes IP:PORT");
+        return 2;
+    }
+    memcpy(scfg.bind, listen, (size_t)(colon - listen));
+    scfg.bind[colon - listen] = 0;
+    scfg.port = (uint16_t)port;
+    if (tokfile)
+        (void)snprintf(cfg.admin_token_file, sizeof cfg.admin_token_file, "%s", tokfile);
+    else {
+        const char *home = getenv("SBX_HOME"), *h = getenv("HOME");
+        if (home && *home)
+            (void)snprintf(cfg.admin_token_file, sizeof cfg.admin_token_file, "%s/token", home);
+        else
+            (void)snprintf(cfg.admin_token_file, sizeof cfg.admin_token_file, "%s/.sbx/token",
+                           h && *h ? h : "/root");
+    }
+    static control_t ctl;
+    int r = control_init(&ctl, &cfg, &scfg);
+    if (r < 0) {
+        log_error("cannot start: %s", strerror(-r));
+        control_done(&ctl);
+        return 1;
+    }
+    log_info("sbx-control listening on %s:%u (state %s)", scfg.bind, scfg.port, cfg.state_dir);
+    r = control_run(&ctl);
+    control_done(&ctl);
+    return r < 0 ? 1 : 0;
+}

@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: MIT */
+/* Nodes: registration with the join token, heartbeats with the node's own token, and liveness.
+ * Both answers carry the verification key set (public keys only).
+ *   POST /v1/nodes/register            (Bearer <join token>)
+ *   POST /v1/nodes/{name}/heartbeat    (Bearer <node token>)
+ *   GET  /v1/nodes                     (admin) */
+#include <sodium.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "control.h"
+
+static bool bearer_hash(conn_t *c, char out[65])
+{
+    sv_t v;
+    if (!http_header_get(&c->req, "authorization", &v) || v.len < 8 || v.len > 200 ||
+        !sv_eq_lit_nocase(sv_make(v.p, 7), "bearer "))
+        return false;
+    char tok[256];
+    memcpy(tok, v.p + 7, v.len - 7);
+    tok[v.len - 7] = 0;
+    auth_token_hash(tok, out);
+    sodium_memzero(tok, sizeof tok);
+    return true;
+}
+
+static bool hash_eq(const char *a, const char *b)
+{
+    return strlen(a) == 64 && strlen(b) == 64 && sodium_memcmp(a, b, 64) == 0;
+}
+
+static void respond_keys(control_t *ctl, conn_t *c, int status, const char *token)
+{
+    json_t *j = json_pack("{s:o,s:i}", "keys", keys_verify_set_json(&ctl->keys, time(NULL)),
+                          "heartbeat_ms", 1000);
+    if (j && token)
+        json_object_set_new(j, "node_token", json_string(token));
+    conn_respond_json(c, status, j);
+}
+
+static void register_done(conn_t *c)
+{
+    control_t *ctl = c->srv->app;
+    char hash[65];
+    store_kv_t kv;
+    if (!bearer_hash(c, hash) || store_get(ctl->store, "meta/join-token", &kv) < 0) {
+        conn_respond_error(c, 401, "register: the join token is required");
+        return;
+    }
+    bool ok = kv.value_len == 64 && hash_eq(kv.value, hash);
+    store_kv_clear(&kv);
+    if (!ok) {
+        conn_respond_error(c, 401, "register: wrong join token");
+        return;
+    }
+    json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, NULL);
+    const char *name, *url;
+    json_int_t capacity = 64;
+    char host[64];
+    uint64_t port;
+    const char *colon;
+    if (json_unpack(b, "{s:s,s:s,s?I}", "name", &name, "url", &url, "capacity", &capacity) < 0 ||
+        !cap_id_valid(name) || !(colon = strrchr(url, ':')) ||
+        (size_t)(colon - url) >= sizeof host || parse_u64_str(colon + 1, 65535, &port) < 0 ||
+        capacity < 1) {
+        json_decref(b);
+        conn_respond_error(c, 400, "register: expected {name, url: \"ip:port\", capacity}");
+        return;
+    }
+    memcpy(host, url, (size_t)(colon - url));
+    host[colon - url] = 0;
+    char tok[64], hex[41], thash[65], key[96];
+    random_hex(hex, 20);
+    (void)snprintf(tok, sizeof tok, "sbxnode_%s", hex);
+    auth_token_hash(tok, thash);
+    (void)snprintf(key, sizeof key, "nodes/%s", name);
+    json_t *rec =
+        json_pack("{s:s,s:s,s:I,s:I,s:s,s:I,s:I}", "name", name, "host", host, "port",
+                  (json_int_t)port, "capacity", capacity, "token_hash", thash, "last_seen_ms",
+                  (json_int_t)wall_ms(), "registered_ms", (json_int_t)wall_ms());
+    log_info("node %s registered at %s:%llu", name, host, (unsigned long long)port);
+    json_decref(b);
+    char *v = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
+    json_decref(rec);
+    int r = v ? store_cas(ctl->store, key, v, strlen(v), STORE_REV_ANY, NULL) : -ENOMEM;
+    free(v);
+    if (r < 0) {
+        conn_respond_errno(c, r, "register");
+        return;
+    }
+    control_kick(ctl);
+    respond_keys(ctl, c, 200, tok);
+    sodium_memzero(tok, sizeof tok);
+}
+
+/* A run the node reports as exited ends its job, if it is still the job's current run. */
+static void run_exited(control_t *ctl, const char *node, json_t *rep)
+{
+    const char *sb, *act, *state;
+    json_int_t gen, status = 0;
+    if (json_unpack(rep, "{s:s,s:I,s:s,s:s,s?I}", "sandbox", &sb, "generation", &gen, "activation",
+                    &act, "state", &state, "exit_status", &status) < 0 ||
+        !streq(state, "exited") || !cap_id_valid(sb))
+        return;
+    runrec_t rr;
+    int64_t rev;
+    if (runrec_load(ctl->store, sb, &rr, &rev) < 0 || !streq(rr.state, "running") ||
+        rr.run.generation != (uint64_t)gen || !streq(rr.run.activation, act) ||
+        !streq(rr.run.node, node))
+        return;
+    memcpy(rr.state, "exited", 7);
+    if (runrec_cas(ctl->store, sb, &rr, rev, NULL) < 0)
+        return;
+    json_t *job;
+    int64_t jrev;
+    if (job_load(ctl->store, rr.ns, sb, &job, &jrev) < 0)
+        return;
+    bool ok = WIFEXITED((int)status) && WEXITSTATUS((int)status) == 0;
+    json_object_set_new(job, "stage", json_string(ok ? "COMPLETED" : "ERROR"));
+    char msg[96];
+    (void)snprintf(msg, sizeof msg, "the command exited (%s %d)",
+                   WIFEXITED((int)status) ? "status" : "signal",
+                   WIFEXITED((int)status) ? WEXITSTATUS((int)status) : WTERMSIG((int)status));
+    json_object_set_new(job, "message", json_string(msg));
+    (void)job_save(ctl->store, rr.ns, sb, job, jrev, NULL);
+    json_decref(job);
+}
+
+static void heartbeat_done(conn_t *c, const char *name)
+{
+    control_t *ctl = c->srv->app;
+    char hash[65], key[96];
+    (void)snprintf(key, sizeof key, "nodes/%s", name);
+    store_kv_t kv;
+    if (!bearer_hash(c, hash) || store_get(ctl->store, key, &kv) < 0) {
+        conn_respond_error(c, 401, "heartbeat: unknown node or missing token");
+        return;
+    }
+    json_t *rec = json_loadb(kv.value, kv.value_len, 0, NULL);
+    int64_t rev = kv.rev;
+    store_kv_clear(&kv);
+    const char *th = json_string_value(json_object_get(rec, "token_hash"));
+    if (!th || !hash_eq(th, hash)) {
+        json_decref(rec);
+        conn_respond_error(c, 401, "heartbeat: wrong node token");
+        return;
+    }
+    json_object_set_new(rec, "last_seen_ms", json_integer(wall_ms()));
+    char *v = json_dumps(rec, JSON_COMPACT);
+    json_decref(rec);
+    if (v)
+        (void)store_cas(ctl->store, key, v, strlen(v), rev, NULL);
+    free(v);
+    json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, NULL);
+    size_t i;
+    json_t *rep;
+    json_array_foreach(json_object_get(b, "runs"), i, rep)
+        run_exited(ctl, name, rep);
+    json_decref(b);
+    respond_keys(ctl, c, 200, NULL);
+}
+
+typedef struct {
+    char name[CAP_ID_MAX];
+} hb_ctx_t;
+
+static void hb_free(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    free(c->hdata);
+    c->hdata = NULL;
+}
+static const handler_ops_t hb_ops = { .on_close = hb_free };
+
+static void hb_body_done(conn_t *c)
+{
+    hb_ctx_t *h = c->hdata;
+    heartbeat_done(c, h->name);
+}
+
+static void list_nodes(control_t *ctl, conn_t *c)
+{
+    store_kv_t *kvs;
+    size_t n;
+    if (store_list(ctl->store, "nodes/", &kvs, &n) < 0) {
+        conn_respond_error(c, 500, "store");
+        return;
+    }
+    json_t *arr = json_array();
+    int64_t now = wall_ms();
+    for (size_t i = 0; i < n; i++) {
+        json_t *j = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        if (!j)
+            continue;
+        json_object_del(j, "token_hash");
+        json_int_t seen = json_integer_value(json_object_get(j, "last_seen_ms"));
+        json_object_set_new(j, "live", json_boolean(now - seen < CTL_NODE_LIVE_MS));
+        json_array_append_new(arr, j);
+    }
+    store_kv_free(kvs, n);
+    conn_respond_json(c, 200, arr);
+}
+
+void route_nodes(control_t *ctl, conn_t *c, sv_t rest)
+{
+    bool post = sv_eq(c->req.method, SV("POST"));
+    if (rest.len == 0 && sv_eq(c->req.method, SV("GET"))) {
+        if (auth_check(ctl, c, "", ROLE_ADMIN, NULL))
+            list_nodes(ctl, c);
+        return;
+    }
+    if (sv_eq(rest, SV("register")) && post) {
+        conn_collect_body(c, 16 * 1024, register_done);
+        return;
+    }
+    static const char hb[] = "/heartbeat";
+    if (post && rest.len > sizeof hb - 1 &&
+        memcmp(rest.p + rest.len - (sizeof hb - 1), hb, sizeof hb - 1) == 0) {
+        size_t nl = rest.len - (sizeof hb - 1);
+        hb_ctx_t *h = calloc(1, sizeof *h);
+        if (!h || nl >= sizeof h->name) {
+            free(h);
+            conn_respond_error(c, 404, "no such node");
+            return;
+        }
+        memcpy(h->name, rest.p, nl);
+        h->name[nl] = 0;
+        if (!cap_id_valid(h->name)) {
+            free(h);
+            conn_respond_error(c, 404, "no such node");
+            return;
+        }
+        conn_set_handler(c, &hb_ops, h);
+        conn_collect_body(c, 256 * 1024, hb_body_done);
+        return;
+    }
+    conn_respond_error(c, 404, "no such route");
+}

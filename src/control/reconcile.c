@@ -1,0 +1,475 @@
+/* SPDX-License-Identifier: MIT */
+/* The reconciler: makes each job's runs match what was asked for (desired running / paused /
+ * canceled, move_to), one job at a time, with blocking calls to nodes on its own thread.
+ *
+ * A new generation is claimed in the store before any node hears of it: the run record is
+ * replaced by compare-and-swap against the version that was read, so of two control processes
+ * racing to start generation N+1 exactly one wins, and only the winner calls a node. The new
+ * run is installed with a management capability naming exactly that run; a paused run's root
+ * travels with it (same node: kept in place; other node: fetched from the old node with a
+ * capability for the old run). The old run is retired on its node only after the new one runs. */
+#include <sodium.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "common/httpc.h"
+#include "common/log.h"
+#include "control.h"
+
+#define INSTALL_ATTEMPTS 3
+
+typedef struct {
+    control_t *ctl;
+    store_t *st;
+    keyring_t kr;
+} rec_t;
+
+typedef struct {
+    char name[CAP_ID_MAX];
+    char host[64];
+    uint16_t port;
+    int64_t capacity, load;
+    bool live;
+} node_info_t;
+
+/* ---- node calls ------------------------------------------------------------------------------ */
+
+static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t *run,
+                     const char *method, const char *suffix, json_t *body, int *ret_status,
+                     char *msg, size_t msgcap)
+{
+    cap_t cap = { .run = *run, .access = CAP_MANAGE };
+    char wire[CAP_WIRE_MAX + 64], hdr[CAP_WIRE_MAX + 128], target[160];
+    int r = keys_sign(&rc->kr, &cap, wire, sizeof wire);
+    if (r < 0)
+        return r;
+    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\nContent-Type: application/json\r\n",
+                   wire);
+    (void)snprintf(target, sizeof target, "/v1/runs/%s%s", run->sandbox, suffix);
+    char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    httpc_request_t rq;
+    httpc_request_init(&rq);
+    rq.host = host;
+    rq.port = port;
+    rq.method = method;
+    rq.target = target;
+    rq.headers = hdr;
+    rq.body = b;
+    rq.body_len = b ? strlen(b) : 0;
+    rq.timeout_ms = 600000; /* an install may restore a large root */
+    httpc_response_t resp = { 0 };
+    r = httpc_do(&rq, &resp);
+    if (b) {
+        sodium_memzero(b, strlen(b)); /* held the secrets */
+        free(b);
+    }
+    if (r < 0) {
+        (void)snprintf(msg, msgcap, "node %s:%u: %s", host, port, strerror(-r));
+        return r;
+    }
+    *ret_status = resp.status;
+    json_t *j = json_loadb(resp.body ? resp.body : "", resp.body_len, 0, NULL);
+    const char *e = json_string_value(json_object_get(j, "error"));
+    (void)snprintf(msg, msgcap, "%s", e ? e : "");
+    json_decref(j);
+    httpc_response_free(&resp);
+    return 0;
+}
+
+/* ---- records --------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *stage, *message;
+    bool set_run;
+    uint64_t generation;
+    const char *node;
+    bool clear_move, started;
+} job_patch_t;
+
+static void job_patch(rec_t *rc, const char *ns, const char *id, const job_patch_t *p)
+{
+    for (int i = 0; i < 8; i++) {
+        json_t *job;
+        int64_t rev;
+        if (job_load(rc->st, ns, id, &job, &rev) < 0)
+            return;
+        if (p->stage)
+            json_object_set_new(job, "stage", json_string(p->stage));
+        if (p->message)
+            json_object_set_new(job, "message", json_string(p->message));
+        if (p->set_run) {
+            json_object_set_new(job, "generation", json_integer((json_int_t)p->generation));
+            json_object_set_new(job, "node", json_string(p->node));
+        }
+        if (p->clear_move)
+            json_object_set_new(job, "move_to", json_string(""));
+        if (p->started && !json_object_get(job, "started_ms"))
+            json_object_set_new(job, "started_ms", json_integer(wall_ms()));
+        int r = job_save(rc->st, ns, id, job, rev, NULL);
+        json_decref(job);
+        if (r != -ESTALE)
+            return;
+    }
+}
+
+static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max)
+{
+    store_kv_t *kvs;
+    size_t n, k = 0;
+    if (store_list(rc->st, "nodes/", &kvs, &n) < 0)
+        return 0;
+    int64_t now = wall_ms();
+    for (size_t i = 0; i < n && k < max; i++) {
+        json_t *j = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        const char *name, *host;
+        json_int_t port, cap, seen;
+        if (json_unpack(j, "{s:s,s:s,s:I,s:I,s:I}", "name", &name, "host", &host, "port", &port,
+                        "capacity", &cap, "last_seen_ms", &seen) == 0 &&
+            strlen(name) < CAP_ID_MAX && strlen(host) < 64) {
+            node_info_t *ni = &out[k++];
+            *ni = (node_info_t){ .port = (uint16_t)port,
+                                 .capacity = cap,
+                                 .live = now - seen < CTL_NODE_LIVE_MS };
+            memcpy(ni->name, name, strlen(name) + 1);
+            memcpy(ni->host, host, strlen(host) + 1);
+        }
+        json_decref(j);
+    }
+    store_kv_free(kvs, n);
+    /* load: runs placed on each node that hold resources there */
+    if (store_list(rc->st, "runs/", &kvs, &n) < 0)
+        return k;
+    for (size_t i = 0; i < n; i++) {
+        json_t *j = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        const char *state = json_string_value(json_object_get(j, "state"));
+        const char *node = json_string_value(json_object_get(json_object_get(j, "run"), "node"));
+        if (state && node && (streq(state, "running") || streq(state, "installing")))
+            for (size_t m = 0; m < k; m++)
+                if (streq(out[m].name, node))
+                    out[m].load++;
+        json_decref(j);
+    }
+    store_kv_free(kvs, n);
+    return k;
+}
+
+/* Placement: a live node with room; the preferred one if it qualifies, never `avoid`; else the
+ * least loaded. */
+static const node_info_t *place(node_info_t *nodes, size_t n, const char *prefer, const char *avoid,
+                                const char *only)
+{
+    const node_info_t *best = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const node_info_t *ni = &nodes[i];
+        if (!ni->live || ni->load >= ni->capacity || (avoid && streq(ni->name, avoid)) ||
+            (only && !streq(ni->name, only)))
+            continue;
+        if (prefer && streq(ni->name, prefer))
+            return ni;
+        if (!best || ni->load < best->load)
+            best = ni;
+    }
+    return best;
+}
+
+/* ---- transitions ----------------------------------------------------------------------------- */
+
+static void new_run_id(const char *job, uint64_t gen, const char *node, cap_run_t *id)
+{
+    char act[17], inst[13];
+    random_hex(act, 8);
+    random_hex(inst, 6);
+    *id = (cap_run_t){ .generation = gen };
+    (void)snprintf(id->sandbox, sizeof id->sandbox, "%s", job);
+    (void)snprintf(id->node, sizeof id->node, "%s", node);
+    (void)snprintf(id->substrate, sizeof id->substrate, "process");
+    (void)snprintf(id->activation, sizeof id->activation, "a-%s", act);
+    (void)snprintf(id->instance, sizeof id->instance, "i-%s", inst);
+}
+
+static json_t *install_body(rec_t *rc, json_t *job, const char *id, json_t *restore)
+{
+    char key[64];
+    store_kv_t kv;
+    json_t *secrets = NULL;
+    (void)snprintf(key, sizeof key, "secrets/%s", id);
+    if (store_get(rc->st, key, &kv) == 0) {
+        secrets = json_loadb(kv.value, kv.value_len, 0, NULL);
+        sodium_memzero(kv.value, kv.value_len);
+        store_kv_clear(&kv);
+    }
+    json_t *b =
+        json_pack("{s:O,s:O,s:O,s:O,s:o}", "command", json_object_get(job, "command"), "env",
+                  json_object_get(job, "env"), "expose", json_object_get(job, "expose"), "flavor",
+                  json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object());
+    if (b && restore)
+        json_object_set_new(b, "restore", restore);
+    else
+        json_decref(restore);
+    return b;
+}
+
+/* Retire a run on its node (the node answers no_run when it is already gone: also done). */
+static bool retire(rec_t *rc, const char *host, uint16_t port, const cap_run_t *run)
+{
+    int status = 0;
+    char msg[256];
+    int r = node_call(rc, host, port, run, "DELETE", "", NULL, &status, msg, sizeof msg);
+    if (r < 0 || (status != 200 && status != 409)) {
+        log_warn("retire %s generation %llu on %s: %s (status %d)", run->sandbox,
+                 (unsigned long long)run->generation, run->node, msg, status);
+        return false;
+    }
+    return true;
+}
+
+static bool pause_run(rec_t *rc, runrec_t *rr, int64_t *rev)
+{
+    int status = 0;
+    char msg[256];
+    int r = node_call(rc, rr->host, rr->port, &rr->run, "POST", "/pause", NULL, &status, msg,
+                      sizeof msg);
+    if (r < 0 || status != 200) {
+        log_warn("pause %s generation %llu: %s (status %d)", rr->run.sandbox,
+                 (unsigned long long)rr->run.generation, msg, status);
+        return false;
+    }
+    memcpy(rr->state, "paused", 7);
+    return runrec_cas(rc->st, rr->run.sandbox, rr, *rev, rev) >= 0;
+}
+
+/* Start the next generation (or retry the current one with a new activation). */
+static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, runrec_t *old,
+                      int64_t rev, bool have_old)
+{
+    node_info_t nodes[64];
+    size_t n = load_nodes(rc, nodes, 64);
+    const char *move_to = json_string_value(json_object_get(job, "move_to"));
+    bool move = move_to && *move_to;
+    bool resume = have_old && streq(old->state, "paused");
+    bool retry = have_old && streq(old->state, "failed");
+    const node_info_t *ni = place(nodes, n, resume && !move ? old->run.node : NULL,
+                                  move && have_old ? old->run.node : NULL,
+                                  move && !streq(move_to, "*") ? move_to : NULL);
+    if (!ni) {
+        job_patch(rc, ns, id, &(job_patch_t){ .message = "waiting for a node with room" });
+        return;
+    }
+    runrec_t nr = { .port = ni->port };
+    uint64_t gen = have_old ? old->run.generation + (retry ? 0 : 1) : 1;
+    new_run_id(id, gen, ni->name, &nr.run);
+    memcpy(nr.state, "installing", 11);
+    (void)snprintf(nr.host, sizeof nr.host, "%s", ni->host);
+    (void)snprintf(nr.ns, sizeof nr.ns, "%s", ns);
+    nr.attempts = retry ? old->attempts : 0;
+    json_t *restore = NULL;
+    if (resume && streq(old->run.node, ni->name))
+        restore = json_pack("{s:s}", "mode", "local");
+    else if (resume) {
+        cap_t cap = { .run = old->run, .access = CAP_MANAGE };
+        char wire[CAP_WIRE_MAX + 64];
+        if (keys_sign(&rc->kr, &cap, wire, sizeof wire) >= 0)
+            restore = json_pack("{s:s,s:s,s:i,s:s,s:s}", "mode", "remote", "host", old->host,
+                                "port", old->port, "sandbox", id, "capability", wire);
+        nr.has_prev = true; /* the old root is removed once the new run runs */
+        nr.prev = old->run;
+        (void)snprintf(nr.prev_host, sizeof nr.prev_host, "%s", old->host);
+        nr.prev_port = old->port;
+    } else if (have_old && old->has_prev) {
+        nr.has_prev = true;
+        nr.prev = old->prev;
+        memcpy(nr.prev_host, old->prev_host, sizeof nr.prev_host);
+        nr.prev_port = old->prev_port;
+    }
+    /* Claim generation N (activation A) before any node hears of it. */
+    int64_t nrev;
+    int r = runrec_cas(rc->st, id, &nr, have_old ? rev : STORE_REV_ABSENT, &nrev);
+    if (r < 0) {
+        json_decref(restore);
+        if (r != -ESTALE)
+            log_warn("job %s: cannot write the run record: %s", id, strerror(-r));
+        return; /* another writer moved first: read again next pass */
+    }
+    job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = "" });
+    json_t *body = install_body(rc, job, id, restore);
+    int status = 0;
+    char msg[512] = "";
+    r = body ? node_call(rc, nr.host, nr.port, &nr.run, "PUT", "", body, &status, msg, sizeof msg)
+             : -ENOMEM;
+    json_decref(body);
+    if (r >= 0 && (status == 200 || status == 201)) {
+        memcpy(nr.state, "running", 8);
+        if (runrec_cas(rc->st, id, &nr, nrev, &nrev) < 0)
+            return;
+        log_info("job %s/%s: generation %llu running on %s (activation %s)", ns, id,
+                 (unsigned long long)gen, ni->name, nr.run.activation);
+        job_patch(rc, ns, id,
+                  &(job_patch_t){ .stage = "RUNNING",
+                                  .message = "",
+                                  .set_run = true,
+                                  .generation = gen,
+                                  .node = ni->name,
+                                  .clear_move = true,
+                                  .started = true });
+        if (nr.has_prev && retire(rc, nr.prev_host, nr.prev_port, &nr.prev)) {
+            nr.has_prev = false;
+            (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
+        }
+        return;
+    }
+    nr.attempts++;
+    memcpy(nr.state, "failed", 7);
+    (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
+    log_warn("job %s/%s: install of generation %llu on %s failed (attempt %d): %s", ns, id,
+             (unsigned long long)gen, ni->name, nr.attempts, msg);
+    if (nr.attempts >= INSTALL_ATTEMPTS) {
+        char m[600];
+        (void)snprintf(m, sizeof m, "could not start: %s", msg);
+        job_patch(rc, ns, id, &(job_patch_t){ .stage = "ERROR", .message = m });
+    }
+}
+
+static void reconcile_job(rec_t *rc, json_t *job)
+{
+    const char *id = json_string_value(json_object_get(job, "id"));
+    const char *ns = json_string_value(json_object_get(job, "namespace"));
+    const char *stage = json_string_value(json_object_get(job, "stage"));
+    const char *desired = json_string_value(json_object_get(job, "desired"));
+    if (!id || !ns || !stage || !desired || streq(stage, "CANCELED"))
+        return;
+    runrec_t rr;
+    int64_t rev = 0;
+    bool have = runrec_load(rc->st, id, &rr, &rev) == 0;
+    bool holds = have && (streq(rr.state, "running") || streq(rr.state, "paused") ||
+                          streq(rr.state, "installing") || streq(rr.state, "exited"));
+    if (streq(desired, "canceled")) {
+        if (holds && !retire(rc, rr.host, rr.port, &rr.run))
+            return;
+        if (have && rr.has_prev)
+            (void)retire(rc, rr.prev_host, rr.prev_port, &rr.prev);
+        if (have) {
+            memcpy(rr.state, "retired", 8);
+            rr.has_prev = false;
+            (void)runrec_cas(rc->st, id, &rr, rev, &rev);
+        }
+        job_patch(rc, ns, id, &(job_patch_t){ .stage = "CANCELED" });
+        log_info("job %s/%s canceled", ns, id);
+        return;
+    }
+    if (streq(stage, "COMPLETED") || streq(stage, "ERROR"))
+        return;
+    if (have && streq(rr.state, "installing") && wall_ms() - rr.updated_ms < CTL_INSTALL_STALE_MS)
+        return; /* another reconciler is installing it */
+    if (streq(desired, "paused")) {
+        if (have && streq(rr.state, "running") && !pause_run(rc, &rr, &rev))
+            return;
+        if (!streq(stage, "PAUSED"))
+            job_patch(rc, ns, id, &(job_patch_t){ .stage = "PAUSED", .message = "" });
+        return;
+    }
+    const char *move_to = json_string_value(json_object_get(job, "move_to"));
+    bool move = move_to && *move_to;
+    if (have && streq(rr.state, "running")) {
+        if (!move) {
+            json_int_t timeout = json_integer_value(json_object_get(job, "timeout"));
+            json_int_t started = json_integer_value(json_object_get(job, "started_ms"));
+            if (timeout > 0 && started > 0 && wall_ms() - started > timeout * 1000) {
+                if (retire(rc, rr.host, rr.port, &rr.run)) {
+                    memcpy(rr.state, "retired", 8);
+                    (void)runrec_cas(rc->st, id, &rr, rev, &rev);
+                    job_patch(rc, ns, id,
+                              &(job_patch_t){ .stage = "ERROR", .message = "timed out" });
+                }
+                return;
+            }
+            if (rr.has_prev && retire(rc, rr.prev_host, rr.prev_port, &rr.prev)) {
+                rr.has_prev = false;
+                (void)runrec_cas(rc->st, id, &rr, rev, &rev);
+            }
+            if (!streq(stage, "RUNNING"))
+                job_patch(rc, ns, id, &(job_patch_t){ .stage = "RUNNING", .message = "" });
+            return;
+        }
+        if (!pause_run(rc, &rr, &rev)) /* a move stops the run first: its root moves */
+            return;
+    }
+    if (have && streq(rr.state, "failed") && rr.attempts >= INSTALL_ATTEMPTS)
+        return;
+    if (have && streq(rr.state, "exited"))
+        return;
+    start_run(rc, job, ns, id, &rr, rev, have && !streq(rr.state, "retired"));
+}
+
+static void pass(rec_t *rc)
+{
+    store_kv_t *kvs;
+    size_t n;
+    if (keys_load(rc->st, &rc->kr) < 0 || store_list(rc->st, "jobs/", &kvs, &n) < 0)
+        return;
+    for (size_t i = 0; i < n && !rc->ctl->stopping; i++) {
+        json_t *job = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        if (job)
+            reconcile_job(rc, job);
+        json_decref(job);
+    }
+    store_kv_free(kvs, n);
+}
+
+static void *rec_main(void *p)
+{
+    rec_t *rc = p;
+    control_t *ctl = rc->ctl;
+    for (;;) {
+        pthread_mutex_lock(&ctl->rec_lock);
+        if (!ctl->rec_dirty && !ctl->stopping) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            (void)pthread_cond_timedwait(&ctl->rec_cond, &ctl->rec_lock, &ts);
+        }
+        bool stop = ctl->stopping;
+        ctl->rec_dirty = false;
+        pthread_mutex_unlock(&ctl->rec_lock);
+        if (stop)
+            break;
+        pass(rc);
+    }
+    store_close(rc->st);
+    sodium_memzero(&rc->kr, sizeof rc->kr);
+    free(rc);
+    return NULL;
+}
+
+int reconciler_start(control_t *ctl)
+{
+    rec_t *rc = calloc(1, sizeof *rc);
+    if (!rc)
+        return -ENOMEM;
+    rc->ctl = ctl;
+    char path[PATH_MAX + 16];
+    (void)snprintf(path, sizeof path, "%s/store.db", ctl->cfg.state_dir);
+    int r = store_open_sqlite(path, &rc->st);
+    if (r < 0) {
+        free(rc);
+        return r;
+    }
+    r = pthread_create(&ctl->rec_thread, NULL, rec_main, rc);
+    if (r != 0) {
+        store_close(rc->st);
+        free(rc);
+        return -r;
+    }
+    ctl->rec_started = true;
+    return 0;
+}
+
+void reconciler_stop(control_t *ctl)
+{
+    pthread_mutex_lock(&ctl->rec_lock);
+    ctl->stopping = true;
+    pthread_cond_signal(&ctl->rec_cond);
+    pthread_mutex_unlock(&ctl->rec_lock);
+    if (ctl->rec_started)
+        (void)pthread_join(ctl->rec_thread, NULL);
+    ctl->rec_started = false;
+}

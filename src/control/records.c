@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: MIT */
+/* Store records of the control plane, as JSON:
+ *   jobs/<ns>/<id>     the job (never its secrets)
+ *   secrets/<id>       the job's secrets (only the reconciler reads them, to install a run)
+ *   runs/<id>          the run record: which incarnation serves the job, on which node
+ *   nodes/<name>       a registered node: address, token hash, last heartbeat
+ *   tokens/<sha256>    a principal's API token (hash only)
+ *   signing-keys/<kid> Ed25519 signing keys (keys.c) */
+#include <ctype.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "control.h"
+
+int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool valid_name(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > max || !(islower((unsigned char)s[0]) || isdigit((unsigned char)s[0])))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (!(islower(ch) || isdigit(ch) || ch == '.' || ch == '_' || ch == '-'))
+            return false;
+    }
+    return true;
+}
+
+json_t *run_id_to_json(const cap_run_t *id)
+{
+    return json_pack("{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", id->sandbox, "generation",
+                     (json_int_t)id->generation, "node", id->node, "substrate", id->substrate,
+                     "activation", id->activation, "instance", id->instance);
+}
+
+static int copy_field(char *dst, size_t cap, const char *src)
+{
+    if (!src || strlen(src) >= cap)
+        return -EINVAL;
+    memcpy(dst, src, strlen(src) + 1);
+    return 0;
+}
+
+int run_id_from_json(json_t *j, cap_run_t *id)
+{
+    const char *sb, *node, *sub, *act, *inst;
+    json_int_t gen;
+    if (json_unpack(j, "{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", &sb, "generation", &gen, "node",
+                    &node, "substrate", &sub, "activation", &act, "instance", &inst) < 0 ||
+        gen < 1)
+        return -EINVAL;
+    *id = (cap_run_t){ .generation = (uint64_t)gen };
+    if (copy_field(id->sandbox, CAP_ID_MAX, sb) < 0 || copy_field(id->node, CAP_ID_MAX, node) < 0 ||
+        copy_field(id->substrate, CAP_ID_MAX, sub) < 0 ||
+        copy_field(id->activation, CAP_ID_MAX, act) < 0 ||
+        copy_field(id->instance, CAP_ID_MAX, inst) < 0)
+        return -EINVAL;
+    return 0;
+}
+
+int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
+{
+    char key[128];
+    store_kv_t kv;
+    (void)snprintf(key, sizeof key, "runs/%s", job);
+    int r = store_get(st, key, &kv);
+    if (r < 0)
+        return r;
+    json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
+    int64_t rev = kv.rev;
+    store_kv_clear(&kv);
+    runrec_t rr = { 0 };
+    const char *state, *host, *ns = "";
+    json_int_t port, attempts = 0, updated = 0;
+    json_t *prev = NULL;
+    r = -EIO;
+    if (json_unpack(j, "{s:s,s:s,s:I,s?I,s?I,s?o,s?s}", "state", &state, "host", &host, "port",
+                    &port, "attempts", &attempts, "updated_ms", &updated, "prev", &prev, "ns",
+                    &ns) == 0 &&
+        run_id_from_json(json_object_get(j, "run"), &rr.run) == 0 &&
+        copy_field(rr.state, sizeof rr.state, state) == 0 &&
+        copy_field(rr.host, sizeof rr.host, host) == 0 &&
+        copy_field(rr.ns, sizeof rr.ns, ns) == 0) {
+        rr.port = (uint16_t)port;
+        rr.attempts = (int)attempts;
+        rr.updated_ms = updated;
+        r = 0;
+        if (json_is_object(prev)) {
+            const char *ph;
+            json_int_t pp;
+            if (json_unpack(prev, "{s:s,s:I}", "host", &ph, "port", &pp) == 0 &&
+                run_id_from_json(json_object_get(prev, "run"), &rr.prev) == 0 &&
+                copy_field(rr.prev_host, sizeof rr.prev_host, ph) == 0) {
+                rr.has_prev = true;
+                rr.prev_port = (uint16_t)pp;
+            }
+        }
+    }
+    json_decref(j);
+    if (r == 0) {
+        *ret = rr;
+        if (ret_rev)
+            *ret_rev = rev;
+    }
+    return r;
+}
+
+int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev)
+{
+    char key[128];
+    (void)snprintf(key, sizeof key, "runs/%s", job);
+    json_t *j = json_pack("{s:o,s:s,s:s,s:i,s:i,s:I,s:s}", "run", run_id_to_json(&r->run), "state",
+                          r->state, "host", r->host, "port", r->port, "attempts", r->attempts,
+                          "updated_ms", (json_int_t)wall_ms(), "ns", r->ns);
+    if (j && r->has_prev)
+        json_object_set_new(j, "prev",
+                            json_pack("{s:o,s:s,s:i}", "run", run_id_to_json(&r->prev), "host",
+                                      r->prev_host, "port", r->prev_port));
+    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!v)
+        return -ENOMEM;
+    int rc = store_cas(st, key, v, strlen(v), expect, ret_rev);
+    free(v);
+    return rc;
+}
+
+int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev)
+{
+    char key[192];
+    store_kv_t kv;
+    (void)snprintf(key, sizeof key, "jobs/%s/%s", ns, id);
+    int r = store_get(st, key, &kv);
+    if (r < 0)
+        return r;
+    json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
+    if (ret_rev)
+        *ret_rev = kv.rev;
+    store_kv_clear(&kv);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return -EIO;
+    }
+    *ret = j;
+    return 0;
+}
+
+int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t expect,
+             int64_t *ret_rev)
+{
+    char key[192];
+    (void)snprintf(key, sizeof key, "jobs/%s/%s", ns, id);
+    char *v = json_dumps(job, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!v)
+        return -ENOMEM;
+    int r = store_cas(st, key, v, strlen(v), expect, ret_rev);
+    free(v);
+    return r;
+}

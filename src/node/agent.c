@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: MIT */
+/* The node's side of the control plane: register with the join token, then heartbeat. Both
+ * answers carry the verification key set (public keys only: a node can check capabilities, never
+ * mint them). Runs on a thread of its own so that a slow control plane never stalls requests;
+ * the key set is swapped under keys_lock. */
+#include <sodium.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "common/httpc.h"
+#include "common/log.h"
+#include "node.h"
+
+#define HEARTBEAT_MS 1000
+
+static int parse_keys(json_t *arr, cap_keyset_t *ks)
+{
+    cap_pubkey_t keys[CAP_KEYSET_MAX];
+    size_t n = 0, i;
+    json_t *k;
+    if (!json_is_array(arr) || json_array_size(arr) == 0 || json_array_size(arr) > CAP_KEYSET_MAX)
+        return -EINVAL;
+    json_array_foreach(arr, i, k) {
+        const char *kid, *pk;
+        size_t len;
+        if (json_unpack(k, "{s:s,s:s}", "kid", &kid, "pk", &pk) < 0 || strlen(kid) >= CAP_KID_MAX)
+            return -EINVAL;
+        memcpy(keys[n].kid, kid, strlen(kid) + 1);
+        if (sodium_base642bin(keys[n].pk, CAP_PK_BYTES, pk, strlen(pk), NULL, &len, NULL,
+                              sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
+            len != CAP_PK_BYTES)
+            return -EINVAL;
+        n++;
+    }
+    return cap_keyset_set(ks, keys, n);
+}
+
+static int call(node_t *n, const char *target, const char *bearer, json_t *body, json_t **ret)
+{
+    char *b = json_dumps(body, JSON_COMPACT);
+    char hdr[256];
+    if (!b)
+        return -ENOMEM;
+    (void)snprintf(hdr, sizeof hdr,
+                   "Authorization: Bearer %s\r\nContent-Type: application/json\r\n", bearer);
+    httpc_request_t rq;
+    httpc_request_init(&rq);
+    rq.host = n->cfg.control_host;
+    rq.port = n->cfg.control_port;
+    rq.method = "POST";
+    rq.target = target;
+    rq.headers = hdr;
+    rq.body = b;
+    rq.body_len = strlen(b);
+    rq.timeout_ms = 5000;
+    httpc_response_t resp = { 0 };
+    int r = httpc_do(&rq, &resp);
+    free(b);
+    if (r < 0)
+        return r;
+    int status = resp.status;
+    json_t *j = status == 200 ? json_loadb(resp.body, resp.body_len, 0, NULL) : NULL;
+    httpc_response_free(&resp);
+    if (status == 401 || status == 403 || status == 404)
+        return -EACCES;
+    if (!j)
+        return -EPROTO;
+    *ret = j;
+    return 0;
+}
+
+static int apply_keys(node_t *n, json_t *j)
+{
+    cap_keyset_t ks;
+    int r = parse_keys(json_object_get(j, "keys"), &ks);
+    if (r < 0)
+        return r;
+    pthread_mutex_lock(&n->keys_lock);
+    n->keys = ks;
+    pthread_mutex_unlock(&n->keys_lock);
+    return 0;
+}
+
+static int do_register(node_t *n)
+{
+    json_t *body = json_pack("{s:s,s:s,s:I,s:[s]}", "name", n->cfg.name, "url", n->cfg.advertise,
+                             "capacity", (json_int_t)n->cfg.capacity, "substrates", "process");
+    json_t *resp = NULL;
+    int r = body ? call(n, "/v1/nodes/register", n->cfg.join_token, body, &resp) : -ENOMEM;
+    json_decref(body);
+    if (r < 0)
+        return r;
+    const char *tok = json_string_value(json_object_get(resp, "node_token"));
+    if (!tok || strlen(tok) >= sizeof n->node_token || apply_keys(n, resp) < 0) {
+        json_decref(resp);
+        return -EPROTO;
+    }
+    pthread_mutex_lock(&n->keys_lock);
+    memcpy(n->node_token, tok, strlen(tok) + 1);
+    n->registered = true;
+    pthread_mutex_unlock(&n->keys_lock);
+    json_decref(resp);
+    return 0;
+}
+
+static int do_heartbeat(node_t *n)
+{
+    char target[160], token[sizeof n->node_token];
+    (void)snprintf(target, sizeof target, "/v1/nodes/%s/heartbeat", n->cfg.name);
+    pthread_mutex_lock(&n->keys_lock);
+    memcpy(token, n->node_token, sizeof token);
+    json_t *runs = n->runs_report ? json_deep_copy(n->runs_report) : json_array();
+    pthread_mutex_unlock(&n->keys_lock);
+    json_t *body = json_pack("{s:o}", "runs", runs ? runs : json_array());
+    json_t *resp = NULL;
+    int r = body ? call(n, target, token, body, &resp) : -ENOMEM;
+    json_decref(body);
+    sodium_memzero(token, sizeof token);
+    if (r < 0)
+        return r;
+    r = apply_keys(n, resp);
+    json_decref(resp);
+    return r;
+}
+
+static void *agent_main(void *p)
+{
+    node_t *n = p;
+    bool was_ok = false;
+    while (!n->stopping) {
+        int r = n->registered ? do_heartbeat(n) : do_register(n);
+        if (r == -EACCES && n->registered) {
+            log_warn("control plane does not know this node any more: registering again");
+            pthread_mutex_lock(&n->keys_lock);
+            n->registered = false;
+            pthread_mutex_unlock(&n->keys_lock);
+            continue;
+        }
+        if (r < 0 && was_ok)
+            log_warn("control plane unreachable: %s", strerror(-r));
+        else if (r >= 0 && !was_ok)
+            log_info("registered with the control plane at %s:%u as %s", n->cfg.control_host,
+                     n->cfg.control_port, n->cfg.name);
+        was_ok = r >= 0;
+        for (int i = 0; i < HEARTBEAT_MS / 50 && !n->stopping; i++) {
+            struct timespec ts = { 0, 50 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+int node_agent_start(node_t *n)
+{
+    int r = pthread_create(&n->agent_thread, NULL, agent_main, n);
+    if (r != 0)
+        return -r;
+    n->agent_started = true;
+    return 0;
+}
+
+void node_agent_stop(node_t *n)
+{
+    n->stopping = true;
+    if (n->agent_started)
+        (void)pthread_join(n->agent_thread, NULL);
+    n->agent_started = false;
+}

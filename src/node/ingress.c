@@ -1,0 +1,350 @@
+/* SPDX-License-Identifier: MIT */
+/* The node's HTTP ingress. Every request carries a capability (X-Sbx-Capability). Before any
+ * byte reaches a run, the node verifies the signature and expiry with the control plane's
+ * public keys, then compares the full identity with the run installed here (cap_compare):
+ *   Allow        -> forward over the verified bridge, the stream leased to the run;
+ *   RefreshRoute -> 409, the sender's route is stale (same sandbox, another incarnation);
+ *   Deny         -> 403 (401 without a capability).
+ * Both refusals carry X-Sbx-Verdict and a JSON body {"error", "verdict", "reason"}.
+ *
+ * Routes:
+ *   GET    /v1/health
+ *   PUT    /v1/runs/{sandbox}                      install a run        (manage capability)
+ *   POST   /v1/runs/{sandbox}/pause                stop, keep its root  (manage)
+ *   DELETE /v1/runs/{sandbox}                      retire               (manage)
+ *   GET    /v1/runs/{sandbox}/state                tar of a stopped run (manage)
+ *   ANY    /v1/runs/{sandbox}/ports/{port}/{rest}  forward to the run   (exec/files/... or proxy)
+ */
+#include <stdio.h>
+#include <time.h>
+
+#include "cap/purpose.h"
+#include "common/log.h"
+#include "node.h"
+#include "server/proxy.h"
+
+#define VERDICT_BODY_MAX 512
+
+static void refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg)
+{
+    int status = v == CAP_REFRESH_ROUTE ? 409 : why == CAP_E_MALFORMED ? 401 : 403;
+    char hdr[64];
+    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Verdict: %s\r\n", cap_verdict_str(v));
+    json_t *j = json_pack("{s:s,s:s,s:s}", "error", msg, "verdict", cap_verdict_str(v), "reason",
+                          cap_reason_str(why));
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!body) {
+        conn_abort(c);
+        return;
+    }
+    c->keep_alive = false;
+    (void)conn_respond(c, status, "application/json", body, strlen(body), hdr);
+    free(body);
+}
+
+static int64_t now_s(void) { return (int64_t)time(NULL); }
+
+/* Signature and expiry. */
+static bool verify(node_t *n, conn_t *c, cap_t *cap)
+{
+    sv_t w;
+    if (!http_header_get(&c->req, "x-sbx-capability", &w) || w.len == 0) {
+        refuse(c, CAP_DENY, CAP_E_MALFORMED, "a capability (X-Sbx-Capability) is required");
+        return false;
+    }
+    pthread_mutex_lock(&n->keys_lock);
+    cap_reason_t why = cap_verify(&n->keys, w.p, w.len, now_s(), cap);
+    pthread_mutex_unlock(&n->keys_lock);
+    if (why != CAP_OK) {
+        refuse(c, CAP_DENY, why, "capability refused");
+        return false;
+    }
+    return true;
+}
+
+/* Split /v1/runs/{sandbox}{tail} */
+static bool parse_runs_path(sv_t path, char *sandbox, sv_t *tail)
+{
+    static const char pre[] = "/v1/runs/";
+    if (path.len <= sizeof pre - 1 || memcmp(path.p, pre, sizeof pre - 1) != 0)
+        return false;
+    const char *s = path.p + sizeof pre - 1, *end = path.p + path.len;
+    const char *slash = memchr(s, '/', (size_t)(end - s));
+    size_t n = (size_t)((slash ? slash : end) - s);
+    if (n == 0 || n >= CAP_ID_MAX)
+        return false;
+    memcpy(sandbox, s, n);
+    sandbox[n] = 0;
+    if (!cap_id_valid(sandbox))
+        return false;
+    *tail = slash ? sv_make(slash, (size_t)(end - slash)) : SV("");
+    return true;
+}
+
+/* ---- management (control plane -> node) ---------------------------------------------------- */
+
+static bool manage_cap_ok(node_t *n, conn_t *c, const char *sandbox, cap_t *cap)
+{
+    if (!verify(n, c, cap))
+        return false;
+    if (!(cap->access & CAP_MANAGE)) {
+        refuse(c, CAP_DENY, CAP_E_PURPOSE, "not a management capability");
+        return false;
+    }
+    if (!streq(cap->run.sandbox, sandbox)) {
+        refuse(c, CAP_DENY, CAP_E_SANDBOX, "capability is for another sandbox");
+        return false;
+    }
+    if (!streq(cap->run.node, n->cfg.name)) {
+        refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, "capability names another node");
+        return false;
+    }
+    return true;
+}
+
+/* The run record a management call addresses must be exactly the capability's run. */
+static run_t *manage_target(node_t *n, conn_t *c, const cap_t *cap)
+{
+    run_t *r = node_find_run(n, cap->run.sandbox);
+    if (!r) {
+        refuse(c, CAP_REFRESH_ROUTE, CAP_E_NO_RUN, "no run of this sandbox on this node");
+        return NULL;
+    }
+    if (!cap_run_equal(&r->id, &cap->run)) {
+        refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, "another run of this sandbox is installed");
+        return NULL;
+    }
+    return r;
+}
+
+typedef struct {
+    cap_t cap;
+} install_ctx_t;
+
+static void install_done(conn_t *c)
+{
+    node_t *n = c->srv->app;
+    install_ctx_t *ctx = c->hdata;
+    json_error_t jerr;
+    json_t *spec = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr);
+    if (!json_is_object(spec)) {
+        json_decref(spec);
+        conn_respond_error(c, 400, "install: body must be a JSON object: %s", jerr.text);
+        return;
+    }
+    char err[512] = "";
+    run_t *r = NULL;
+    int rc = run_install(n, &ctx->cap.run, spec, err, sizeof err, &r);
+    json_decref(spec);
+    if (rc == -EEXIST) {
+        conn_respond_json(c, 200, json_pack("{s:o}", "run", run_json(r)));
+        return;
+    }
+    if (rc == -ESTALE) {
+        refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, err);
+        return;
+    }
+    if (rc < 0) {
+        log_warn("install %s generation %llu failed: %s", ctx->cap.run.sandbox,
+                 (unsigned long long)ctx->cap.run.generation, err);
+        conn_respond_error(c, rc == -EINVAL ? 400 : 500, "install failed: %s", err);
+        return;
+    }
+    log_info("installed run %s generation %llu activation %s (pid %d)", r->id.sandbox,
+             (unsigned long long)r->id.generation, r->id.activation, (int)r->pid);
+    conn_respond_json(c, 201, json_pack("{s:o}", "run", run_json(r)));
+}
+
+static void install_free(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    free(c->hdata);
+    c->hdata = NULL;
+}
+
+static const handler_ops_t install_ops = { .on_close = install_free };
+
+static void route_install(node_t *n, conn_t *c, const char *sandbox)
+{
+    cap_t cap;
+    if (!manage_cap_ok(n, c, sandbox, &cap))
+        return;
+    install_ctx_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        conn_respond_errno(c, -ENOMEM, "install");
+        return;
+    }
+    ctx->cap = cap;
+    conn_set_handler(c, &install_ops, ctx);
+    conn_collect_body(c, NODE_INSTALL_BODY_MAX, install_done);
+}
+
+static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *op)
+{
+    cap_t cap;
+    if (!manage_cap_ok(n, c, sandbox, &cap))
+        return;
+    run_t *r = manage_target(n, c, &cap);
+    if (!r)
+        return;
+    if (streq(op, "pause")) {
+        run_stop(n, r);
+        log_info("paused run %s generation %llu", r->id.sandbox,
+                 (unsigned long long)r->id.generation);
+        conn_respond_json(c, 200, json_pack("{s:o}", "run", run_json(r)));
+    } else if (streq(op, "retire")) {
+        run_retire(n, r);
+        conn_respond_json(c, 200, json_pack("{s:b}", "retired", 1));
+    } else {
+        int fd;
+        uint64_t len;
+        int rc = run_state_archive(n, r, &fd, &len);
+        if (rc == -EBUSY)
+            conn_respond_error(c, 409, "the run is still running: pause it first");
+        else if (rc < 0)
+            conn_respond_errno(c, rc, "state archive");
+        else
+            conn_respond_file(c, fd, 0, len);
+    }
+}
+
+/* ---- forwarding (client -> control -> node -> run) ----------------------------------------- */
+
+static bool parse_ports_tail(sv_t tail, uint16_t *port, sv_t *rest)
+{
+    static const char pre[] = "/ports/";
+    if (tail.len <= sizeof pre - 1 || memcmp(tail.p, pre, sizeof pre - 1) != 0)
+        return false;
+    sv_t t = sv_make(tail.p + sizeof pre - 1, tail.len - (sizeof pre - 1));
+    const char *slash = memchr(t.p, '/', t.len);
+    sv_t num = sv_make(t.p, slash ? (size_t)(slash - t.p) : t.len);
+    uint64_t p;
+    if (parse_u64(num, 65535, &p) < 0 || p == 0)
+        return false;
+    *port = (uint16_t)p;
+    *rest = slash ? sv_make(slash, t.len - num.len) : SV("");
+    return true;
+}
+
+static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
+{
+    http_request_t *rq = &c->req;
+    uint16_t port;
+    sv_t rest;
+    if (!parse_ports_tail(tail, &port, &rest)) {
+        conn_respond_error(c, 404, "expected /v1/runs/{sandbox}/ports/{port}/...");
+        return;
+    }
+    cap_t cap;
+    if (!verify(n, c, &cap))
+        return;
+    sv_t up;
+    cap_proto_t proto = http_header_get(rq, "upgrade", &up) && sv_eq_lit_nocase(up, "websocket")
+                            ? CAP_PROTO_WEBSOCKET
+                            : CAP_PROTO_HTTP;
+    run_t *r = node_find_run(n, sandbox);
+    const cap_run_t *installed = r && r->state == RUN_RUNNING ? &r->id : NULL;
+    uint32_t purpose = cap_purpose_of(rq->method, port, rest);
+    bool is_proxy = purpose == CAP_PROXY;
+    cap_request_t creq = { .sandbox = sandbox,
+                           .purpose = purpose,
+                           .port = is_proxy ? port : 0,
+                           .proto = is_proxy ? proto : CAP_PROTO_NONE,
+                           .installed = installed,
+                           .expose = installed ? r->expose : NULL,
+                           .n_expose = installed ? r->n_expose : 0 };
+    cap_reason_t why;
+    cap_verdict_t v = cap_compare(&cap, &creq, &why);
+    if (v != CAP_ALLOW) {
+        refuse(c, v, why,
+               v == CAP_REFRESH_ROUTE ? "the route is stale: this node does not serve that run"
+                                      : "capability does not allow this request");
+        return;
+    }
+    /* The path inside the run: the agent's own routes, or its port proxy for other ports. */
+    const char *q = memchr(rq->target.p, '?', rq->target.len);
+    sv_t query = q ? sv_make(q, rq->target.len - (size_t)(q - rq->target.p)) : SV("");
+    char target[HTTP_MAX_HEAD];
+    int tl = port == CAP_AGENT_PORT ? snprintf(target, sizeof target, SV_FMT SV_FMT,
+                                               SV_ARG(rest.len ? rest : SV("/")), SV_ARG(query))
+                                    : snprintf(target, sizeof target, "/v1/proxy/%u" SV_FMT SV_FMT,
+                                               port, SV_ARG(rest), SV_ARG(query));
+    if (tl < 0 || (size_t)tl >= sizeof target) {
+        conn_respond_error(c, 414, "target too long");
+        return;
+    }
+    char err[256];
+    int fd;
+    int rc = bridge_connect(r, &fd, err, sizeof err);
+    if (rc < 0) {
+        log_warn("run %s: bridge refused: %s", sandbox, err);
+        conn_respond_error(c, rc == -EAGAIN ? 503 : 502, "bridge: %s", err);
+        return;
+    }
+    static const char *const drop[] = { "x-sbx-capability", "authorization", NULL };
+    buf_t head;
+    rc = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, NULL, &head);
+    if (rc < 0) {
+        safe_close(fd);
+        conn_respond_errno(c, rc, "forward");
+        return;
+    }
+    lease_t *l = run_lease_new(r);
+    if (!l) {
+        safe_close(fd);
+        buf_free(&head);
+        conn_respond_errno(c, -ENOMEM, "forward");
+        return;
+    }
+    /* The stream is leased to this run: replacing or retiring it cuts the tunnel. */
+    tunnel_t *t = proxy_tunnel_start(c, fd, &head, NULL, run_lease_on_close, l);
+    buf_free(&head);
+    if (!t)
+        run_lease_on_close(NULL, l);
+    else
+        l->tunnel = t;
+}
+
+static void route_health_node(node_t *n, conn_t *c)
+{
+    size_t running = 0;
+    for (run_t *r = n->runs; r; r = r->next)
+        running += r->state == RUN_RUNNING;
+    conn_respond_json(c, 200,
+                      json_pack("{s:s,s:s,s:I,s:I,s:b}", "status", "ok", "node", n->cfg.name,
+                                "runs", (json_int_t)n->n_runs, "running", (json_int_t)running,
+                                "registered", n->registered));
+}
+
+void node_dispatch(conn_t *c)
+{
+    node_t *n = c->srv->app;
+    http_request_t *rq = &c->req;
+    sv_t path = rq->path, tail;
+    char sandbox[CAP_ID_MAX];
+    server_touch(c->srv);
+    if (sv_eq(path, SV("/v1/health")) && sv_eq(rq->method, SV("GET"))) {
+        route_health_node(n, c);
+        return;
+    }
+    if (!parse_runs_path(path, sandbox, &tail)) {
+        conn_respond_error(c, 404, "no such route");
+        return;
+    }
+    bool get = sv_eq(rq->method, SV("GET")), post = sv_eq(rq->method, SV("POST"));
+    if (tail.len == 0 && sv_eq(rq->method, SV("PUT")))
+        route_install(n, c, sandbox);
+    else if (tail.len == 0 && sv_eq(rq->method, SV("DELETE")))
+        route_manage(n, c, sandbox, "retire");
+    else if (sv_eq(tail, SV("/pause")) && post)
+        route_manage(n, c, sandbox, "pause");
+    else if (sv_eq(tail, SV("/state")) && get)
+        route_manage(n, c, sandbox, "state");
+    else if (sv_has_prefix(tail, SV("/ports/")))
+        route_forward(n, c, sandbox, tail);
+    else if (tail.len == 0 || sv_eq(tail, SV("/pause")) || sv_eq(tail, SV("/state")))
+        conn_respond_error(c, 405, "method not allowed");
+    else
+        conn_respond_error(c, 404, "no such route");
+}

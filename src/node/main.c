@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: MIT */
+/* sbx-node: configuration from arguments, then the node's loop. */
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <sys/resource.h>
+
+#include "common/log.h"
+#include "node/node.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: sbx-node --state DIR --listen ADDR:PORT --control ADDR:PORT\n"
+               "                --join-token-file FILE [--name ID] [--advertise ADDR:PORT]\n"
+               "                [--agent PATH] [--capacity N]\n"
+               "Runs sandbox runs for sbx-control on this machine (needs root).\n");
+}
+
+static int parse_hostport(const char *s, char *host, size_t hcap, uint16_t *port)
+{
+    const char *colon = strrchr(s, ':');
+    uint64_t p;
+    if (!colon || colon == s || (size_t)(colon - s) >= hcap ||
+        parse_u64_str(colon + 1, 65535, &p) < 0 || p == 0)
+        return -EINVAL;
+    size_t hl = (size_t)(colon - s);
+    if (s[0] == '[' && hl >= 2 && s[hl - 1] == ']') { /* [::1]:port */
+        memcpy(host, s + 1, hl - 2);
+        host[hl - 2] = 0;
+    } else {
+        memcpy(host, s, hl);
+        host[hl] = 0;
+    }
+    unsigned char a[16];
+    if (inet_pton(AF_INET, host, a) != 1 && inet_pton(AF_INET6, host, a) != 1)
+        return -EINVAL;
+    *port = (uint16_t)p;
+    return 0;
+}
+
+static int read_token_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return negative_errno();
+    size_t n = fread(out, 1, cap - 1, f);
+    fclose(f);
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
+        n--;
+    out[n] = 0;
+    return n > 0 ? 0 : -EINVAL;
+}
+
+static int copy_str(char *dst, size_t cap, const char *src)
+{
+    if (strlen(src) >= cap)
+        return -ENAMETOOLONG;
+    memcpy(dst, src, strlen(src) + 1);
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t *scfg)
+{
+    static const struct option opts[] = {
+        { "state", required_argument, NULL, 's' },
+        { "listen", required_argument, NULL, 'l' },
+        { "control", required_argument, NULL, 'c' },
+        { "join-token-file", required_argument, NULL, 'j' },
+        { "name", required_argument, NULL, 'n' },
+        { "advertise", required_argument, NULL, 'a' },
+        { "agent", required_argument, NULL, 'g' },
+        { "capacity", required_argument, NULL, 'k' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *listen = NULL, *advertise = NULL, *control = NULL, *tokfile = NULL;
+    int o;
+    *cfg = (node_config_t){ .capacity = 64 };
+    *scfg = (server_config_t){ .head_timeout_ms = 10000,
+                               .body_timeout_ms = 60000,
+                               .write_timeout_ms = 120000,
+                               .keepalive_ms = 75000,
+                               .max_connections = 10000 };
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int r = 0;
+        uint64_t v;
+        switch (o) {
+        case 's': r = copy_str(cfg->state_dir, sizeof cfg->state_dir, optarg); break;
+        case 'l': listen = optarg; break;
+        case 'c': control = optarg; break;
+        case 'j': tokfile = optarg; break;
+        case 'n': r = copy_str(cfg->name, sizeof cfg->name, optarg); break;
+        case 'a': advertise = optarg; break;
+        case 'g': r = copy_str(cfg->agent_bin, sizeof cfg->agent_bin, optarg); break;
+        case 'k':
+            r = parse_u64_str(optarg, 100000, &v);
+            cfg->capacity = v;
+            break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -EINVAL;
+        }
+        if (r < 0) {
+            log_error("bad value for an option: %s", optarg);
+            return -EINVAL;
+        }
+    }
+    if (!cfg->state_dir[0] || !listen || !control || !tokfile || cfg->state_dir[0] != '/') {
+        usage(stderr);
+        return -EINVAL;
+    }
+    uint16_t port;
+    if (parse_hostport(listen, scfg->bind, sizeof scfg->bind, &port) < 0 ||
+        parse_hostport(control, cfg->control_host, sizeof cfg->control_host, &cfg->control_port) <
+            0) {
+        log_error("--listen and --control take IP:PORT (numeric)");
+        return -EINVAL;
+    }
+    scfg->port = port;
+    (void)snprintf(cfg->advertise, sizeof cfg->advertise, "%s", advertise ? advertise : listen);
+    if (read_token_file(tokfile, cfg->join_token, sizeof cfg->join_token) < 0) {
+        log_error("cannot read the join token from %s", tokfile);
+        return -EINVAL;
+    }
+    if (!cfg->name[0])
+        (void)snprintf(cfg->name, sizeof cfg->name, "node-%u", port);
+    if (!cap_id_valid(cfg->name)) {
+        log_error("--name %s: use [A-Za-z0-9._:-], at most %d bytes", cfg->name, CAP_ID_MAX - 1);
+        return -EINVAL;
+    }
+    if (!cfg->agent_bin[0]) { /* sbx-server-static next to this binary */
+        char self[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0)
+            return -EINVAL;
+        self[n] = 0;
+        (void)snprintf(cfg->agent_bin, sizeof cfg->agent_bin, "%s/sbx-server-static",
+                       dirname(self));
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    node_config_t cfg;
+    server_config_t scfg;
+    static node_t node;
+    const char *lvl = getenv("SBX_LOG_LEVEL");
+    if (lvl && streq(lvl, "debug"))
+        log_set_level(LOG_DEBUG_);
+    if (parse_args(argc, argv, &cfg, &scfg) < 0)
+        return 2;
+    if (geteuid() != 0) {
+        log_error("sbx-node needs root (namespaces, mounts, cgroups)");
+        return 2;
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    int r = node_init(&node, &cfg, &scfg);
+    if (r < 0) {
+        log_error("cannot start: %s", strerror(-r));
+        node_done(&node);
+        return 1;
+    }
+    log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s", cfg.name, scfg.bind,
+             scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin);
+    r = node_run(&node);
+    node_done(&node);
+    return r < 0 ? 1 : 0;
+}

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: MIT */
+#include "node.h"
+
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include "common/log.h"
+
+run_t *node_find_run(node_t *n, const char *sandbox)
+{
+    for (run_t *r = n->runs; r; r = r->next)
+        if (streq(r->id.sandbox, sandbox))
+            return r;
+    return NULL;
+}
+
+/* What the heartbeat thread tells the control plane: each run's identity and state. */
+static void report_runs(loop_t *l, timer_t_ *t)
+{
+    node_t *n = t->data;
+    json_t *arr = json_array();
+    for (run_t *r = n->runs; arr && r; r = r->next) {
+        const char *st = r->state == RUN_RUNNING  ? "running"
+                         : r->state == RUN_PAUSED ? "paused"
+                                                  : "exited";
+        json_array_append_new(
+            arr, json_pack("{s:s,s:I,s:s,s:s,s:i,s:I}", "sandbox", r->id.sandbox, "generation",
+                           (json_int_t)r->id.generation, "activation", r->id.activation, "state",
+                           st, "exit_status", r->exit_status, "leases", (json_int_t)r->n_leases));
+    }
+    if (arr) {
+        pthread_mutex_lock(&n->keys_lock);
+        json_decref(n->runs_report);
+        n->runs_report = arr;
+        pthread_mutex_unlock(&n->keys_lock);
+    }
+    (void)timer_arm(l, t, 500);
+}
+
+static int mkdir_p0700(const char *p)
+{
+    if (mkdir(p, 0700) < 0 && errno != EEXIST)
+        return negative_errno();
+    return chmod(p, 0700) < 0 ? negative_errno() : 0;
+}
+
+int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
+{
+    *n = (node_t){ .cfg = *cfg };
+    pthread_mutex_init(&n->keys_lock, NULL);
+    struct stat st;
+    if (stat(cfg->agent_bin, &st) < 0 || !S_ISREG(st.st_mode)) {
+        log_error("agent binary %s: %s", cfg->agent_bin, strerror(errno ?: EINVAL));
+        return -ENOENT;
+    }
+    n->agent_dev = st.st_dev;
+    n->agent_ino = st.st_ino;
+    char runs[PATH_MAX + 8];
+    (void)snprintf(runs, sizeof runs, "%s/runs", cfg->state_dir);
+    int r = mkdir_p0700(cfg->state_dir);
+    if (r >= 0)
+        r = mkdir_p0700(runs);
+    if (r < 0) {
+        log_error("state directory %s: %s", cfg->state_dir, strerror(-r));
+        return r;
+    }
+    char tag[96];
+    (void)snprintf(tag, sizeof tag, "sbx-node-%s", cfg->name);
+    cgroups_init(&n->cg, tag);
+    r = server_init(&n->srv, scfg);
+    if (r < 0)
+        return r;
+    n->srv.dispatch = node_dispatch;
+    n->srv.app = n;
+    node_load_runs(n);
+    timer_init(&n->report_t, report_runs, n);
+    report_runs(n->srv.loop, &n->report_t);
+    return node_agent_start(n);
+}
+
+int node_run(node_t *n) { return server_run(&n->srv); }
+
+void node_done(node_t *n)
+{
+    node_agent_stop(n);
+    /* A node going down stops its runs (their roots stay): nothing runs unsupervised. */
+    for (run_t *r = n->runs; r; r = r->next)
+        if (r->state == RUN_RUNNING)
+            run_stop(n, r);
+    while (n->runs) {
+        run_t *r = n->runs;
+        n->runs = r->next;
+        free(r);
+    }
+    if (n->srv.loop)
+        timer_disarm(n->srv.loop, &n->report_t);
+    server_done(&n->srv);
+    cgroups_done(&n->cg);
+    json_decref(n->runs_report);
+    pthread_mutex_destroy(&n->keys_lock);
+}

@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: MIT */
+/* sbx-node: the worker. It holds the installed run records, verifies every request's
+ * capability against them (cap_compare), forwards allowed requests over a verified bridge to the
+ * run's agent, and cuts every stream of a run the moment the run is replaced or retired. */
+#pragma once
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cap/cap.h"
+#include "isolation/cgroup.h"
+#include "server/server.h"
+
+#define NODE_MAX_EXPOSE 16
+#define NODE_INSTALL_BODY_MAX (1024 * 1024)
+
+typedef enum { RUN_RUNNING, RUN_PAUSED, RUN_EXITED } run_state_t;
+
+typedef struct lease lease_t;
+typedef struct run run_t;
+
+/* A stream bound to a run's identity epoch: an established tunnel to the run's agent. */
+struct lease {
+    run_t *run;
+    tunnel_t *tunnel;
+    lease_t *prev, *next;
+};
+
+struct run {
+    cap_run_t id;
+    run_state_t state;
+    char dir[PATH_MAX];  /* <state>/runs/<sandbox> (0700) */
+    char sock_path[108]; /* <dir>/br/a.sock; br/ is 0700 */
+    cap_expose_t expose[NODE_MAX_EXPOSE];
+    size_t n_expose;
+    bool pool_host;
+    /* what the bridge peer must be */
+    pid_t pid;
+    uint64_t start_time;
+    dev_t exe_dev;
+    ino_t exe_ino;
+    ino_t sock_ino;
+    int exit_status; /* RUN_EXITED: wait status */
+    uint32_t cg_slot;
+    child_t child;
+    lease_t *leases;
+    size_t n_leases;
+    run_t *next;
+};
+
+typedef struct {
+    char name[CAP_ID_MAX]; /* node id */
+    char state_dir[PATH_MAX];
+    char agent_bin[PATH_MAX];
+    char control_host[64];
+    uint16_t control_port;
+    char join_token[128];
+    char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
+    uint64_t capacity;
+} node_config_t;
+
+typedef struct node {
+    server_t srv;
+    node_config_t cfg;
+    run_t *runs;
+    size_t n_runs;
+    cgroups_t cg;
+    uint32_t next_slot;
+    dev_t agent_dev;
+    ino_t agent_ino;
+    /* The verification key set: written by the control-plane thread, read by the loop. */
+    pthread_mutex_t keys_lock;
+    cap_keyset_t keys;
+    bool registered;
+    pthread_t agent_thread;
+    bool agent_started;
+    volatile bool stopping;
+    char node_token[128];
+    json_t *runs_report; /* what the next heartbeat reports (under keys_lock) */
+    timer_t_ report_t;
+} node_t;
+
+/* node.c */
+int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg);
+int node_run(node_t *n);
+void node_done(node_t *n);
+run_t *node_find_run(node_t *n, const char *sandbox);
+
+/* runs.c: install / pause / retire, leases */
+int run_install(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,
+                run_t **ret);
+void run_stop(node_t *n, run_t *r);   /* cut leases, kill the process tree; keeps the root */
+void run_retire(node_t *n, run_t *r); /* stop and forget it; removes its directory */
+lease_t *run_lease_new(run_t *r);
+void run_lease_on_close(tunnel_t *t, void *data); /* the tunnel callback; frees the lease */
+json_t *run_json(const run_t *r);
+int parse_run_id(json_t *j, cap_run_t *id);
+void run_cut_leases(run_t *r);
+int run_save(const run_t *r);
+void node_load_runs(node_t *n);
+int run_state_archive(node_t *n, run_t *r, int *ret_fd, uint64_t *ret_len);
+
+/* bridge.c: connect to the run's agent and verify who answers */
+int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);
+
+/* agent.c: registration and heartbeats with sbx-control (a thread) */
+int node_agent_start(node_t *n);
+void node_agent_stop(node_t *n);
+
+/* ingress.c */
+void node_dispatch(conn_t *c);

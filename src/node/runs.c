@@ -1,0 +1,720 @@
+/* SPDX-License-Identifier: MIT */
+/* Installed runs: install (replacing any earlier run of the sandbox), stop, retire, the stream
+ * leases bound to each run, the run records kept on disk, and state archives for moves. */
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "common/httpc.h"
+#include "common/log.h"
+#include "node.h"
+#include "server/proxy.h"
+#include "substrate.h"
+
+extern char **environ;
+
+static void closedirp(DIR **d)
+{
+    if (*d)
+        closedir(*d);
+}
+
+#define ENV_MAX 256
+#define ARGV_MAX 256
+
+/* ---- leases ---------------------------------------------------------------------------------- */
+
+lease_t *run_lease_new(run_t *r)
+{
+    lease_t *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->run = r;
+    l->next = r->leases;
+    if (r->leases)
+        r->leases->prev = l;
+    r->leases = l;
+    r->n_leases++;
+    return l;
+}
+
+void run_lease_on_close(tunnel_t *t, void *data)
+{
+    lease_t *l = data;
+    run_t *r = l->run;
+    (void)t;
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        r->leases = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    r->n_leases--;
+    free(l);
+}
+
+/* Every stream of the run ends now, in both directions: the run it was authorized for is
+ * being replaced or retired. */
+void run_cut_leases(run_t *r)
+{
+    while (r->leases) {
+        lease_t *l = r->leases;
+        if (l->tunnel)
+            proxy_tunnel_close(l->tunnel); /* its callback unlinks and frees l */
+        else
+            run_lease_on_close(NULL, l);
+    }
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static int spawn_wait(char *const argv[])
+{
+    pid_t pid;
+    int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
+    if (r != 0)
+        return -r;
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return negative_errno();
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
+}
+
+static int remove_tree(const char *path)
+{
+    char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", (char *)path, NULL };
+    return spawn_wait(argv);
+}
+
+static int mkdir_mode(const char *p, mode_t m)
+{
+    if (mkdir(p, m) < 0 && errno != EEXIST)
+        return negative_errno();
+    return chmod(p, m) < 0 ? negative_errno() : 0;
+}
+
+static int path_join(char *out, size_t cap, const char *a, const char *b)
+{
+    int n = snprintf(out, cap, "%s/%s", a, b);
+    return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+}
+
+/* ---- the run record on disk ---------------------------------------------------------------- */
+
+static json_t *run_id_json(const cap_run_t *id)
+{
+    return json_pack("{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", id->sandbox, "generation",
+                     (json_int_t)id->generation, "node", id->node, "substrate", id->substrate,
+                     "activation", id->activation, "instance", id->instance);
+}
+
+static const char *state_name(run_state_t s)
+{
+    return s == RUN_RUNNING ? "running" : s == RUN_PAUSED ? "paused" : "exited";
+}
+
+json_t *run_json(const run_t *r)
+{
+    json_t *ex = json_array();
+    for (size_t i = 0; ex && i < r->n_expose; i++)
+        json_array_append_new(
+            ex, json_pack("{s:i,s:s}", "port", r->expose[i].port, "protocol",
+                          r->expose[i].proto == CAP_PROTO_WEBSOCKET ? "websocket" : "http"));
+    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:i,s:I}", "run", run_id_json(&r->id),
+                     "state", state_name(r->state), "pid", (int)r->pid, "start_time",
+                     (json_int_t)r->start_time, "exe_dev", (json_int_t)r->exe_dev, "exe_ino",
+                     (json_int_t)r->exe_ino, "sock_ino", (json_int_t)r->sock_ino, "expose",
+                     ex ? ex : json_array(), "pool_host", r->pool_host, "exit_status",
+                     r->exit_status, "leases", (json_int_t)r->n_leases);
+}
+
+int run_save(const run_t *r)
+{
+    char path[PATH_MAX + 16], tmp[PATH_MAX + 16];
+    (void)snprintf(path, sizeof path, "%s/run.json", r->dir);
+    (void)snprintf(tmp, sizeof tmp, "%s/run.json.tmp", r->dir);
+    json_t *j = run_json(r);
+    if (!j)
+        return -ENOMEM;
+    int rc = json_dump_file(j, tmp, JSON_COMPACT);
+    json_decref(j);
+    if (rc < 0 || rename(tmp, path) < 0)
+        return -EIO;
+    return 0;
+}
+
+int parse_run_id(json_t *j, cap_run_t *id)
+{
+    const char *sb, *node, *sub, *act, *inst;
+    json_int_t gen;
+    if (json_unpack(j, "{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", &sb, "generation", &gen, "node",
+                    &node, "substrate", &sub, "activation", &act, "instance", &inst) < 0)
+        return -EINVAL;
+    if (gen < 1 || !cap_id_valid(sb) || !cap_id_valid(node) || !cap_id_valid(sub) ||
+        !cap_id_valid(act) || !cap_id_valid(inst))
+        return -EINVAL;
+    *id = (cap_run_t){ .generation = (uint64_t)gen };
+    memcpy(id->sandbox, sb, strlen(sb) + 1);
+    memcpy(id->node, node, strlen(node) + 1);
+    memcpy(id->substrate, sub, strlen(sub) + 1);
+    memcpy(id->activation, act, strlen(act) + 1);
+    memcpy(id->instance, inst, strlen(inst) + 1);
+    return 0;
+}
+
+static int parse_expose(json_t *ex, run_t *r)
+{
+    size_t i;
+    json_t *e;
+    if (!ex)
+        return 0;
+    if (!json_is_array(ex) || json_array_size(ex) > NODE_MAX_EXPOSE)
+        return -EINVAL;
+    json_array_foreach(ex, i, e) {
+        json_int_t port;
+        const char *proto = "http";
+        if (json_unpack(e, "{s:I,s?s}", "port", &port, "protocol", &proto) < 0 || port < 1 ||
+            port > 65535)
+            return -EINVAL;
+        cap_proto_t p = streq(proto, "http")        ? CAP_PROTO_HTTP
+                        : streq(proto, "websocket") ? CAP_PROTO_WEBSOCKET
+                                                    : CAP_PROTO_NONE;
+        if (p == CAP_PROTO_NONE)
+            return -EINVAL;
+        r->expose[r->n_expose++] = (cap_expose_t){ (uint16_t)port, p };
+    }
+    return 0;
+}
+
+/* ---- starting a run ------------------------------------------------------------------------ */
+
+static bool env_name_ok(const char *k)
+{
+    if (!*k || !(isalpha((unsigned char)*k) || *k == '_'))
+        return false;
+    for (; *k; k++)
+        if (!(isalnum((unsigned char)*k) || *k == '_'))
+            return false;
+    return true;
+}
+
+typedef struct {
+    char *v[ENV_MAX + 1];
+    size_t n;
+} strv_t;
+
+static void strv_clear(strv_t *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    s->n = 0;
+}
+
+static int strv_addf(strv_t *s, const char *k, const char *v)
+{
+    if (s->n >= ENV_MAX)
+        return -E2BIG;
+    if (asprintf(&s->v[s->n], "%s=%s", k, v) < 0)
+        return -ENOMEM;
+    s->v[++s->n] = NULL;
+    return 0;
+}
+
+/* The run's environment: a fixed base, then the job's env, then its secrets (environment for
+ * the command only: never stored in the run record, never logged). The node's own settings
+ * (SBX_LISTEN) cannot be overridden. */
+static int build_env(json_t *spec, strv_t *env, const char **err)
+{
+    static const char *const fixed[][2] = {
+        { "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.sbx/bin" },
+        { "HOME", "/root" },
+        { "SBX_LISTEN", "fd:3" },
+    };
+    int r = 0;
+    for (size_t i = 0; i < 3 && r >= 0; i++)
+        r = strv_addf(env, fixed[i][0], fixed[i][1]);
+    const char *groups[] = { "env", "secrets" };
+    for (size_t g = 0; g < 2 && r >= 0; g++) {
+        json_t *o = json_object_get(spec, groups[g]), *val;
+        const char *k;
+        if (!o)
+            continue;
+        if (!json_is_object(o)) {
+            *err = "env and secrets must be objects of strings";
+            return -EINVAL;
+        }
+        json_object_foreach(o, k, val) {
+            if (!json_is_string(val) || strlen(json_string_value(val)) != json_string_length(val) ||
+                !env_name_ok(k) || streq(k, "SBX_LISTEN")) {
+                *err = "env and secrets: names [A-Za-z_][A-Za-z0-9_]*, string values without NUL";
+                return -EINVAL;
+            }
+            r = strv_addf(env, k, json_string_value(val));
+            if (r < 0)
+                break;
+        }
+    }
+    return r;
+}
+
+static int build_argv(json_t *spec, strv_t *argv, const char **err)
+{
+    json_t *cmd = json_object_get(spec, "command"), *a;
+    size_t i;
+    if (!cmd || json_array_size(cmd) == 0) {
+        argv->v[0] = strdup("sbx-server");
+        argv->v[1] = NULL;
+        argv->n = 1;
+        return argv->v[0] ? 0 : -ENOMEM;
+    }
+    if (!json_is_array(cmd) || json_array_size(cmd) > ARGV_MAX) {
+        *err = "command must be an array of strings";
+        return -EINVAL;
+    }
+    json_array_foreach(cmd, i, a) {
+        if (!json_is_string(a) || strlen(json_string_value(a)) != json_string_length(a)) {
+            *err = "command must be an array of strings without NUL";
+            return -EINVAL;
+        }
+        argv->v[argv->n] = strdup(json_string_value(a));
+        if (!argv->v[argv->n])
+            return -ENOMEM;
+        argv->v[++argv->n] = NULL;
+    }
+    if (argv->v[0][0] != '/' && !streq(argv->v[0], "sbx-server")) {
+        *err = "command[0] must be an absolute path or \"sbx-server\"";
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* A fresh bound (not listening) socket at sock_path: the agent calls listen() on it. */
+static int make_bridge_socket(run_t *r, int *ret_fd)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(r->sock_path) >= sizeof sa.sun_path)
+        return -ENAMETOOLONG;
+    memcpy(sa.sun_path, r->sock_path, strlen(r->sock_path) + 1);
+    _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return negative_errno();
+    (void)unlink(r->sock_path);
+    mode_t old = umask(0077);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    umask(old);
+    if (rc < 0)
+        return negative_errno();
+    struct stat st;
+    if (stat(r->sock_path, &st) < 0)
+        return negative_errno();
+    r->sock_ino = st.st_ino;
+    *ret_fd = TAKE_FD(fd);
+    return 0;
+}
+
+static void run_on_exit(child_t *ch, int wstatus)
+{
+    run_t *r = ch->data;
+    r->pid = 0;
+    r->exit_status = wstatus;
+    if (r->state == RUN_RUNNING) {
+        r->state = RUN_EXITED;
+        run_cut_leases(r);
+        (void)run_save(r);
+        log_info("run %s generation %llu exited (status 0x%x)", r->id.sandbox,
+                 (unsigned long long)r->id.generation, wstatus);
+    }
+}
+
+/* Wait (bounded) until the agent listens on the bridge and passes verification. */
+static int wait_ready(run_t *r, char *err, size_t errlen)
+{
+    for (int i = 0; i < 2500; i++) {
+        int fd;
+        int rc = bridge_connect(r, &fd, err, errlen);
+        if (rc >= 0) {
+            safe_close(fd);
+            return 0;
+        }
+        uint64_t st;
+        int sr = proc_start_time(r->pid, &st);
+        if (sr < 0 || st != r->start_time) {
+            char last[256];
+            (void)snprintf(last, sizeof last, "%s", err);
+            (void)snprintf(err, errlen,
+                           "the run's process exited during start (see its log; %s, %s)",
+                           sr < 0 ? strerror(-sr) : "restarted", last);
+            return -ESRCH;
+        }
+        if (rc != -ECONNREFUSED)
+            return rc;
+        struct timespec ts = { 0, 2 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    (void)snprintf(err, errlen, "the run's agent did not listen within 5 s");
+    return -ETIMEDOUT;
+}
+
+/* Fetch a paused run's root from the node that holds it, as a tar stream, into root. */
+static int restore_remote(json_t *rs, const char *root, char *err, size_t errlen)
+{
+    const char *host, *cap, *sandbox;
+    json_int_t port;
+    if (json_unpack(rs, "{s:s,s:I,s:s,s:s}", "host", &host, "port", &port, "capability", &cap,
+                    "sandbox", &sandbox) < 0 ||
+        port < 1 || port > 65535 || !cap_id_valid(sandbox) || strlen(cap) > CAP_WIRE_MAX) {
+        (void)snprintf(err, errlen, "restore: expected {host, port, sandbox, capability}");
+        return -EINVAL;
+    }
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0)
+        return negative_errno();
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, pfd[0], 0);
+    char *const argv[] = {
+        "/bin/tar", "-x", "--numeric-owner", "-C", (char *)root, "-f", "-", NULL
+    };
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    safe_close(pfd[0]);
+    if (rc != 0) {
+        safe_close(pfd[1]);
+        return -rc;
+    }
+    char target[160], hdr[CAP_WIRE_MAX + 64];
+    (void)snprintf(target, sizeof target, "/v1/runs/%s/state", sandbox);
+    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\n", cap);
+    httpc_request_t rq;
+    httpc_request_init(&rq);
+    rq.host = host;
+    rq.port = (uint16_t)port;
+    rq.method = "GET";
+    rq.target = target;
+    rq.headers = hdr;
+    rq.body_fd = pfd[1];
+    rq.timeout_ms = 300000;
+    httpc_response_t resp = { 0 };
+    rc = httpc_do(&rq, &resp);
+    safe_close(pfd[1]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (rc < 0 || resp.status != 200 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        (void)snprintf(err, errlen, "restore from %s:%lld failed: %s (status %d, tar %d)", host,
+                       (long long)port, rc < 0 ? strerror(-rc) : "http", resp.status,
+                       WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        httpc_response_free(&resp);
+        return rc < 0 ? rc : -EIO;
+    }
+    httpc_response_free(&resp);
+    return 0;
+}
+
+static void run_free(run_t *r) { free(r); }
+
+static void run_unlink(node_t *n, run_t *r)
+{
+    for (run_t **pp = &n->runs; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            n->n_runs--;
+            return;
+        }
+}
+
+void run_stop(node_t *n, run_t *r)
+{
+    run_cut_leases(r);
+    if (r->pid > 0) {
+        /* pid 1 of the run's pid namespace: when it dies the kernel kills the whole tree */
+        (void)kill(r->pid, SIGKILL);
+        server_child_remove(&n->srv, &r->child);
+        int st;
+        while (waitpid(r->pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        r->pid = 0;
+    }
+    if (r->state == RUN_RUNNING)
+        r->state = RUN_PAUSED;
+    (void)run_save(r);
+}
+
+void run_retire(node_t *n, run_t *r)
+{
+    run_stop(n, r);
+    run_unlink(n, r);
+    int rc = remove_tree(r->dir);
+    if (rc < 0)
+        log_warn("cannot remove %s: %s", r->dir, strerror(-rc));
+    log_info("retired run %s generation %llu", r->id.sandbox, (unsigned long long)r->id.generation);
+    run_free(r);
+}
+
+static int prepare_dirs(node_t *n, run_t *r, bool keep_root, json_t *restore, char *err,
+                        size_t errlen)
+{
+    char root[PATH_MAX + 8], bridge[PATH_MAX + 8];
+    int rc = path_join(root, sizeof root, r->dir, "root");
+    if (rc >= 0)
+        rc = path_join(bridge, sizeof bridge, r->dir, "br");
+    if (rc < 0)
+        return rc;
+    (void)n;
+    if (!keep_root)
+        (void)remove_tree(root);
+    rc = mkdir_mode(r->dir, 0700);
+    if (rc >= 0)
+        rc = mkdir_mode(root, 0755);
+    if (rc >= 0)
+        rc = mkdir_mode(bridge, 0700); /* only the node reaches the agent's socket */
+    if (rc < 0) {
+        (void)snprintf(err, errlen, "cannot create the run's directories: %s", strerror(-rc));
+        return rc;
+    }
+    if (restore && !keep_root)
+        rc = restore_remote(restore, root, err, errlen);
+    if (rc < 0)
+        return rc;
+    /* the usual homes of a fresh root (a restored root brings its own) */
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } homes[] = { { "root", 0700 }, { "home", 0755 }, { "var", 0755 }, { "run", 0755 } };
+    for (size_t i = 0; i < sizeof homes / sizeof homes[0]; i++) {
+        char p[PATH_MAX + 16];
+        if (path_join(p, sizeof p, root, homes[i].name) >= 0 && mkdir(p, homes[i].mode) < 0 &&
+            errno != EEXIST) {
+            rc = negative_errno();
+            (void)snprintf(err, errlen, "cannot create /%s in the run's root", homes[i].name);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int run_start(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
+{
+    const char *why = "invalid job spec";
+    strv_t env = { 0 }, argv = { 0 };
+    int rc = build_env(spec, &env, &why);
+    if (rc >= 0)
+        rc = build_argv(spec, &argv, &why);
+    if (rc < 0) {
+        (void)snprintf(err, errlen, "%s", why);
+        strv_clear(&env);
+        strv_clear(&argv);
+        return rc;
+    }
+    json_t *fl = json_object_get(spec, "flavor");
+    json_int_t mem_mb = 0, pids = 0, cpu_milli = 0;
+    int network = 1;
+    (void)json_unpack(fl, "{s?I,s?I,s?I,s?b}", "memory_mb", &mem_mb, "pids", &pids, "cpu_milli",
+                      &cpu_milli, "network", &network);
+    cg_limits_t lim = { .mem_bytes = mem_mb > 0 ? (uint64_t)mem_mb << 20 : 0,
+                        .pids = pids > 0 ? (uint64_t)pids : 0 };
+    if (cpu_milli > 0) {
+        lim.cpu_period_us = 100000;
+        lim.cpu_quota_us = (uint64_t)cpu_milli * 100;
+    }
+    int cgfds[4] = { -1, -1, -1, -1 };
+    r->cg_slot = n->next_slot++;
+    if (n->cg.enabled && cgroup_prepare(&n->cg, r->cg_slot, &lim, cgfds, 4) < 0)
+        log_warn("run %s: cgroup limits not applied", r->id.sandbox);
+    int sock = -1;
+    char root[PATH_MAX + 8], logp[PATH_MAX + 8];
+    (void)path_join(root, sizeof root, r->dir, "root");
+    (void)path_join(logp, sizeof logp, r->dir, "log");
+    rc = make_bridge_socket(r, &sock);
+    if (rc >= 0) {
+        substrate_spec_t sp = { .root = root,
+                                .agent_bin = n->cfg.agent_bin,
+                                .hostname = r->id.sandbox,
+                                .log_path = logp,
+                                .argv = argv.v,
+                                .envp = env.v,
+                                .bridge_fd = sock,
+                                .new_netns = !network,
+                                .pool_host = r->pool_host,
+                                .cgroup_fds = cgfds };
+        rc = substrate_spawn(&sp, &r->pid, &r->start_time, err, errlen);
+    } else
+        (void)snprintf(err, errlen, "bridge socket: %s", strerror(-rc));
+    safe_close(sock);
+    for (int i = 0; i < 4; i++)
+        safe_close(cgfds[i]);
+    strv_clear(&env);
+    strv_clear(&argv);
+    if (rc < 0)
+        return rc;
+    r->state = RUN_RUNNING;
+    r->child = (child_t){ .pid = r->pid, .on_exit = run_on_exit, .data = r };
+    server_child_add(&n->srv, &r->child);
+    char exe[64];
+    struct stat st;
+    (void)snprintf(exe, sizeof exe, "/proc/%d/exe", (int)r->pid);
+    if (stat(exe, &st) < 0) {
+        (void)snprintf(err, errlen, "cannot identify the run's executable: %s", strerror(errno));
+        return -ESRCH;
+    }
+    r->exe_dev = st.st_dev;
+    r->exe_ino = st.st_ino;
+    return wait_ready(r, err, errlen);
+}
+
+int run_install(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen, run_t **ret)
+{
+    run_t *old = node_find_run(n, id->sandbox);
+    if (old && cap_run_equal(&old->id, id) && old->state == RUN_RUNNING) {
+        *ret = old;
+        return -EEXIST;
+    }
+    if (old && old->id.generation > id->generation) {
+        (void)snprintf(err, errlen, "a newer run (generation %llu) is installed",
+                       (unsigned long long)old->id.generation);
+        return -ESTALE;
+    }
+    json_t *restore = json_object_get(spec, "restore");
+    const char *mode = json_string_value(json_object_get(restore, "mode"));
+    bool keep_root = mode && streq(mode, "local");
+    _cleanup_free_ run_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return -ENOMEM;
+    r->id = *id;
+    if (parse_expose(json_object_get(spec, "expose"), r) < 0) {
+        (void)snprintf(err, errlen,
+                       "expose: expected [{port: 1..65535, protocol: http|websocket}]");
+        return -EINVAL;
+    }
+    const char *hm =
+        json_string_value(json_object_get(json_object_get(spec, "env"), "SBX_HOST_MODE"));
+    r->pool_host = hm && streq(hm, "1");
+    char runs[PATH_MAX];
+    int rc = path_join(runs, sizeof runs, n->cfg.state_dir, "runs");
+    if (rc >= 0)
+        rc = path_join(r->dir, sizeof r->dir, runs, id->sandbox);
+    if (rc >= 0 && snprintf(r->sock_path, sizeof r->sock_path, "%s/br/a.sock", r->dir) >=
+                       (int)sizeof r->sock_path)
+        rc = -ENAMETOOLONG;
+    if (rc < 0) {
+        (void)snprintf(err, errlen, "state directory path too long");
+        return rc;
+    }
+    /* The old run is replaced: its streams end and its capabilities stop matching now. */
+    if (old) {
+        run_stop(n, old);
+        run_unlink(n, old);
+        run_free(old);
+    }
+    rc = prepare_dirs(n, r, keep_root, mode && streq(mode, "remote") ? restore : NULL, err, errlen);
+    if (rc >= 0)
+        rc = run_start(n, r, spec, err, errlen);
+    if (rc < 0) {
+        if (r->pid > 0)
+            run_stop(n, r);
+        r->state = RUN_EXITED;
+        /* keep the record so that the directory is found again; it serves nothing */
+    }
+    r->next = n->runs;
+    n->runs = r;
+    n->n_runs++;
+    (void)run_save(r);
+    *ret = TAKE_PTR(r);
+    return rc;
+}
+
+/* A tar archive of a stopped run's root, to be fetched by the node that resumes it. */
+int run_state_archive(node_t *n, run_t *r, int *ret_fd, uint64_t *ret_len)
+{
+    char root[PATH_MAX + 8], tarp[PATH_MAX + 16];
+    (void)n;
+    if (r->state == RUN_RUNNING)
+        return -EBUSY;
+    (void)path_join(root, sizeof root, r->dir, "root");
+    (void)snprintf(tarp, sizeof tarp, "%s/state.tar", r->dir);
+    char *const argv[] = {
+        "/bin/tar", "-c", "--numeric-owner", "--one-file-system", "-f", tarp, "-C", root, ".", NULL
+    };
+    int rc = spawn_wait(argv);
+    if (rc < 0)
+        return rc;
+    int fd = open(tarp, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return negative_errno();
+    (void)unlink(tarp);
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        safe_close(fd);
+        return negative_errno();
+    }
+    *ret_fd = fd;
+    *ret_len = (uint64_t)st.st_size;
+    return 0;
+}
+
+/* Reload run records after a node restart. A run whose process is still the one recorded
+ * (pid and start time) keeps serving; any other becomes exited (its root is kept). */
+void node_load_runs(node_t *n)
+{
+    char dir[PATH_MAX + 8];
+    (void)path_join(dir, sizeof dir, n->cfg.state_dir, "runs");
+    _cleanup_(closedirp) DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.' || !cap_id_valid(de->d_name))
+            continue;
+        char path[PATH_MAX + 300];
+        if (snprintf(path, sizeof path, "%s/%s/run.json", dir, de->d_name) >= (int)sizeof path)
+            continue;
+        json_t *j = json_load_file(path, 0, NULL);
+        run_t *r = calloc(1, sizeof *r);
+        json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0;
+        const char *state = "";
+        int pool = 0;
+        if (!r || !j || parse_run_id(json_object_get(j, "run"), &r->id) < 0 ||
+            json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b}", "state", &state, "pid", &pid,
+                        "start_time", &start, "exe_dev", &dev, "exe_ino", &ino, "sock_ino", &sino,
+                        "pool_host", &pool) < 0 ||
+            parse_expose(json_object_get(j, "expose"), r) < 0) {
+            json_decref(j);
+            free(r);
+            continue;
+        }
+        r->pid = (pid_t)pid;
+        r->start_time = (uint64_t)start;
+        r->exe_dev = (dev_t)dev;
+        r->exe_ino = (ino_t)ino;
+        r->sock_ino = (ino_t)sino;
+        r->pool_host = pool;
+        if (path_join(r->dir, sizeof r->dir, dir, de->d_name) < 0 ||
+            snprintf(r->sock_path, sizeof r->sock_path, "%s/br/a.sock", r->dir) >=
+                (int)sizeof r->sock_path) {
+            json_decref(j);
+            free(r);
+            continue;
+        }
+        uint64_t now_start;
+        r->state = streq(state, "paused") ? RUN_PAUSED : RUN_EXITED;
+        if (streq(state, "running") && r->pid > 0 && proc_start_time(r->pid, &now_start) >= 0 &&
+            now_start == r->start_time)
+            r->state = RUN_RUNNING; /* not our child any more: never reaped here */
+        else if (!streq(state, "running"))
+            r->pid = 0;
+        json_decref(j);
+        r->next = n->runs;
+        n->runs = r;
+        n->n_runs++;
+        log_info("loaded run %s generation %llu (%s)", r->id.sandbox,
+                 (unsigned long long)r->id.generation, state_name(r->state));
+    }
+}
