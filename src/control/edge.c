@@ -219,15 +219,17 @@ static void commit(edge_t *e)
     buf_free(&down);
 }
 
-/* Look the route up again; true (with *fresh) when the store names another run than rejected. */
-static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh)
+/* Look the route up again; true (with *fresh) when the store names another run than rejected.
+ * When the job has no running run any more, *state says what it has ("" if none). */
+static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh, char *state, size_t scap)
 {
-    char state[16];
     route_t rt;
-    if (route_from_store(e->ctl, e->ns, e->job, &rt, state, sizeof state) < 0) {
+    state[0] = 0;
+    if (route_from_store(e->ctl, e->ns, e->job, &rt, state, scap) < 0) {
         routecache_drop(&e->ctl->routes, e->key, rejected);
         return false;
     }
+    state[0] = 0;
     if (cap_run_equal(&rt.run, &rejected->run) && streq(rt.host, rejected->host) &&
         rt.port == rejected->port)
         return false;
@@ -246,7 +248,8 @@ static void transport_failed(edge_t *e, int err)
     bool may_retry = !e->retried && e->replayable && (!e->sent_any || idempotent);
     if (may_retry) {
         route_t rejected = e->route;
-        if (refresh(e, &rejected, &fresh))
+        char state[16];
+        if (refresh(e, &rejected, &fresh, state, sizeof state))
             e->route = fresh;
         else
             routecache_drop(&e->ctl->routes, e->key, &rejected);
@@ -269,7 +272,13 @@ static void answered(edge_t *e)
                          memmem(p, e->in.len, "\r\nX-Sbx-Verdict: RefreshRoute\r\n", 31);
     if (refresh_route && !e->retried) {
         route_t fresh, rejected = e->route;
-        if (refresh(e, &rejected, &fresh)) {
+        char state[16];
+        bool again = refresh(e, &rejected, &fresh, state, sizeof state);
+        if (!again && state[0]) { /* the job stopped serving: say so, not the node's view */
+            edge_fail(e, 409, "the sandbox is not running (run %s)", state);
+            return;
+        }
+        if (again) {
             e->retried = true;
             e->route = fresh;
             log_info("edge: %s: node refused run generation %llu (RefreshRoute); retrying on "

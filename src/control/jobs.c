@@ -275,9 +275,10 @@ static bool labels_match(json_t *job, const conn_t *c)
         if (part.len < 6 || memcmp(part.p, "label=", 6) != 0)
             continue;
         char sel[600];
-        int n = url_decode(sv_make(part.p + 6, part.len - 6), sel, sizeof sel, true);
+        int n = url_decode(sv_make(part.p + 6, part.len - 6), sel, sizeof sel - 1, true);
         if (n < 0)
             return false;
+        sel[n] = 0;
         char *eq = strchr(sel, '=');
         if (eq)
             *eq = 0;

@@ -5,7 +5,9 @@
 #include <limits.h>
 #include <linux/close_range.h>
 #include <net/if.h>
+#include <linux/capability.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/ioctl.h>
@@ -43,6 +45,7 @@ typedef enum {
     ST_PIVOT,
     ST_HOSTNAME,
     ST_LOOPBACK,
+    ST_CAPS,
     ST_STDIO,
     ST_EXEC,
 } step_t;
@@ -61,6 +64,7 @@ static const char *const step_names[] = {
     [ST_PIVOT] = "pivot_root",
     [ST_HOSTNAME] = "set hostname",
     [ST_LOOPBACK] = "bring up loopback",
+    [ST_CAPS] = "drop capabilities",
     [ST_STDIO] = "set up stdio and fds",
     [ST_EXEC] = "exec",
 };
@@ -228,6 +232,35 @@ static int child_mounts(const substrate_spec_t *sp, const paths_t *p, step_t *st
     return 0;
 }
 
+/* The run is root inside its namespaces, without a user namespace: what keeps it from the
+ * host's kernel interfaces is the capability bounding set. A dedicated run keeps what a
+ * program running as root ordinarily needs (file ownership, uids, signals, low ports); never
+ * mount, mknod, modules, raw I/O, time, or network administration. A pool host also keeps
+ * CAP_SYS_ADMIN and CAP_SYS_CHROOT (its hidepid /proc mount namespace, joined with setns) and CAP_SYS_PTRACE (reading its sandboxes'
+ * /proc entries): a pool host is one trust domain, its sandboxes confined by uid + Landlock +
+ * seccomp inside it. */
+static int drop_caps(bool pool_host)
+{
+    uint64_t keep = (1ULL << CAP_CHOWN) | (1ULL << CAP_DAC_OVERRIDE) | (1ULL << CAP_FOWNER) |
+                    (1ULL << CAP_FSETID) | (1ULL << CAP_KILL) | (1ULL << CAP_SETGID) |
+                    (1ULL << CAP_SETUID) | (1ULL << CAP_NET_BIND_SERVICE) |
+                    (1ULL << CAP_AUDIT_WRITE);
+    if (pool_host)
+        keep |= (1ULL << CAP_SYS_ADMIN) | (1ULL << CAP_SYS_CHROOT) | (1ULL << CAP_SYS_PTRACE) |
+                (1ULL << CAP_DAC_READ_SEARCH); /* setns(mount) needs SYS_CHROOT too */
+    for (int c = 0; c < 64; c++) {
+        if (keep & (1ULL << c))
+            continue;
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL)
+            return -1; /* EINVAL: beyond this kernel's last capability */
+    }
+    /* and no more privileges from exec (setuid binaries, file capabilities) for dedicated runs;
+     * a pool host sets it per sandbox itself */
+    if (!pool_host && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        return -1;
+    return 0;
+}
+
 _noreturn_ static void child_main(const substrate_spec_t *sp, const paths_t *p, int errfd)
 {
     step_t st = ST_PRIVATE;
@@ -263,6 +296,9 @@ _noreturn_ static void child_main(const substrate_spec_t *sp, const paths_t *p, 
             goto fail;
         close(s);
     }
+    st = ST_CAPS;
+    if (drop_caps(sp->pool_host) < 0)
+        goto fail;
     st = ST_STDIO;
     int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (nul < 0 || dup2(nul, 0) < 0)

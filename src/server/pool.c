@@ -178,6 +178,14 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         pool_free(p);
         return r;
     }
+    /* the parents too (a fresh run root has no /sbx): root-owned, not writable by others */
+    char parent[sizeof cfg->homes_dir];
+    memcpy(parent, cfg->homes_dir, sizeof parent);
+    for (char *sl = strchr(parent + 1, '/'); sl; sl = strchr(sl + 1, '/')) {
+        *sl = 0;
+        (void)mkdir(parent, 0755);
+        *sl = '/';
+    }
     if (mkdir(cfg->homes_dir, 0711) < 0 && errno != EEXIST) {
         r = negative_errno();
         (void)snprintf(err, errlen, "cannot create SBX_HOMES_DIR %s: %s", cfg->homes_dir,
