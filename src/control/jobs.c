@@ -173,12 +173,14 @@ static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_se
             return "secrets and env must not share a name";
         }
     }
-    json_t *job =
-        json_pack("{s:s,s:s,s:o,s:O,s:O,s:O,s:O,s:I}", "image", image, "substrate", substrate,
-                  "flavor", fl, "command", command ? command : json_array(), "env",
-                  env ? env : json_object(), "labels", labels ? labels : json_object(), "expose",
-                  expose ? expose : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
-                  "timeout", timeout);
+    /* "o" steals a reference: the request's values get one more, defaults are new */
+    json_t *job = json_pack(
+        "{s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image, "substrate", substrate, "flavor", fl,
+        "command", command ? json_incref(command) : json_array(), "env",
+        env ? json_incref(env) : json_object(), "labels",
+        labels ? json_incref(labels) : json_object(), "expose",
+        expose ? json_incref(expose) : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
+        "timeout", timeout);
     if (!job)
         return "out of memory";
     *ret_job = job;

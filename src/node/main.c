@@ -134,8 +134,12 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         if (n <= 0)
             return -EINVAL;
         self[n] = 0;
-        (void)snprintf(cfg->agent_bin, sizeof cfg->agent_bin, "%s/sbx-server-static",
-                       dirname(self));
+        /* the static agent runs in any root; a build without it (the sanitizer build) uses
+         * the dynamic one, whose libraries every run sees under the host's /usr */
+        const char *dir = dirname(self);
+        (void)snprintf(cfg->agent_bin, sizeof cfg->agent_bin, "%s/sbx-server-static", dir);
+        if (access(cfg->agent_bin, X_OK) < 0)
+            (void)snprintf(cfg->agent_bin, sizeof cfg->agent_bin, "%s/sbx-server", dir);
     }
     return 0;
 }

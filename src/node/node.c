@@ -48,6 +48,7 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
 {
     *n = (node_t){ .cfg = *cfg };
     pthread_mutex_init(&n->keys_lock, NULL);
+    timer_init(&n->report_t, report_runs, n); /* first: node_done disarms it */
     struct stat st;
     if (stat(cfg->agent_bin, &st) < 0 || !S_ISREG(st.st_mode)) {
         log_error("agent binary %s: %s", cfg->agent_bin, strerror(errno ?: EINVAL));
@@ -73,7 +74,6 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
     n->srv.dispatch = node_dispatch;
     n->srv.app = n;
     node_load_runs(n);
-    timer_init(&n->report_t, report_runs, n);
     report_runs(n->srv.loop, &n->report_t);
     return node_agent_start(n);
 }

@@ -3,15 +3,15 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <linux/close_range.h>
 #include <net/if.h>
-#include <linux/capability.h>
 #include <sched.h>
-#include <sys/prctl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
