@@ -17,8 +17,9 @@
  *        here from the control plane's signing keys (read from DIR/store.db);
  *   (c)  through control -> node: the edge proxy, bearer auth.
  * Every request opens a new connection, as the platform does on every hop; (a) on one
- * keep-alive connection is printed as a reference. The variants are interleaved in rounds
- * (their order rotated each round) so machine noise hits all of them alike.
+ * keep-alive connection is printed as a reference. Within each round the variants take turns
+ * request by request (the order rotated), so machine noise hits all of them alike; each
+ * process's CPU per request is measured afterwards, one variant at a time.
  *
  * Figures only; nothing asserts on timings. Exit 1 = a functional failure (a refused request,
  * a stream without its exit event, a capability that does not verify). Normally started by
@@ -50,6 +51,7 @@
 #define TARGET_DIRECT_MS 0.7
 #define TARGET_FULL_MS 1.2
 #define FAILURES_SHOWN 5
+#define MINT_EVERY_NS (UINT64_C(30) * 1000000000u) /* capabilities live CAP_LIFETIME_S */
 
 enum { V_DIRECT, V_DIRECT_KA, V_RUN, V_NODE, V_CONTROL, V_N };
 
@@ -61,7 +63,8 @@ typedef struct {
     uint64_t *lat; /* every timed request */
     size_t n;
     uint64_t *round_p50;
-    uint64_t cpu_ctl, cpu_node, cpu_direct; /* loop-thread CPU while this variant ran */
+    uint64_t cpu_ctl, cpu_node, cpu_direct; /* loop-thread CPU while this variant ran alone */
+    size_t cpu_n;                           /* requests in those blocks */
 } variant_t;
 
 typedef struct {
@@ -75,6 +78,7 @@ typedef struct {
     store_t *store;
     char wire[CAP_WIRE_MAX + 64];
     size_t wire_len;
+    uint64_t minted_ns;
     char *rbuf;
     nd_t nd;
     variant_t v[V_N];
@@ -153,8 +157,8 @@ static int build_req(char *dst, size_t cap, const char *method, const char *targ
                             "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Type: "
                             "application/json\r\nContent-Length: %zu\r\n\r\n%s",
                             method, target, headers, strlen(body), body)
-                 : snprintf(dst, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n", method,
-                            target, headers);
+                 : snprintf(dst, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s\r\n", method, target,
+                            headers);
     return n < 0 || (size_t)n >= cap ? -E2BIG : n;
 }
 
@@ -163,8 +167,7 @@ static int control_call(bench_t *b, const char *method, const char *target, cons
                         small_body_t *sb, int *ret_status)
 {
     char hdr[512], req[REQ_MAX];
-    (void)snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\nConnection: close\r\n",
-                   b->admin);
+    (void)snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\nConnection: close\r\n", b->admin);
     int len = build_req(req, sizeof req, method, target, hdr, body);
     if (len < 0)
         return len;
@@ -208,7 +211,8 @@ static int parse_run(bench_t *b, json_t *job)
         return -EIO;
     if (!streq(stage, "RUNNING") || !json_is_object(run))
         return -EAGAIN;
-    cap_run_t id = { .generation = (uint64_t)json_integer_value(json_object_get(run, "generation")) };
+    cap_run_t id = { .generation =
+                         (uint64_t)json_integer_value(json_object_get(run, "generation")) };
     memcpy(id.sandbox, b->job, sizeof id.sandbox);
     if (id.generation < 1 || copy_id(id.node, json_object_get(run, "node")) < 0 ||
         copy_id(id.substrate, json_object_get(run, "substrate")) < 0 ||
@@ -222,7 +226,7 @@ static int parse_run(bench_t *b, json_t *job)
 static int create_job(bench_t *b)
 {
     small_body_t sb;
-    int status, r;
+    int status = 0, r;
     char target[256];
     json_t *spec = json_pack("{s:{s:s},s:{s:s}}", "secrets", "SBX_TOKEN", b->token, "labels",
                              "sbx-bench", "platform");
@@ -233,8 +237,12 @@ static int create_job(bench_t *b)
     (void)snprintf(target, sizeof target, "/v1/jobs/%s", b->ns);
     r = control_call(b, "POST", target, body, &sb, &status);
     free(body);
-    if (r < 0 || status / 100 != 2) {
-        fail(b, "create job: %s %d %s", r < 0 ? strerror(-r) : "HTTP", status, sb.data);
+    if (r < 0) {
+        fail(b, "create job: %s", strerror(-r));
+        return r;
+    }
+    if (status / 100 != 2) {
+        fail(b, "create job: HTTP %d %s", status, sb.data);
         return -EIO;
     }
     json_t *j = json_loads(sb.data, 0, NULL);
@@ -289,6 +297,7 @@ static int mint(bench_t *b)
         return r;
     }
     b->wire_len = (size_t)r;
+    b->minted_ns = now_ns();
     char target[256], hdr[CAP_WIRE_MAX + 512];
     (void)snprintf(target, sizeof target, "/v1/runs/%s/ports/%u/v1/exec", b->job, CAP_AGENT_PORT);
     (void)snprintf(hdr, sizeof hdr, "X-Sandbox-Token: %s\r\nX-Sbx-Capability: %s\r\n", b->token,
@@ -340,8 +349,8 @@ static int bench_cap_cost(bench_t *b, double *ret_p50_us)
     cap_pubkey_t pubs[CAP_KEYSET_MAX];
     cap_keyset_t ks;
     int r = keys_load(b->store, &kr);
-    size_t npub = r < 0 ? 0 : cap_rotation_verify_set(kr.recs, kr.n, time(NULL), pubs,
-                                                      CAP_KEYSET_MAX);
+    size_t npub =
+        r < 0 ? 0 : cap_rotation_verify_set(kr.recs, kr.n, time(NULL), pubs, CAP_KEYSET_MAX);
     const cap_keyrec_t *signer = r < 0 ? NULL : cap_rotation_signer(kr.recs, kr.n, time(NULL));
     cap_pubkey_t spk = { 0 };
     if (signer) {
@@ -399,8 +408,7 @@ static int bench_cap_cost(bench_t *b, double *ret_p50_us)
     stats_row("cap_verify + cap_compare (the node's check)", both, n, 1e3, "us");
     stats_row("baseline: bare crypto_sign_verify_detached", bare, n, 1e3, "us");
     double p50 = (double)percentile(both, n, 50) / 1e3, base = (double)percentile(bare, n, 50);
-    fig("ratio: verify+compare p50 / bare verify p50", base > 0 ? p50 * 1e3 / base : 0, "x",
-        NULL);
+    fig("ratio: verify+compare p50 / bare verify p50", base > 0 ? p50 * 1e3 / base : 0, "x", NULL);
     fig("verify+compare p50", p50, "us",
         target_note(p50 <= TARGET_CAP_US, "<= 60 us", note, sizeof note));
     *ret_p50_us = p50;
@@ -413,6 +421,8 @@ static int bench_cap_cost(bench_t *b, double *ret_p50_us)
 static int exec_once(bench_t *b, int vi, int keep_fd, uint64_t *ret_ns)
 {
     variant_t *v = &b->v[vi];
+    if (vi == V_NODE && now_ns() - b->minted_ns > MINT_EVERY_NS && mint(b) < 0)
+        return -EIO; /* a fresh capability well before the old one expires */
     uint64_t t0 = now_ns();
     int fd = keep_fd >= 0 ? keep_fd : open_variant(b, vi);
     if (fd < 0) {
@@ -435,15 +445,18 @@ static int exec_once(bench_t *b, int vi, int keep_fd, uint64_t *ret_ns)
     }
     if (nd_check(&b->nd, &rp) < 0 || h.len != 0 || (keep_fd >= 0 && rp.close)) {
         fail(b, "%s: %s", v->label,
-             b->nd.bad ? b->nd.why : h.len ? "bytes after the answer" : "connection not kept");
+             b->nd.bad ? b->nd.why
+             : h.len   ? "bytes after the answer"
+                       : "connection not kept");
         return -EBADMSG;
     }
     *ret_ns = t1 - t0;
     return 0;
 }
 
-/* n requests of one variant; recorded (and this block's p50 kept) unless round < 0. */
-static int run_block(bench_t *b, int vi, unsigned n, int round)
+/* n requests of one variant in a row (warm-up, and the CPU figures: with cpu, what each
+ * process's loop thread spent meanwhile is added to the variant's). */
+static int run_block(bench_t *b, int vi, unsigned n, bool cpu)
 {
     variant_t *v = &b->v[vi];
     _cleanup_close_ int keep = -EBADF;
@@ -451,26 +464,52 @@ static int run_block(bench_t *b, int vi, unsigned n, int round)
         fail(b, "%s: connect: %s", v->label, strerror(-keep));
         return keep;
     }
-    if (vi == V_NODE && mint(b) < 0) /* a fresh capability each block: never near its expiry */
-        return -EIO;
     uint64_t c0 = cpu_of(b->control_pid), n0 = cpu_of(b->node_pid), d0 = cpu_of(b->direct_pid);
     for (unsigned i = 0; i < n; i++) {
         uint64_t ns;
         int r = exec_once(b, vi, keep, &ns);
         if (r < 0)
             return r;
-        if (round >= 0) {
-            b->round_tmp[i] = ns;
-            v->lat[v->n++] = ns;
-        }
     }
-    if (round < 0)
-        return 0;
-    v->cpu_ctl += cpu_of(b->control_pid) - c0;
-    v->cpu_node += cpu_of(b->node_pid) - n0;
-    v->cpu_direct += cpu_of(b->direct_pid) - d0;
-    qsort(b->round_tmp, n, sizeof *b->round_tmp, cmp_u64);
-    v->round_p50[round] = percentile(b->round_tmp, n, 50);
+    if (cpu) {
+        v->cpu_ctl += cpu_of(b->control_pid) - c0;
+        v->cpu_node += cpu_of(b->node_pid) - n0;
+        v->cpu_direct += cpu_of(b->direct_pid) - d0;
+        v->cpu_n += n;
+    }
+    return 0;
+}
+
+/* One timed round: per_round requests of every variant, interleaved request by request with
+ * the order rotated each time (noise hits all alike; no variant always follows the same one).
+ * The keep-alive variant holds one connection for the round. Each variant's p50 of the round
+ * is kept for the spread of the differences. */
+static int run_round(bench_t *b, const int *order, size_t nv, size_t round)
+{
+    _cleanup_close_ int keep = -EBADF;
+    size_t start[V_N];
+    if (b->v[V_DIRECT_KA].on && (keep = open_variant(b, V_DIRECT_KA)) < 0) {
+        fail(b, "%s: connect: %s", b->v[V_DIRECT_KA].label, strerror(-keep));
+        return keep;
+    }
+    for (int i = 0; i < V_N; i++)
+        start[i] = b->v[i].n;
+    for (size_t i = 0; i < b->per_round; i++)
+        for (size_t k = 0; k < nv; k++) {
+            int vi = order[(k + i + round) % nv];
+            uint64_t ns;
+            int r = exec_once(b, vi, vi == V_DIRECT_KA ? keep : -EBADF, &ns);
+            if (r < 0)
+                return r;
+            b->v[vi].lat[b->v[vi].n++] = ns;
+        }
+    for (size_t k = 0; k < nv; k++) {
+        variant_t *v = &b->v[order[k]];
+        size_t n = v->n - start[order[k]];
+        memcpy(b->round_tmp, v->lat + start[order[k]], n * sizeof(uint64_t));
+        qsort(b->round_tmp, n, sizeof *b->round_tmp, cmp_u64);
+        v->round_p50[round] = percentile(b->round_tmp, n, 50);
+    }
     return 0;
 }
 
@@ -499,8 +538,8 @@ static int setup_variants(bench_t *b)
         if (i == V_CONTROL) {
             char h2[1024];
             (void)snprintf(h2, sizeof h2, "Authorization: Bearer %s\r\n%s", b->admin, hdr);
-            (void)snprintf(target, sizeof target, "/v1/jobs/%s/%s/proxy/%u/v1/exec", b->ns,
-                           b->job, CAP_AGENT_PORT);
+            (void)snprintf(target, sizeof target, "/v1/jobs/%s/%s/proxy/%u/v1/exec", b->ns, b->job,
+                           CAP_AGENT_PORT);
             r = build_req(v->req, sizeof v->req, "POST", target, h2, EXEC_BODY);
         }
         if (r < 0)
@@ -530,57 +569,65 @@ static void hop(bench_t *b, const char *label, int hi, int lo, double target_ms)
         mx = MAX(mx, x);
     }
     char note[128], tn[64];
-    (void)snprintf(note, sizeof note, "(per round %+.3f .. %+.3f)%s%s", mn, mx,
-                   target_ms > 0 ? "  " : "",
-                   target_ms > 0 ? target_note(d <= target_ms, "<= 0.5 ms p50", tn, sizeof tn)
-                                 : "");
+    (void)snprintf(
+        note, sizeof note, "(per round %+.3f .. %+.3f)%s%s", mn, mx, target_ms > 0 ? "  " : "",
+        target_ms > 0 ? target_note(d <= target_ms, "<= 0.5 ms p50", tn, sizeof tn) : "");
     printf("  %-46s %+9.3f ms  %s\n", label, d, note);
 }
 
 static void print_cpu(bench_t *b)
 {
+    enum { P_SERVER, P_NODE, P_CONTROL };
     static const struct {
-        int v;
+        int v, who;
         const char *label;
     } rows[] = {
-        { V_DIRECT, "sbx-server, (a) direct" },
-        { V_DIRECT_KA, "sbx-server, (a) on keep-alive" },
-        { V_NODE, "sbx-node, (b) through the node" },
-        { V_CONTROL, "sbx-node, (c) through control -> node" },
-        { V_CONTROL, "sbx-control, (c) through control -> node" },
+        { V_DIRECT, P_SERVER, "sbx-server, (a) direct" },
+        { V_DIRECT_KA, P_SERVER, "sbx-server, (a) on keep-alive" },
+        { V_NODE, P_NODE, "sbx-node, (b) through the node" },
+        { V_CONTROL, P_NODE, "sbx-node, (c) through control -> node" },
+        { V_CONTROL, P_CONTROL, "sbx-control, (c) through control -> node" },
     };
-    section("CPU per request of each process's loop thread (/proc/<pid>/schedstat)");
+    char title[160];
+    (void)snprintf(title, sizeof title,
+                   "CPU per request of each process's loop thread (/proc/<pid>/schedstat; a "
+                   "block of %llu requests per variant, after the rounds)",
+                   (unsigned long long)b->per_round);
+    section(title);
     for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
         const variant_t *v = &b->v[rows[i].v];
-        bool server = rows[i].label[4] == 's', control = rows[i].label[4] == 'c';
-        pid_t pid = server ? b->direct_pid : control ? b->control_pid : b->node_pid;
-        uint64_t ns = server ? v->cpu_direct : control ? v->cpu_ctl : v->cpu_node;
-        if (v->n && pid > 0)
-            fig(rows[i].label, ms(ns) / (double)v->n, "ms",
-                server ? "(spawning the command included; its run not)" : NULL);
+        int who = rows[i].who;
+        pid_t pid = who == P_SERVER ? b->direct_pid : who == P_NODE ? b->node_pid : b->control_pid;
+        uint64_t ns = who == P_SERVER ? v->cpu_direct : who == P_NODE ? v->cpu_node : v->cpu_ctl;
+        if (v->cpu_n && pid > 0)
+            fig(rows[i].label, ms(ns) / (double)v->cpu_n, "ms",
+                who == P_SERVER ? "(spawning the command included)" : NULL);
     }
 }
 
 static int bench_exec(bench_t *b, double cap_p50_us)
 {
-    int order[V_N], nv = 0;
+    int order[V_N];
+    size_t nv = 0;
     for (int i = 0; i < V_N; i++)
         if (b->v[i].on)
             order[nv++] = i;
-    for (int k = 0; k < nv; k++) /* warm up every path (route cache, page cache, CPU clock) */
-        if (run_block(b, order[k], (unsigned)b->warmup, -1) < 0)
+    for (size_t k = 0; k < nv; k++) /* warm up every path (route cache, page cache, CPU clock) */
+        if (run_block(b, order[k], (unsigned)b->warmup, false) < 0)
             return -1;
-    for (uint64_t r = 0; r < b->rounds; r++)
-        for (int k = 0; k < nv; k++) /* rotate the order each round */
-            if (run_block(b, order[((size_t)k + r) % (size_t)nv], (unsigned)b->per_round,
-                          (int)r) < 0)
-                return -1;
+    for (size_t r = 0; r < b->rounds; r++)
+        if (run_round(b, order, nv, r) < 0)
+            return -1;
+    for (size_t k = 0; k < nv; k++) /* CPU: each variant alone, so nothing spills over */
+        if (run_block(b, order[k], (unsigned)b->per_round, true) < 0)
+            return -1;
     char title[256], note[64];
-    (void)snprintf(title, sizeof title,
-                   "2. exec [\"true\"] round trip, new connection per request: %llu rounds x %llu "
-                   "requests per variant, interleaved (after %llu warm-up each)",
-                   (unsigned long long)b->rounds, (unsigned long long)b->per_round,
-                   (unsigned long long)b->warmup);
+    (void)snprintf(
+        title, sizeof title,
+        "2. exec [\"true\"] round trip, new connection per request: %llu rounds x %llu "
+        "requests per variant, taking turns request by request (after %llu warm-up each)",
+        (unsigned long long)b->rounds, (unsigned long long)b->per_round,
+        (unsigned long long)b->warmup);
     section(title);
     printf("  %-46s %9s %9s %9s %9s\n", "", "p50", "p90", "p99", "mean");
     size_t total = 0;
@@ -734,7 +781,7 @@ static int bench_main(bench_t *b)
         return -EINVAL;
     }
     (void)snprintf(path, sizeof path, "%s/store.db", b->control_state);
-    int r = store_open_sqlite(path, &b->store);
+    int r = access(path, R_OK | W_OK) < 0 ? negative_errno() : store_open_sqlite(path, &b->store);
     if (r < 0) {
         fprintf(stderr, "bench-platform: cannot open %s: %s\n", path, strerror(-r));
         return r;

@@ -64,22 +64,31 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Wait (10 s at most) until $2 succeeds, while process $1 (log $3) is alive.
+# Wait (10 s at most) until the command after $1 (pid) and $2 (its log) succeeds, while the
+# process is alive.
 wait_for() {
+    local pid=$1 log=$2
+    shift 2
     for _ in $(seq 200); do
-        if ! kill -0 "$1" 2>/dev/null; then
+        if ! kill -0 "$pid" 2>/dev/null; then
             echo "bench-platform: a process exited at start; its log:" >&2
-            cat "$3" >&2
+            cat "$log" >&2
             exit 1
         fi
-        eval "$2" 2>/dev/null && return 0
+        "$@" 2>/dev/null && return 0
         sleep 0.05
     done
-    echo "bench-platform: timed out waiting for: $2; log:" >&2
-    cat "$3" >&2
+    echo "bench-platform: timed out waiting for: $*; log:" >&2
+    cat "$log" >&2
     exit 1
 }
-listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1"); }
+# shellcheck disable=SC2317  # called through wait_for
+control_ready() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$CPORT") && [ -s "$WORK/control/node-join.token" ] &&
+        [ -s "$WORK/home/token" ]
+}
+# shellcheck disable=SC2317  # called through wait_for
+node_registered() { grep -q 'registered with the control plane' "$WORK/node.log"; }
 
 echo "command: $INVOKED"
 echo "control: env -i PATH=\$PATH SBX_HOME=$WORK/home $CONTROL --state $WORK/control" \
@@ -87,8 +96,7 @@ echo "control: env -i PATH=\$PATH SBX_HOME=$WORK/home $CONTROL --state $WORK/con
 (cd "$WORK" && exec env -i PATH="$PATH" SBX_HOME="$WORK/home" "$CONTROL" \
     --state "$WORK/control" --listen "127.0.0.1:$CPORT") 2>"$WORK/control.log" &
 CPID=$!
-wait_for "$CPID" "listening $CPORT && [ -s '$WORK/control/node-join.token' ] && \
-    [ -s '$WORK/home/token' ]" "$WORK/control.log"
+wait_for "$CPID" "$WORK/control.log" control_ready
 
 echo "node:    env -i PATH=\$PATH $NODE --state $WORK/node --listen 127.0.0.1:$NPORT" \
     "--control 127.0.0.1:$CPORT --join-token-file $WORK/control/node-join.token --agent $AGENT"
@@ -96,7 +104,7 @@ echo "node:    env -i PATH=\$PATH $NODE --state $WORK/node --listen 127.0.0.1:$N
     --listen "127.0.0.1:$NPORT" --control "127.0.0.1:$CPORT" \
     --join-token-file "$WORK/control/node-join.token" --agent "$AGENT") 2>"$WORK/node.log" &
 NPID=$!
-wait_for "$NPID" "grep -q 'registered with the control plane' '$WORK/node.log'" "$WORK/node.log"
+wait_for "$NPID" "$WORK/node.log" node_registered
 
 SOCK=$WORK/direct/a.sock
 echo "direct:  env -i PATH=\$PATH HOME=/root SBX_LISTEN=unix:$SOCK SBX_TOKEN=<random 64 hex>" \
@@ -104,7 +112,7 @@ echo "direct:  env -i PATH=\$PATH HOME=/root SBX_LISTEN=unix:$SOCK SBX_TOKEN=<ra
 (cd "$WORK/direct" && exec env -i PATH="$PATH" HOME=/root SBX_LISTEN="unix:$SOCK" \
     SBX_TOKEN="$TOKEN" "$AGENT") 2>"$WORK/direct.log" &
 DPID=$!
-wait_for "$DPID" "[ -S '$SOCK' ]" "$WORK/direct.log"
+wait_for "$DPID" "$WORK/direct.log" test -S "$SOCK"
 
 ARGS=(--control-port "$CPORT" --node-port "$NPORT" --control-state "$WORK/control"
     --node-state "$WORK/node" --admin-token-file "$WORK/home/token" --direct "$SOCK"

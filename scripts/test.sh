@@ -93,6 +93,7 @@ stage_fuzz_cap_decode() { fuzz_one cap_decode; }
 # Benchmark smoke runs: small sizes, functional failures only (figures are printed, not judged).
 stage_bench_smoke() { bash scripts/bench.sh --quick; }
 stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
+stage_bench_platform_smoke() { bash scripts/bench-platform.sh --quick; }
 
 # name : time limit (s) : stage it needs
 STAGES=(
@@ -112,6 +113,7 @@ STAGES=(
     "fuzz_cap_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"
+    "bench_platform_smoke:300:build"
 )
 
 if [[ "${1:-}" == --stage ]]; then

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/strutil.h"
 #include "control/routecache.h"
 #include "node/substrate.h"
 #include "tap.h"
@@ -37,7 +38,7 @@ TEST(put_get_and_expiry)
     ASSERT_EQ(routecache_put(&rc, &a, 1000, 30000), 0);
     ASSERT_TRUE(routecache_get(&rc, "ns/job1", 1000, &got));
     ASSERT_TRUE(route_equal(&got, &a));
-    ASSERT_TRUE(routecache_get(&rc, "ns/job1", 30999, &got)); /* control: still live */
+    ASSERT_TRUE(routecache_get(&rc, "ns/job1", 30999, &got));  /* control: still live */
     ASSERT_FALSE(routecache_get(&rc, "ns/job1", 31000, &got)); /* expired exactly at ttl */
     ASSERT_FALSE(routecache_get(&rc, "ns/job2", 1000, &got));
     routecache_free(&rc);
@@ -127,10 +128,10 @@ TEST(proc_start_time_identifies_a_process)
     fclose(f);
     buf[n] = 0;
     char *p = strrchr(buf, ')') + 2; /* field 3 */
-    unsigned long long v = 0;
+    uint64_t v = 0;
     for (int field = 3; field < 22; field++)
         p = strchr(p, ' ') + 1;
-    ASSERT_EQ(sscanf(p, "%llu", &v), 1);
+    ASSERT_EQ(parse_u64(sv_make(p, strcspn(p, " ")), UINT64_MAX, &v), 0);
     ASSERT_EQ_U(a, v);
     /* a child started later has a later (or equal, same tick) start time; a dead one has none */
     pid_t pid = fork();
