@@ -194,6 +194,7 @@ static void start_attempt(edge_t *e)
         edge_fail(e, 502, "edge: cannot connect to the node: %s", strerror(-r));
         return;
     }
+    loop_unwatch(l, &e->w); /* a retry: the refused connection goes */
     safe_close(e->w.fd);
     watcher_init(&e->w, fd, edge_on_event, e);
     e->st = E_CONNECTING;

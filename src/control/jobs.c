@@ -355,8 +355,8 @@ static void job_action(control_t *ctl, conn_t *c, const char *ns, const char *id
             json_object_set_new(job, "move_to", json_string(to ? to : "*"));
         }
         if (err) {
-            json_decref(job);
             conn_respond_error(c, 409, "%s: %s (stage %s)", action, err, stage);
+            json_decref(job); /* stage points into it */
             return;
         }
         r = job_save(ctl->store, ns, id, job, rev, NULL);

@@ -79,7 +79,8 @@ static void register_done(conn_t *c)
     json_t *rec =
         json_pack("{s:s,s:s,s:I,s:I,s:s,s:I,s:I}", "name", name, "host", host, "port",
                   (json_int_t)port, "capacity", capacity, "token_hash", thash, "last_seen_ms",
-                  (json_int_t)wall_ms(), "registered_ms", (json_int_t)wall_ms());
+                  /* live (placeable) from its first heartbeat, once it holds the keys */
+                  (json_int_t)0, "registered_ms", (json_int_t)wall_ms());
     log_info("node %s registered at %s:%llu", name, host, (unsigned long long)port);
     json_decref(b);
     char *v = rec ? json_dumps(rec, JSON_COMPACT) : NULL;

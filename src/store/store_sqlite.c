@@ -408,17 +408,30 @@ static const store_ops_t sqlite_ops = {
  * rollback journal) with the database file's mode, so the whole store stays owner-only without
  * touching the process-wide umask. An existing file readable by group or others is tightened;
  * the store holds run records and who owns them. */
+/* Create the file 0600 before SQLite does (its mode follows the umask otherwise), and tighten
+ * an existing one. Never open() an existing database file here: closing any descriptor of a
+ * file drops every POSIX lock this process holds on it, including the read lock of an open
+ * SQLite connection of another thread -- after which another process's close would take
+ * itself for the last user and checkpoint and unlink the WAL under us. */
 static int precreate(const char *path)
 {
-    _cleanup_close_ int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY, 0600);
-    if (fd < 0)
-        return negative_errno();
     struct stat st;
-    if (fstat(fd, &st) < 0)
-        return negative_errno();
+    if (lstat(path, &st) < 0) {
+        if (errno != ENOENT)
+            return negative_errno();
+        int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW, 0600);
+        if (fd >= 0) {
+            safe_close(fd); /* new: no connection of ours can hold a lock on it yet */
+            return 0;
+        }
+        if (errno != EEXIST)
+            return negative_errno();
+        if (lstat(path, &st) < 0) /* created by someone else meanwhile */
+            return negative_errno();
+    }
     if (!S_ISREG(st.st_mode))
-        return -EINVAL;
-    if ((st.st_mode & 0077) && fchmod(fd, 0600) < 0)
+        return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+    if ((st.st_mode & 0077) && chmod(path, st.st_mode & 0600) < 0)
         return negative_errno();
     return 0;
 }

@@ -82,7 +82,6 @@ class Stream:
         self.ended_at = None
         self.error = None
         self.status = None
-        self._first = threading.Event()
         self._conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
@@ -101,12 +100,10 @@ class Stream:
                 if line.strip():
                     self.events.append(json.loads(line))
                     self.times.append(time.monotonic())
-                    self._first.set()
         except (http.client.IncompleteRead, ConnectionError, OSError, ValueError) as e:
             self.error = repr(e)  # a chunked body cut mid-way: the stream ended all the same
         finally:
             self.ended_at = time.monotonic()
-            self._first.set()
 
     def wait_events(self, n, timeout=10):
         return wait_until(lambda: len(self.events) >= n or self.ended_at is not None, timeout)
@@ -149,6 +146,10 @@ class Proc:
             return f.read().decode(errors="replace")
 
     def stop(self, timeout=10):
+        """SIGTERM (then SIGKILL); returns the exit status. self.crashed tells whether the
+        process had already exited on its own before we asked it to stop."""
+        if not hasattr(self, "crashed"):
+            self.crashed = self.proc.poll() is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -216,6 +217,7 @@ class Control:
     def __init__(self, platform, name, state, publish_delay_ms=None):
         self.platform = platform
         self.name = name
+        self.publish_delay_ms = publish_delay_ms
         self.port = free_port()
         argv = [CONTROL_BIN, "--state", state, "--listen", f"127.0.0.1:{self.port}",
                 "--admin-token-file", platform.token_file]
@@ -353,6 +355,7 @@ class Platform:
         self.token_file = os.path.join(self.dir, "home", "token")
         self.join_token_file = os.path.join(self.ctl_state, "node-join.token")
         self.controls = []
+        self._retired = []  # controls replaced by restart_control (their logs are checked too)
         self.nodes = []
         self._stopped = False
         try:
@@ -364,11 +367,33 @@ class Platform:
                 self.admin = f.read().strip()
             for name in nodes:
                 self.nodes.append(Node(self, name, self.control.port))
-            ok = wait_until(self._all_live, 15, 0.05)
-            assert ok, f"nodes not live: {self._nodes_json()}\n{self.logs_tail()}"
+            self.wait_nodes_live()
         except BaseException:
             self.stop(check=False)
             raise
+
+    def restart_control(self, i):
+        """Stop control i (SIGTERM) and start a new process in its place on the same store."""
+        old = self.controls[i]
+        old.proc.stop()
+        self._retired.append(old)
+        c = Control(self, f"{old.name}-r{len(self._retired)}", self.ctl_state,
+                    old.publish_delay_ms)
+        self.controls[i] = c
+        if i == 0:
+            self.control = c
+        return c
+
+    def add_node(self, name):
+        """Start one more node (registered with the first control) and wait until it is live."""
+        n = Node(self, name, self.control.port)
+        self.nodes.append(n)
+        self.wait_nodes_live()
+        return n
+
+    def wait_nodes_live(self):
+        ok = wait_until(self._all_live, 15, 0.05)
+        assert ok, f"nodes not live: {self._nodes_json()}\n{self.logs_tail()}"
 
     # ---- plumbing --------------------------------------------------------------------------
     def _nodes_json(self):
@@ -465,6 +490,10 @@ class Platform:
         return out.stdout.decode().strip()
 
     # ---- teardown ----------------------------------------------------------------------------
+    def _procs(self):
+        """Every process started: nodes first (they stop their runs), then the controls."""
+        return [x.proc for x in self.nodes] + [c.proc for c in self.controls + self._retired]
+
     def _kill_leftover_runs(self):
         """A node that had to be killed leaves its runs behind: end them (pid + start time)."""
         for n in self.nodes:
@@ -487,7 +516,7 @@ class Platform:
             return
         self._stopped = True
         logs = []
-        for p in [x.proc for x in self.nodes] + [c.proc for c in self.controls]:
+        for p in self._procs():
             p.stop()
             logs.append(p.log())
         self._kill_leftover_runs()
@@ -503,6 +532,10 @@ class Platform:
             if check:
                 for text in logs:
                     assert_no_sanitizer_report(text)
+                dead = [f"{p.name} exited on its own (status {p.proc.returncode}):\n"
+                        + "\n".join(p.log().splitlines()[-40:]) for p in self._procs()
+                        if p.crashed]
+                assert not dead, "\n".join(dead)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 

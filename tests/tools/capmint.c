@@ -54,9 +54,12 @@ static int parse_access(const char *s, uint32_t *ret)
     static const struct {
         const char *name;
         uint32_t bit;
-    } names[] = { { "exec", CAP_EXEC },           { "files_read", CAP_FILES_READ },
-                  { "files_write", CAP_FILES_WRITE }, { "processes", CAP_PROCESSES },
-                  { "proxy", CAP_PROXY },         { "manage", CAP_MANAGE } };
+    } names[] = { { "exec", CAP_EXEC },
+                  { "files_read", CAP_FILES_READ },
+                  { "files_write", CAP_FILES_WRITE },
+                  { "processes", CAP_PROCESSES },
+                  { "proxy", CAP_PROXY },
+                  { "manage", CAP_MANAGE } };
     uint32_t acc = 0;
     sv_t rest = sv_make(s, strlen(s));
     while (rest.len > 0) {
