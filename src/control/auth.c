@@ -156,6 +156,24 @@ static void unauthorized(conn_t *c, const char *msg)
     free(b);
 }
 
+static bool principal_allowed(conn_t *c, const principal_t *pr, const char *ns, role_t need,
+                              principal_t *ret)
+{
+    /* "" is a global operation: only principals of every namespace ("*") may */
+    bool ns_ok = streq(pr->ns, "*") || (ns && *ns && streq(pr->ns, ns));
+    if (!ns_ok || pr->role < need) {
+        conn_respond_error(c, 403, "token of %s may not %s in namespace %s", pr->principal,
+                           need == ROLE_ADMIN   ? "administer"
+                           : need == ROLE_WRITE ? "write"
+                                                : "read",
+                           ns && *ns ? ns : "(any)");
+        return false;
+    }
+    if (ret)
+        *ret = *pr;
+    return true;
+}
+
 bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret)
 {
     char tok[256], hash[65], key[80];
@@ -165,6 +183,10 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
     }
     auth_token_hash(tok, hash);
     sodium_memzero(tok, sizeof tok);
+    uint64_t now = loop_now_ms(ctl->srv.loop);
+    token_cache_t *tc = &ctl->tokens[(hash[0] * 16 + hash[1]) % CTL_TOKEN_CACHE_SLOTS];
+    if (tc->expires_ms > now && streq(tc->hash, hash))
+        return principal_allowed(c, &tc->p, ns, need, ret);
     (void)snprintf(key, sizeof key, "tokens/%s", hash);
     store_kv_t kv;
     if (store_get(ctl->store, key, &kv) < 0) {
@@ -184,19 +206,10 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
     memcpy(pr.principal, p, strlen(p) + 1);
     memcpy(pr.ns, pns, strlen(pns) + 1);
     json_decref(j);
-    /* "" is a global operation: only principals of every namespace ("*") may */
-    bool ns_ok = streq(pr.ns, "*") || (ns && *ns && streq(pr.ns, ns));
-    if (!ns_ok || pr.role < need) {
-        conn_respond_error(c, 403, "token of %s may not %s in namespace %s", pr.principal,
-                           need == ROLE_ADMIN   ? "administer"
-                           : need == ROLE_WRITE ? "write"
-                                                : "read",
-                           ns && *ns ? ns : "(any)");
-        return false;
-    }
-    if (ret)
-        *ret = pr;
-    return true;
+    memcpy(tc->hash, hash, sizeof tc->hash);
+    tc->p = pr;
+    tc->expires_ms = now + CTL_TOKEN_CACHE_MS;
+    return principal_allowed(c, &pr, ns, need, ret);
 }
 
 static void tokens_create_done(conn_t *c)

@@ -58,8 +58,19 @@ typedef struct {
     size_t n;
 } keyring_t;
 
+/* Recently verified API tokens (by hash), so that the edge proxy does not read the store for
+ * every request. An entry lives CTL_TOKEN_CACHE_MS. */
+#define CTL_TOKEN_CACHE_SLOTS 256
+#define CTL_TOKEN_CACHE_MS 5000
+typedef struct {
+    char hash[65];
+    principal_t p;
+    uint64_t expires_ms;
+} token_cache_t;
+
 typedef struct control {
     server_t srv;
+    token_cache_t tokens[CTL_TOKEN_CACHE_SLOTS];
     control_config_t cfg;
     store_t *store; /* the loop thread's handle */
     routecache_t routes;

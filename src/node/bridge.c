@@ -30,7 +30,7 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen)
     if (r->state != RUN_RUNNING || r->pid <= 0)
         return fail(err, errlen, -ESRCH, "%s", "the run is not running");
     if (lstat(r->sock_path, &st) < 0 || !S_ISSOCK(st.st_mode) || st.st_ino != r->sock_ino ||
-        st.st_uid != geteuid())
+        st.st_uid != r->sock_uid)
         return fail(err, errlen, -EPERM, "%s",
                     "bridge socket is not the one this node created for the run");
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -55,7 +55,9 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen)
         return fail(err, errlen, -EPERM, "%s",
                     "bridge peer is not the process started for this activation");
     uint64_t start;
-    if (proc_start_time(cred.pid, &start) < 0 || start != r->start_time)
+    int sr = r->stat_fd >= 0 ? proc_stat_start_time(r->stat_fd, &start)
+                             : proc_start_time(cred.pid, &start);
+    if (sr < 0 || start != r->start_time)
         return fail(err, errlen, -EPERM, "%s", "bridge peer's start time differs (pid reused)");
     char exe[64];
     (void)snprintf(exe, sizeof exe, "/proc/%d/exe", (int)cred.pid);

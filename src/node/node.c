@@ -90,6 +90,7 @@ void node_done(node_t *n)
     while (n->runs) {
         run_t *r = n->runs;
         n->runs = r->next;
+        safe_close(r->stat_fd);
         free(r);
     }
     if (n->srv.loop)

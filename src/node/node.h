@@ -43,6 +43,8 @@ struct run {
     dev_t exe_dev;
     ino_t exe_ino;
     ino_t sock_ino;
+    uid_t sock_uid;
+    int stat_fd;     /* /proc/<pid>/stat of the run's process, or -1 */
     int exit_status; /* RUN_EXITED: wait status */
     uint32_t cg_slot;
     child_t child;

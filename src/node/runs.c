@@ -317,6 +317,7 @@ static int make_bridge_socket(run_t *r, int *ret_fd)
     if (stat(r->sock_path, &st) < 0)
         return negative_errno();
     r->sock_ino = st.st_ino;
+    r->sock_uid = st.st_uid;
     *ret_fd = TAKE_FD(fd);
     return 0;
 }
@@ -325,6 +326,7 @@ static void run_on_exit(child_t *ch, int wstatus)
 {
     run_t *r = ch->data;
     r->pid = 0;
+    r->stat_fd = safe_close(r->stat_fd);
     r->exit_status = wstatus;
     if (r->state == RUN_RUNNING) {
         r->state = RUN_EXITED;
@@ -421,7 +423,12 @@ static int restore_remote(json_t *rs, const char *root, char *err, size_t errlen
     return 0;
 }
 
-static void run_free(run_t *r) { free(r); }
+static void run_free(run_t *r)
+{
+    if (r)
+        safe_close(r->stat_fd);
+    free(r);
+}
 
 static void run_unlink(node_t *n, run_t *r)
 {
@@ -445,6 +452,7 @@ void run_stop(node_t *n, run_t *r)
             ;
         r->pid = 0;
     }
+    r->stat_fd = safe_close(r->stat_fd);
     if (r->state == RUN_RUNNING)
         r->state = RUN_PAUSED;
     (void)run_save(r);
@@ -569,6 +577,7 @@ static int run_start(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
     }
     r->exe_dev = st.st_dev;
     r->exe_ino = st.st_ino;
+    r->stat_fd = proc_stat_open(r->pid); /* still our unreaped child: the same process */
     return wait_ready(r, err, errlen);
 }
 
@@ -590,6 +599,7 @@ int run_install(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t 
     _cleanup_free_ run_t *r = calloc(1, sizeof *r);
     if (!r)
         return -ENOMEM;
+    r->stat_fd = -1;
     r->id = *id;
     if (parse_expose(json_object_get(spec, "expose"), r) < 0) {
         (void)snprintf(err, errlen,
@@ -678,6 +688,8 @@ void node_load_runs(node_t *n)
             continue;
         json_t *j = json_load_file(path, 0, NULL);
         run_t *r = calloc(1, sizeof *r);
+        if (r)
+            r->stat_fd = -1;
         json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0;
         const char *state = "";
         int pool = 0;
@@ -706,9 +718,13 @@ void node_load_runs(node_t *n)
         uint64_t now_start;
         r->state = streq(state, "paused") ? RUN_PAUSED : RUN_EXITED;
         if (streq(state, "running") && r->pid > 0 && proc_start_time(r->pid, &now_start) >= 0 &&
-            now_start == r->start_time)
+            now_start == r->start_time) {
             r->state = RUN_RUNNING; /* not our child any more: never reaped here */
-        else if (!streq(state, "running"))
+            r->stat_fd = proc_stat_open(r->pid);
+            struct stat sst;
+            if (lstat(r->sock_path, &sst) == 0)
+                r->sock_uid = sst.st_uid;
+        } else if (!streq(state, "running"))
             r->pid = 0;
         json_decref(j);
         r->next = n->runs;

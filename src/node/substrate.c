@@ -315,22 +315,18 @@ fail:;
     _exit(127);
 }
 
-int proc_start_time(pid_t pid, uint64_t *ret)
+int proc_stat_start_time(int fd, uint64_t *ret)
 {
-    char path[64], buf[1024];
-    (void)snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return negative_errno();
-    ssize_t n = read(fd, buf, sizeof buf - 1);
+    char buf[1024];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
     if (n <= 0)
-        return n < 0 ? negative_errno() : -EIO;
+        return n < 0 ? negative_errno() : -ESRCH;
     buf[n] = 0;
     /* comm may hold spaces and parentheses: fields restart after the last ')' */
     char *q = strrchr(buf, ')');
     if (!q)
         return -EIO;
-    /* q is at the space before field 3 (state); advance to the one before field 22 */
+    /* q+1 is the space before field 3 (state); advance to the one before field 22 */
     q++;
     for (int field = 3; field < 22 && q; field++)
         q = strchr(q + 1, ' ');
@@ -345,6 +341,22 @@ int proc_start_time(pid_t pid, uint64_t *ret)
         return -EIO;
     *ret = v;
     return 0;
+}
+
+int proc_stat_open(pid_t pid)
+{
+    char path[64];
+    (void)snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    return fd < 0 ? negative_errno() : fd;
+}
+
+int proc_start_time(pid_t pid, uint64_t *ret)
+{
+    _cleanup_close_ int fd = proc_stat_open(pid);
+    if (fd < 0)
+        return fd;
+    return proc_stat_start_time(fd, ret);
 }
 
 int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_start, char *err,

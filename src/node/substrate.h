@@ -39,3 +39,8 @@ int substrate_spawn(const substrate_spec_t *spec, pid_t *ret_pid, uint64_t *ret_
 
 /* Start time of pid (field 22 of /proc/<pid>/stat), or -errno. */
 int proc_start_time(pid_t pid, uint64_t *ret);
+/* The same through an fd of /proc/<pid>/stat opened earlier (proc_stat_open): such an fd stays
+ * bound to that process, never to a later one with the same pid (reads fail once it is gone),
+ * so one pread() re-checks the identity. */
+int proc_stat_open(pid_t pid);
+int proc_stat_start_time(int fd, uint64_t *ret);

@@ -612,7 +612,7 @@ static void conn_fail_head(conn_t *c, int status)
 }
 
 /* Read what the socket has, within the buffer cap. Returns bytes read, 0 on EOF, -EAGAIN. */
-static ssize_t conn_read(conn_t *c, size_t max)
+static ssize_t conn_read(conn_t *c, size_t max, bool *ret_short)
 {
     char *space;
     size_t want = MIN((size_t)CONN_READ_CHUNK, max);
@@ -636,12 +636,14 @@ static ssize_t conn_read(conn_t *c, size_t max)
         c->in.len += (size_t)n;
         if (n > 0)
             c->last_progress_ms = loop_now_ms(c->srv->loop);
+        *ret_short = (size_t)n < want;
         return n;
     }
 }
 
 static void conn_process_input(conn_t *c)
 {
+    bool drained = false;
     for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
         if (c->state == CS_HEAD && c->in.len > 0) {
             if (c->head_started_ms == 0)
@@ -676,7 +678,9 @@ static void conn_process_input(conn_t *c)
                                           : CONN_READ_CHUNK;
         if (c->state != CS_HEAD && c->in.len >= CONN_READ_CHUNK)
             break;
-        ssize_t n = conn_read(c, room);
+        /* A short read emptied the socket: the next recv() would only say EAGAIN. epoll is
+         * level-triggered, so whatever arrives later is reported again. */
+        ssize_t n = drained ? -EAGAIN : conn_read(c, room, &drained);
         if (n == -EAGAIN) {
             if (c->state == CS_HEAD) { /* idle keep-alive: hold no buffers */
                 buf_shrink_if_idle(&c->in, 0);

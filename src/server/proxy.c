@@ -304,6 +304,10 @@ static int tdir_pump(tdir_t *d, const tside_t *src, const tside_t *dst, bool *mo
             if (r < 0)
                 return r;
         }
+        /* A short read emptied the socket: another recv() would only say EAGAIN (epoll is
+         * level-triggered: later bytes are reported again). A gone source is read to the end. */
+        if ((size_t)n < sizeof chunk && !src->gone)
+            break;
     }
     if (d->eof && d->pend.len == 0 && !d->shut) {
         (void)shutdown(dst->w.fd, SHUT_WR);

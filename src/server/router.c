@@ -142,9 +142,15 @@ static bool refuse_unauthorized(conn_t *c)
     return true;
 }
 
-static bool refuse_transfer_encoding(conn_t *c)
+/* Request bodies must have a length, except through the port proxy: it replays the head and
+ * splices the bytes that follow, so a chunked body reaches the service as sent (and the
+ * connection closes after it: router_dispatch turned keep-alive off). path is the route as the
+ * dedicated table sees it ("/v1/..."; "/proxy/..." for a pool sandbox's scoped rest). */
+static bool refuse_transfer_encoding(conn_t *c, sv_t path)
 {
     if (!c->req.has_transfer_encoding)
+        return false;
+    if (sv_has_prefix(path, SV("/v1/proxy/")) || sv_has_prefix(path, SV("/proxy/")))
         return false;
     c->keep_alive = false;
     conn_respond_error(c, 411, "Transfer-Encoding is not supported; send Content-Length");
@@ -162,7 +168,7 @@ static void dispatch_host(conn_t *c, sv_t path)
     if (sv_eq(path, SV("/v1/sandboxes"))) {
         if (!token_ok(s, c) && refuse_unauthorized(c))
             return;
-        if (refuse_transfer_encoding(c))
+        if (refuse_transfer_encoding(c, SV("")))
             return;
         server_touch(s);
         if (method_is(c, "POST"))
@@ -179,7 +185,7 @@ static void dispatch_host(conn_t *c, sv_t path)
         /* anything else needs the host token, then the mode gate answers 404 */
         if (!token_ok(s, c) && refuse_unauthorized(c))
             return;
-        if (refuse_transfer_encoding(c))
+        if (refuse_transfer_encoding(c, SV("")))
             return;
         conn_respond_error(c, 404, "not found (dedicated route; this server is a pool host)");
         return;
@@ -193,7 +199,7 @@ static void dispatch_host(conn_t *c, sv_t path)
     if (sv_eq(rest, SV("/token")) && method_is(c, "GET")) {
         if ((!token_ok(s, c) || !sb) && refuse_unauthorized(c))
             return;
-        if (refuse_transfer_encoding(c))
+        if (refuse_transfer_encoding(c, SV("")))
             return;
         server_touch(s);
         route_sandbox_token(c, sb);
@@ -201,7 +207,7 @@ static void dispatch_host(conn_t *c, sv_t path)
     }
     if ((!sb || !token_matches(c, sb->token)) && refuse_unauthorized(c))
         return;
-    if (refuse_transfer_encoding(c))
+    if (refuse_transfer_encoding(c, rest))
         return;
     server_touch(s);
     sb->last_activity_ms = loop_now_ms(s->loop);
@@ -245,7 +251,7 @@ void router_dispatch(conn_t *c)
         refuse_unauthorized(c);
         return;
     }
-    if (refuse_transfer_encoding(c))
+    if (refuse_transfer_encoding(c, path))
         return;
     server_touch(s);
     if (is_host_route(path)) {

@@ -226,6 +226,54 @@ def test_body_sent_with_the_head_is_forwarded(server, backend):
     s.close()
 
 
+def chunked_body_handler(c, b):
+    """Decode a chunked request body and answer with its length and digest."""
+    head, data = read_head(c)
+    _, headers = parse_head(head)
+    h = dict((k.lower(), v) for k, v in headers)
+    b.seen.put(h.get("transfer-encoding"))
+    body = b""
+    while True:
+        data = recv_until(c, b"\r\n", data)
+        line, data = data.split(b"\r\n", 1)
+        n = int(line.split(b";")[0], 16)
+        if n == 0:
+            break
+        data = recv_exact(c, n + 2, data)
+        body += data[:n]
+        data = data[n + 2:]
+    reply = json.dumps({"len": len(body), "sha256": hashlib.sha256(body).hexdigest()}).encode()
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(reply)).encode() + b"\r\nConnection: close\r\n\r\n" + reply)
+
+
+def test_chunked_request_body_passes_through_the_proxy(server, backend):
+    """Request bodies need a length everywhere (411) except through the port proxy, which
+    splices them as sent; the connection closes after that request."""
+    b = backend(chunked_body_handler)
+    body = os.urandom(300_000)
+    chunks = b"".join(b"%x\r\n" % len(body[i:i + 70_000]) + body[i:i + 70_000] + b"\r\n"
+                      for i in range(0, len(body), 70_000)) + b"0\r\n\r\n"
+    req = (f"POST /v1/proxy/{b.port}/upload HTTP/1.1\r\nHost: x\r\n"
+           f"X-Sandbox-Token: {server.token}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    s = raw_connect(server)
+    s.sendall(req + chunks)
+    head, rest = read_head(s)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    _, hdrs = parse_head(head)
+    n = int(dict((k.lower(), v) for k, v in hdrs)["content-length"])
+    got = json.loads(recv_exact(s, n, rest))
+    assert got == {"len": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+    assert b.seen.get(timeout=5) == "chunked"
+    s.close()
+    # control: the same chunked body to a non-proxy route is still 411
+    s = raw_connect(server)
+    s.sendall(req.replace(f"/v1/proxy/{b.port}/upload".encode(), b"/v1/exec") + chunks)
+    head, _ = read_head(s)
+    assert head.startswith(b"HTTP/1.1 411"), head
+    s.close()
+
+
 def test_http10_client_version_is_kept(server, backend):
     b = backend(echo_head_handler)
     req = f"GET /v1/proxy/{b.port}/old HTTP/1.0\r\nX-Sandbox-Token: {server.token}\r\n\r\n"
