@@ -118,12 +118,15 @@ static void run_exited(control_t *ctl, const char *node, json_t *rep)
     int64_t jrev;
     if (job_load(ctl->store, rr.ns, sb, &job, &jrev) < 0)
         return;
-    bool ok = WIFEXITED((int)status) && WEXITSTATUS((int)status) == 0;
+    bool ok = status >= 0 && WIFEXITED((int)status) && WEXITSTATUS((int)status) == 0;
     json_object_set_new(job, "stage", json_string(ok ? "COMPLETED" : "ERROR"));
     char msg[96];
-    (void)snprintf(msg, sizeof msg, "the command exited (%s %d)",
-                   WIFEXITED((int)status) ? "status" : "signal",
-                   WIFEXITED((int)status) ? WEXITSTATUS((int)status) : WTERMSIG((int)status));
+    if (status < 0) /* the node was down when it ended: its status is unknown */
+        (void)snprintf(msg, sizeof msg, "the run ended while its node was down");
+    else
+        (void)snprintf(msg, sizeof msg, "the command exited (%s %d)",
+                       WIFEXITED((int)status) ? "status" : "signal",
+                       WIFEXITED((int)status) ? WEXITSTATUS((int)status) : WTERMSIG((int)status));
     json_object_set_new(job, "message", json_string(msg));
     (void)job_save(ctl->store, rr.ns, sb, job, jrev, NULL);
     json_decref(job);

@@ -724,8 +724,11 @@ void node_load_runs(node_t *n)
             struct stat sst;
             if (lstat(r->sock_path, &sst) == 0)
                 r->sock_uid = sst.st_uid;
-        } else if (!streq(state, "running"))
+        } else {
+            if (streq(state, "running"))
+                r->exit_status = -1; /* ended while the node was down: status unknown */
             r->pid = 0;
+        }
         json_decref(j);
         r->next = n->runs;
         n->runs = r;

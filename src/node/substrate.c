@@ -328,6 +328,8 @@ int proc_stat_start_time(int fd, uint64_t *ret)
         return -EIO;
     /* q+1 is the space before field 3 (state); advance to the one before field 22 */
     q++;
+    if (q[0] == ' ' && (q[1] == 'Z' || q[1] == 'X'))
+        return -ESRCH; /* dead, not yet reaped (a zombie keeps its pid and start time) */
     for (int field = 3; field < 22 && q; field++)
         q = strchr(q + 1, ' ');
     if (!q)

@@ -37,7 +37,8 @@ typedef struct {
 int substrate_spawn(const substrate_spec_t *spec, pid_t *ret_pid, uint64_t *ret_start, char *err,
                     size_t errlen);
 
-/* Start time of pid (field 22 of /proc/<pid>/stat), or -errno. */
+/* Start time of pid (field 22 of /proc/<pid>/stat), or -errno (-ESRCH for a dead process,
+ * zombies included). */
 int proc_start_time(pid_t pid, uint64_t *ret);
 /* The same through an fd of /proc/<pid>/stat opened earlier (proc_stat_open): such an fd stays
  * bound to that process, never to a later one with the same pid (reads fail once it is gone),

@@ -427,12 +427,11 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, t
     /* What is ready to go is sent now (the sockets are connected and usually have room);
      * anything else, errors included, is left to the loop, so cb never runs before the caller
      * has t. */
-    ssize_t w = t->up.pend.len ? send_some(t->backend.w.fd, buf_head(&t->up.pend), t->up.pend.len)
-                               : 0;
+    ssize_t w =
+        t->up.pend.len ? send_some(t->backend.w.fd, buf_head(&t->up.pend), t->up.pend.len) : 0;
     if (w > 0)
         buf_consume(&t->up.pend, (size_t)w);
-    w = t->down.pend.len ? send_some(t->client.w.fd, buf_head(&t->down.pend), t->down.pend.len)
-                         : 0;
+    w = t->down.pend.len ? send_some(t->client.w.fd, buf_head(&t->down.pend), t->down.pend.len) : 0;
     if (w > 0)
         buf_consume(&t->down.pend, (size_t)w);
     int r = tside_watch(t, &t->client, &t->up, &t->down);

@@ -162,10 +162,10 @@ class Proc:
 
 
 class Node:
-    def __init__(self, platform, name, control_port):
+    def __init__(self, platform, name, control_port, port=None):
         self.platform = platform
         self.name = name
-        self.port = free_port()
+        self.port = port or free_port()
         self.state = os.path.join(platform.dir, name)
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
