@@ -25,7 +25,7 @@
 
 #define VERDICT_BODY_MAX 512
 
-static void refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg)
+void node_refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg)
 {
     int status = v == CAP_REFRESH_ROUTE ? 409 : why == CAP_E_MALFORMED ? 401 : 403;
     char hdr[64];
@@ -50,14 +50,14 @@ static bool verify(node_t *n, conn_t *c, cap_t *cap)
 {
     sv_t w;
     if (!http_header_get(&c->req, "x-sbx-capability", &w) || w.len == 0) {
-        refuse(c, CAP_DENY, CAP_E_MALFORMED, "a capability (X-Sbx-Capability) is required");
+        node_refuse(c, CAP_DENY, CAP_E_MALFORMED, "a capability (X-Sbx-Capability) is required");
         return false;
     }
     pthread_mutex_lock(&n->keys_lock);
     cap_reason_t why = cap_verify(&n->keys, w.p, w.len, now_s(), cap);
     pthread_mutex_unlock(&n->keys_lock);
     if (why != CAP_OK) {
-        refuse(c, CAP_DENY, why, "capability refused");
+        node_refuse(c, CAP_DENY, why, "capability refused");
         return false;
     }
     return true;
@@ -76,7 +76,8 @@ static bool parse_runs_path(sv_t path, char *sandbox, sv_t *tail)
         return false;
     memcpy(sandbox, s, n);
     sandbox[n] = 0;
-    if (!cap_id_valid(sandbox))
+    /* it names a directory under <state>/runs: never "." or ".." (or any dot file) */
+    if (!cap_id_valid(sandbox) || sandbox[0] == '.')
         return false;
     *tail = slash ? sv_make(slash, (size_t)(end - slash)) : SV("");
     return true;
@@ -89,15 +90,15 @@ static bool manage_cap_ok(node_t *n, conn_t *c, const char *sandbox, cap_t *cap)
     if (!verify(n, c, cap))
         return false;
     if (!(cap->access & CAP_MANAGE)) {
-        refuse(c, CAP_DENY, CAP_E_PURPOSE, "not a management capability");
+        node_refuse(c, CAP_DENY, CAP_E_PURPOSE, "not a management capability");
         return false;
     }
     if (!streq(cap->run.sandbox, sandbox)) {
-        refuse(c, CAP_DENY, CAP_E_SANDBOX, "capability is for another sandbox");
+        node_refuse(c, CAP_DENY, CAP_E_SANDBOX, "capability is for another sandbox");
         return false;
     }
     if (!streq(cap->run.node, n->cfg.name)) {
-        refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, "capability names another node");
+        node_refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, "capability names another node");
         return false;
     }
     return true;
@@ -108,76 +109,23 @@ static run_t *manage_target(node_t *n, conn_t *c, const cap_t *cap)
 {
     run_t *r = node_find_run(n, cap->run.sandbox);
     if (!r) {
-        refuse(c, CAP_REFRESH_ROUTE, CAP_E_NO_RUN, "no run of this sandbox on this node");
+        node_refuse(c, CAP_REFRESH_ROUTE, CAP_E_NO_RUN, "no run of this sandbox on this node");
         return NULL;
     }
     if (!cap_run_equal(&r->id, &cap->run)) {
-        refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, "another run of this sandbox is installed");
+        node_refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN,
+                    "another run of this sandbox is installed");
         return NULL;
     }
     return r;
 }
-
-typedef struct {
-    cap_t cap;
-} install_ctx_t;
-
-static void install_done(conn_t *c)
-{
-    node_t *n = c->srv->app;
-    install_ctx_t *ctx = c->hdata;
-    json_error_t jerr;
-    json_t *spec = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr);
-    if (!json_is_object(spec)) {
-        json_decref(spec);
-        conn_respond_error(c, 400, "install: body must be a JSON object: %s", jerr.text);
-        return;
-    }
-    char err[512] = "";
-    run_t *r = NULL;
-    int rc = run_install(n, &ctx->cap.run, spec, err, sizeof err, &r);
-    json_decref(spec);
-    if (rc == -EEXIST) {
-        conn_respond_json(c, 200, json_pack("{s:o}", "run", run_json(r)));
-        return;
-    }
-    if (rc == -ESTALE) {
-        refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, err);
-        return;
-    }
-    if (rc < 0) {
-        log_warn("install %s generation %llu failed: %s", ctx->cap.run.sandbox,
-                 (unsigned long long)ctx->cap.run.generation, err);
-        conn_respond_error(c, rc == -EINVAL ? 400 : 500, "install failed: %s", err);
-        return;
-    }
-    log_info("installed run %s generation %llu activation %s (pid %d)", r->id.sandbox,
-             (unsigned long long)r->id.generation, r->id.activation, (int)r->pid);
-    conn_respond_json(c, 201, json_pack("{s:o}", "run", run_json(r)));
-}
-
-static void install_free(conn_t *c, bool aborted)
-{
-    (void)aborted;
-    free(c->hdata);
-    c->hdata = NULL;
-}
-
-static const handler_ops_t install_ops = { .on_close = install_free };
 
 static void route_install(node_t *n, conn_t *c, const char *sandbox)
 {
     cap_t cap;
     if (!manage_cap_ok(n, c, sandbox, &cap))
         return;
-    install_ctx_t *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) {
-        conn_respond_errno(c, -ENOMEM, "install");
-        return;
-    }
-    ctx->cap = cap;
-    conn_set_handler(c, &install_ops, ctx);
-    conn_collect_body(c, NODE_INSTALL_BODY_MAX, install_done);
+    install_start(n, c, &cap.run);
 }
 
 static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *op)
@@ -257,9 +205,9 @@ static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
     cap_reason_t why;
     cap_verdict_t v = cap_compare(&cap, &creq, &why);
     if (v != CAP_ALLOW) {
-        refuse(c, v, why,
-               v == CAP_REFRESH_ROUTE ? "the route is stale: this node does not serve that run"
-                                      : "capability does not allow this request");
+        node_refuse(c, v, why,
+                    v == CAP_REFRESH_ROUTE ? "the route is stale: this node does not serve that run"
+                                           : "capability does not allow this request");
         return;
     }
     /* The path inside the run: the agent's own routes, or its port proxy for other ports. */

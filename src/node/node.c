@@ -2,6 +2,7 @@
 #include "node.h"
 
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 
 #include "common/log.h"
@@ -73,6 +74,10 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
         return r;
     n->srv.dispatch = node_dispatch;
     n->srv.app = n;
+    /* Runs are our children (reaped through the registry); install threads wait for their own
+     * tar and rm. Orphans go to init, not to us: nothing here would reap them. */
+    n->srv.reap_registered_only = true;
+    (void)prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
     node_load_runs(n);
     report_runs(n->srv.loop, &n->report_t);
     return node_agent_start(n);

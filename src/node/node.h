@@ -20,6 +20,7 @@
 typedef enum { RUN_RUNNING, RUN_PAUSED, RUN_EXITED } run_state_t;
 
 typedef struct lease lease_t;
+typedef struct install install_t;
 typedef struct run run_t;
 
 /* A stream bound to a run's identity epoch: an established tunnel to the run's agent. */
@@ -82,6 +83,7 @@ typedef struct node {
     volatile bool stopping;
     char node_token[128];
     json_t *runs_report; /* what the next heartbeat reports (under keys_lock) */
+    install_t *installs; /* in progress */
     timer_t_ report_t;
 } node_t;
 
@@ -92,8 +94,12 @@ void node_done(node_t *n);
 run_t *node_find_run(node_t *n, const char *sandbox);
 
 /* runs.c: install / pause / retire, leases */
-int run_install(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,
-                run_t **ret);
+int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,
+                        run_t **ret);
+int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen);
+int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen);
+int run_probe_ready(run_t *r, char *err, size_t errlen);
+void run_install_finish(node_t *n, run_t *r, int rc);
 void run_stop(node_t *n, run_t *r);   /* cut leases, kill the process tree; keeps the root */
 void run_retire(node_t *n, run_t *r); /* stop and forget it; removes its directory */
 lease_t *run_lease_new(run_t *r);
@@ -112,5 +118,10 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);
 int node_agent_start(node_t *n);
 void node_agent_stop(node_t *n);
 
+/* install.c: installs run off the loop where they block (directories, restore, readiness) */
+void install_start(node_t *n, conn_t *c, const cap_run_t *id);
+bool install_in_progress(node_t *n, const char *sandbox);
+
 /* ingress.c */
 void node_dispatch(conn_t *c);
+void node_refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg);

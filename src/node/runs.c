@@ -337,33 +337,27 @@ static void run_on_exit(child_t *ch, int wstatus)
     }
 }
 
-/* Wait (bounded) until the agent listens on the bridge and passes verification. */
-static int wait_ready(run_t *r, char *err, size_t errlen)
+/* Whether the agent listens on the bridge and passes verification: 0, -EAGAIN (not yet: it
+ * has not called listen()), or -errno with err set (its process is gone, or it is not who it
+ * must be). */
+int run_probe_ready(run_t *r, char *err, size_t errlen)
 {
-    for (int i = 0; i < 2500; i++) {
-        int fd;
-        int rc = bridge_connect(r, &fd, err, errlen);
-        if (rc >= 0) {
-            safe_close(fd);
-            return 0;
-        }
-        uint64_t st;
-        int sr = proc_start_time(r->pid, &st);
-        if (sr < 0 || st != r->start_time) {
-            char last[256];
-            (void)snprintf(last, sizeof last, "%s", err);
-            (void)snprintf(err, errlen,
-                           "the run's process exited during start (see its log; %s, %s)",
-                           sr < 0 ? strerror(-sr) : "restarted", last);
-            return -ESRCH;
-        }
-        if (rc != -ECONNREFUSED)
-            return rc;
-        struct timespec ts = { 0, 2 * 1000 * 1000 };
-        nanosleep(&ts, NULL);
+    int fd;
+    int rc = bridge_connect(r, &fd, err, errlen);
+    if (rc >= 0) {
+        safe_close(fd);
+        return 0;
     }
-    (void)snprintf(err, errlen, "the run's agent did not listen within 5 s");
-    return -ETIMEDOUT;
+    uint64_t st;
+    int sr = r->stat_fd >= 0 ? proc_stat_start_time(r->stat_fd, &st) : -ESRCH;
+    if (sr < 0 || st != r->start_time) {
+        char last[256];
+        (void)snprintf(last, sizeof last, "%s", err);
+        (void)snprintf(err, errlen, "the run's process exited during start (see its log; %s)",
+                       last);
+        return -ESRCH;
+    }
+    return rc == -ECONNREFUSED ? -EAGAIN : rc;
 }
 
 /* Fetch a paused run's root from the node that holds it, as a tar stream, into root. */
@@ -469,16 +463,21 @@ void run_retire(node_t *n, run_t *r)
     run_free(r);
 }
 
-static int prepare_dirs(node_t *n, run_t *r, bool keep_root, json_t *restore, char *err,
-                        size_t errlen)
+/* The run's directories, its root fresh, kept (resume here) or fetched from the node that held
+ * it (a move). Blocking (rm, tar, HTTP): runs on an install thread; touches nothing shared. */
+int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen)
 {
+    json_t *restore = json_object_get(spec, "restore");
+    const char *mode = json_string_value(json_object_get(restore, "mode"));
+    bool keep_root = mode && streq(mode, "local");
+    if (!(mode && streq(mode, "remote")))
+        restore = NULL;
     char root[PATH_MAX + 8], bridge[PATH_MAX + 8];
     int rc = path_join(root, sizeof root, r->dir, "root");
     if (rc >= 0)
         rc = path_join(bridge, sizeof bridge, r->dir, "br");
     if (rc < 0)
         return rc;
-    (void)n;
     if (!keep_root)
         (void)remove_tree(root);
     rc = mkdir_mode(r->dir, 0700);
@@ -511,7 +510,7 @@ static int prepare_dirs(node_t *n, run_t *r, bool keep_root, json_t *restore, ch
     return 0;
 }
 
-static int run_start(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
+int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
 {
     const char *why = "invalid job spec";
     strv_t env = { 0 }, argv = { 0 };
@@ -578,10 +577,15 @@ static int run_start(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
     r->exe_dev = st.st_dev;
     r->exe_ino = st.st_ino;
     r->stat_fd = proc_stat_open(r->pid); /* still our unreaped child: the same process */
-    return wait_ready(r, err, errlen);
+    return 0;
 }
 
-int run_install(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen, run_t **ret)
+/* The synchronous part of an install: refuse what must be refused, describe the new run, and
+ * replace the old one (its streams end and its capabilities stop matching now). On 0, *ret is
+ * the new run, not yet in n->runs (run_install_finish links it). -EEXIST: that very run is
+ * installed and running (*ret is it); -ESTALE: a newer one is. */
+int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,
+                        run_t **ret)
 {
     run_t *old = node_find_run(n, id->sandbox);
     if (old && cap_run_equal(&old->id, id) && old->state == RUN_RUNNING) {
@@ -593,9 +597,6 @@ int run_install(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t 
                        (unsigned long long)old->id.generation);
         return -ESTALE;
     }
-    json_t *restore = json_object_get(spec, "restore");
-    const char *mode = json_string_value(json_object_get(restore, "mode"));
-    bool keep_root = mode && streq(mode, "local");
     _cleanup_free_ run_t *r = calloc(1, sizeof *r);
     if (!r)
         return -ENOMEM;
@@ -620,27 +621,28 @@ int run_install(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t 
         (void)snprintf(err, errlen, "state directory path too long");
         return rc;
     }
-    /* The old run is replaced: its streams end and its capabilities stop matching now. */
     if (old) {
         run_stop(n, old);
         run_unlink(n, old);
         run_free(old);
     }
-    rc = prepare_dirs(n, r, keep_root, mode && streq(mode, "remote") ? restore : NULL, err, errlen);
-    if (rc >= 0)
-        rc = run_start(n, r, spec, err, errlen);
+    *ret = TAKE_PTR(r);
+    return 0;
+}
+
+/* The install ended (rc): a failed run is kept as exited (its directory is found again; it
+ * serves nothing); either way it becomes the sandbox's record. */
+void run_install_finish(node_t *n, run_t *r, int rc)
+{
     if (rc < 0) {
         if (r->pid > 0)
             run_stop(n, r);
         r->state = RUN_EXITED;
-        /* keep the record so that the directory is found again; it serves nothing */
     }
     r->next = n->runs;
     n->runs = r;
     n->n_runs++;
     (void)run_save(r);
-    *ret = TAKE_PTR(r);
-    return rc;
 }
 
 /* A tar archive of a stopped run's root, to be fetched by the node that resumes it. */

@@ -70,6 +70,18 @@ static void on_signal(loop_t *l, watcher_t *w, uint32_t ev)
 
 void server_reap(server_t *s)
 {
+    if (s->reap_registered_only) {
+        /* other threads wait for their own children (sbx-node's install threads) */
+        for (child_t *ch = s->children, *next; ch; ch = next) {
+            next = ch->next;
+            int st;
+            if (waitpid(ch->pid, &st, WNOHANG) == ch->pid) {
+                server_child_remove(s, ch);
+                ch->on_exit(ch, st);
+            }
+        }
+        return;
+    }
     for (;;) {
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);

@@ -65,6 +65,7 @@ struct server {
     /* Daemons built on this HTTP core (sbx-node, sbx-control) route requests themselves. */
     void (*dispatch)(conn_t *c);
     void *app;
+    bool reap_registered_only; /* waitpid() only the children in `children` */
     uint64_t pool_empty_since_ms;
 };
 

@@ -90,3 +90,32 @@ def test_run_that_died_while_the_node_was_down_is_not_served(plat):
     assert job.action("cancel").status == 202
     job.wait_stage("CANCELED")
     assert not os.path.exists(again.run_dir(job.id))
+
+
+def test_node_keeps_serving_while_an_install_restores_a_large_root():
+    """Installing a run prepares its root on a thread (here: fetching a moved 256 MiB root from
+    the old node): the node forwards other runs' requests meanwhile."""
+    p = Platform(nodes=("bg-a", "bg-b"))
+    try:
+        busy = p.create_on("bg-b")
+        big = p.create_on("bg-a")
+        big.sh("head -c 268435456 /dev/urandom > /root/big && echo done", timeout=120)
+        g = big.run()["generation"]
+        assert big.action("move", {"node": "bg-b"}).status == 202
+
+        def installing():
+            return big.inspect()["run"]["state"] == "installing"
+
+        assert wait_until(installing, 30, 0.01), big.inspect()
+        served_during = 0
+        while installing():
+            assert busy.sh("echo alive") == "alive\n"
+            if installing():  # it was still restoring when that answer came back
+                served_during += 1
+        assert served_during >= 1, "no request was served while the install ran"
+        big.wait_stage("RUNNING", generation=g + 1, node="bg-b", timeout=120)
+        assert big.sh("wc -c < /root/big") == "268435456\n"
+        # control: both jobs serve afterwards
+        assert busy.sh("echo still") == "still\n"
+    finally:
+        p.stop()
