@@ -252,7 +252,7 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
                                   move && have_old ? old->run.node : NULL,
                                   move && !streq(move_to, "*") ? move_to : NULL);
     if (!ni) {
-        job_patch(rc, ns, id, &(job_patch_t){ .message = "waiting for a node with room" });
+        job_patch(rc, ns, id, &(job_patch_t){ .message = "waiting for a live node with room" });
         return;
     }
     runrec_t nr = { .port = ni->port };

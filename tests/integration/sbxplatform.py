@@ -214,11 +214,11 @@ class Node:
 
 
 class Control:
-    def __init__(self, platform, name, state, publish_delay_ms=None):
+    def __init__(self, platform, name, state, publish_delay_ms=None, port=None):
         self.platform = platform
         self.name = name
         self.publish_delay_ms = publish_delay_ms
-        self.port = free_port()
+        self.port = port or free_port()
         argv = [CONTROL_BIN, "--state", state, "--listen", f"127.0.0.1:{self.port}",
                 "--admin-token-file", platform.token_file]
         if publish_delay_ms is not None:
@@ -372,13 +372,14 @@ class Platform:
             self.stop(check=False)
             raise
 
-    def restart_control(self, i):
-        """Stop control i (SIGTERM) and start a new process in its place on the same store."""
+    def restart_control(self, i, same_port=False):
+        """Stop control i (SIGTERM) and start a new process in its place on the same store
+        (on the same port if asked: the nodes keep talking to it)."""
         old = self.controls[i]
         old.proc.stop()
         self._retired.append(old)
         c = Control(self, f"{old.name}-r{len(self._retired)}", self.ctl_state,
-                    old.publish_delay_ms)
+                    old.publish_delay_ms, port=old.port if same_port else None)
         self.controls[i] = c
         if i == 0:
             self.control = c

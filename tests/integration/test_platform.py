@@ -189,6 +189,38 @@ def test_installing_next_run_refuses_old_capabilities_and_cuts_streams(plat):
     job.cancel()
 
 
+def test_handoff_that_keeps_the_run_keeps_streams_and_capabilities(plat):
+    """An install of the very run that is installed (a control plane retrying, or another
+    replica taking over) changes nothing: 200, the same process, open streams go on and the
+    run's capabilities keep working. Restarting the control plane is such a hand-off too for
+    what goes straight to the node."""
+    job = plat.create()
+    node = job.node()
+    run = job.run()
+    cap = job.mint("exec", run)
+    pid = node.run_record(job.id)["pid"]
+    stream = node.open_stream(job, TICK, cap)
+    try:
+        assert stream.status == 200 and stream.wait_events(3)
+        r = node.request("PUT", f"/v1/runs/{job.id}", plat.mint(run, "manage"),
+                         {"secrets": {"SBX_TOKEN": job.token}})
+        assert r.status == 200, r  # already installed: nothing to do
+        assert node.run_record(job.id)["pid"] == pid
+        seen = len(stream.events)
+        assert wait_until(lambda: len(stream.events) >= seen + 3, 5), "stream stopped"
+        assert not stream.ended()
+        plat.restart_control(0, same_port=True)
+        seen = len(stream.events)
+        assert wait_until(lambda: len(stream.events) >= seen + 3, 5), "stream stopped"
+        assert not stream.ended()
+        r, res = node.exec(job, "echo same-run", cap)
+        assert r.status == 200 and res.out == "same-run\n", (r, res)
+        assert job.sh("echo through-the-new-control") == "through-the-new-control\n"
+    finally:
+        stream.close()
+    job.cancel()
+
+
 # ---- denials ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
