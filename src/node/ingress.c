@@ -145,15 +145,11 @@ static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *
         run_retire(n, r);
         conn_respond_json(c, 200, json_pack("{s:b}", "retired", 1));
     } else {
-        int fd;
-        uint64_t len;
-        int rc = run_state_archive(n, r, &fd, &len);
+        int rc = run_state_archive_start(n, r, c);
         if (rc == -EBUSY)
             conn_respond_error(c, 409, "the run is still running: pause it first");
         else if (rc < 0)
             conn_respond_errno(c, rc, "state archive");
-        else
-            conn_respond_file(c, fd, 0, len);
     }
 }
 

@@ -109,7 +109,7 @@ int parse_run_id(json_t *j, cap_run_t *id);
 void run_cut_leases(run_t *r);
 int run_save(const run_t *r);
 void node_load_runs(node_t *n);
-int run_state_archive(node_t *n, run_t *r, int *ret_fd, uint64_t *ret_len);
+int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */
 
 /* bridge.c: connect to the run's agent and verify who answers */
 int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);

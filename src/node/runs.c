@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include <sodium.h>
+
 #include "common/httpc.h"
 #include "common/log.h"
 #include "node.h"
@@ -452,11 +454,67 @@ void run_stop(node_t *n, run_t *r)
     (void)run_save(r);
 }
 
+/* A helper process (rm, tar) the loop does not wait for: done() runs when it exits. */
+typedef struct helper helper_t;
+struct helper {
+    child_t child;
+    node_t *n;
+    void (*done)(helper_t *h, int wstatus);
+    conn_t *conn; /* who waits for the result, NULL once gone */
+    char path[PATH_MAX + 32];
+};
+
+static void helper_exited(child_t *ch, int wstatus)
+{
+    helper_t *h = ch->data;
+    h->done(h, wstatus);
+    free(h);
+}
+
+static int helper_spawn(node_t *n, helper_t *h, char *const argv[])
+{
+    pid_t pid;
+    int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
+    if (r != 0)
+        return -r;
+    h->n = n;
+    h->child = (child_t){ .pid = pid, .on_exit = helper_exited, .data = h };
+    server_child_add(&n->srv, &h->child);
+    return 0;
+}
+
+static void trash_removed(helper_t *h, int wstatus)
+{
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0)
+        log_warn("cannot remove %s (rm status 0x%x)", h->path, wstatus);
+}
+
+/* Stop the run and forget it; its directory is renamed away at once (a later install of the
+ * sandbox starts clean) and removed by an rm the loop does not wait for. */
 void run_retire(node_t *n, run_t *r)
 {
     run_stop(n, r);
     run_unlink(n, r);
-    int rc = remove_tree(r->dir);
+    helper_t *h = calloc(1, sizeof *h);
+    char rnd[9];
+    uint32_t v = randombytes_random();
+    (void)snprintf(rnd, sizeof rnd, "%08x", v);
+    int rc = -ENOMEM;
+    if (h &&
+        snprintf(h->path, sizeof h->path, "%s/runs/.trash-%s-%s", n->cfg.state_dir, r->id.sandbox,
+                 rnd) < (int)sizeof h->path &&
+        rename(r->dir, h->path) == 0) {
+        char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
+        h->done = trash_removed;
+        rc = helper_spawn(n, h, argv);
+        if (rc < 0)
+            rc = remove_tree(h->path);
+        else
+            h = NULL; /* owned by the child record now */
+    } else {
+        rc = remove_tree(r->dir);
+    }
+    free(h);
     if (rc < 0)
         log_warn("cannot remove %s: %s", r->dir, strerror(-rc));
     log_info("retired run %s generation %llu", r->id.sandbox, (unsigned long long)r->id.generation);
@@ -645,32 +703,60 @@ void run_install_finish(node_t *n, run_t *r, int rc)
     (void)run_save(r);
 }
 
-/* A tar archive of a stopped run's root, to be fetched by the node that resumes it. */
-int run_state_archive(node_t *n, run_t *r, int *ret_fd, uint64_t *ret_len)
+/* A tar archive of a stopped run's root, to be fetched by the node that resumes it: tar runs
+ * as a helper the loop does not wait for; the requester gets the file when it is complete. */
+static void archive_done(helper_t *h, int wstatus)
 {
-    char root[PATH_MAX + 8], tarp[PATH_MAX + 16];
-    (void)n;
+    conn_t *c = h->conn;
+    int fd = open(h->path, O_RDONLY | O_CLOEXEC);
+    (void)unlink(h->path);
+    if (!c) {
+        safe_close(fd);
+        return;
+    }
+    conn_set_handler(c, NULL, NULL);
+    struct stat st;
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || fd < 0 || fstat(fd, &st) < 0) {
+        safe_close(fd);
+        conn_respond_error(c, 500, "state archive: tar failed (status 0x%x)", wstatus);
+        return;
+    }
+    conn_respond_file(c, fd, 0, (uint64_t)st.st_size);
+}
+
+static void archive_requester_gone(conn_t *c, bool aborted)
+{
+    helper_t *h = c->hdata;
+    (void)aborted;
+    h->conn = NULL;
+}
+
+static const handler_ops_t archive_ops = { .on_close = archive_requester_gone };
+
+int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
+{
+    char root[PATH_MAX + 8];
     if (r->state == RUN_RUNNING)
         return -EBUSY;
+    helper_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return -ENOMEM;
     (void)path_join(root, sizeof root, r->dir, "root");
-    (void)snprintf(tarp, sizeof tarp, "%s/state.tar", r->dir);
+    char rnd[9];
+    (void)snprintf(rnd, sizeof rnd, "%08x", randombytes_random());
+    (void)snprintf(h->path, sizeof h->path, "%s/state-%s.tar", r->dir, rnd);
     char *const argv[] = {
-        "/bin/tar", "-c", "--numeric-owner", "--one-file-system", "-f", tarp, "-C", root, ".", NULL
+        "/bin/tar", "-c", "--numeric-owner", "--one-file-system", "-f", h->path, "-C", root,
+        ".",        NULL
     };
-    int rc = spawn_wait(argv);
-    if (rc < 0)
+    h->done = archive_done;
+    h->conn = c;
+    int rc = helper_spawn(n, h, argv);
+    if (rc < 0) {
+        free(h);
         return rc;
-    int fd = open(tarp, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return negative_errno();
-    (void)unlink(tarp);
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        safe_close(fd);
-        return negative_errno();
     }
-    *ret_fd = fd;
-    *ret_len = (uint64_t)st.st_size;
+    conn_set_handler(c, &archive_ops, h);
     return 0;
 }
 
