@@ -18,7 +18,7 @@ cd "$(dirname "$SELF")/.." || exit 1
 PY=/usr/bin/python3
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 LOG_DIR=build-logs
-FUZZERS=(http_head request_decode cap_decode)
+FUZZERS=(http_head request_decode cap_decode httpc_response)
 
 # ---- stage bodies (each runs as `scripts/test.sh --stage NAME` under timeout) ---------------
 
@@ -89,6 +89,7 @@ fuzz_one() { # corpus name
 stage_fuzz_http_head() { fuzz_one http_head; }
 stage_fuzz_request_decode() { fuzz_one request_decode; }
 stage_fuzz_cap_decode() { fuzz_one cap_decode; }
+stage_fuzz_httpc_response() { fuzz_one httpc_response; }
 
 # Benchmark smoke runs: small sizes, functional failures only (figures are printed, not judged).
 stage_bench_smoke() { bash scripts/bench.sh --quick; }
@@ -111,6 +112,7 @@ STAGES=(
     "fuzz_http_head:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_request_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_cap_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
+    "fuzz_httpc_response:$((FUZZ_SECONDS + 120)):fuzz_build"
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"
     "bench_platform_smoke:300:build"

@@ -805,6 +805,20 @@ int httpc_do(const httpc_request_t *rq, httpc_response_t *ret)
     return r;
 }
 
+int httpc_read_response_fd(int fd, const httpc_request_t *rq, httpc_response_t *ret)
+{
+    conn_t c = { .fd = fd };
+    if (!rq || !ret || !rq->method)
+        return -EINVAL;
+    c.deadline_ns = deadline_after_ms(rq->timeout_ms ? rq->timeout_ms : HTTPC_TIMEOUT_DEFAULT_MS);
+    c.rbuf = malloc(HTTPC_HEAD_MAX);
+    if (!c.rbuf)
+        return -ENOMEM;
+    int r = read_response(&c, rq, ret);
+    free(c.rbuf); /* the fd stays the caller's */
+    return r;
+}
+
 int httpc_header(const httpc_response_t *r, const char *name, char *out, size_t cap)
 {
     if (!r || !r->head || !name || (!out && cap > 0))

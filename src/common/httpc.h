@@ -45,6 +45,10 @@ void httpc_request_init(httpc_request_t *rq);
  * -ETIMEDOUT, -EPROTO (malformed response), -EFBIG (over a cap), -EINVAL (bad request). */
 int httpc_do(const httpc_request_t *rq, httpc_response_t *ret);
 
+/* Read and parse one response from fd as httpc_do() does after sending rq (rq->method decides
+ * whether a body follows; the body caps apply). The fd is not closed. For tests and fuzzing. */
+int httpc_read_response_fd(int fd, const httpc_request_t *rq, httpc_response_t *ret);
+
 /* A response header's value (first occurrence, case-insensitive name), copied into out
  * NUL-terminated; -ENOENT if absent, -ENOBUFS if it does not fit. */
 int httpc_header(const httpc_response_t *r, const char *name, char *out, size_t cap);
