@@ -32,8 +32,9 @@ enum {
     CAP_FILES_WRITE = 1u << 2, /* write, rename, delete files */
     CAP_PROCESSES = 1u << 3,   /* background processes: start, attach, signal */
     CAP_PROXY = 1u << 4,       /* reach a service port of the run (port + protocol) */
-    CAP_MANAGE = 1u << 5,      /* control plane -> node: install, retire, pause, state */
-    CAP_ACCESS_ALL = (1u << 6) - 1,
+    CAP_MANAGE = 1u << 5,      /* control plane -> node: install, retire, pause */
+    CAP_STATE_READ = 1u << 6,  /* one node -> another: fetch a stopped run's root (a move) */
+    CAP_ACCESS_ALL = (1u << 7) - 1,
 };
 
 typedef enum {

@@ -76,6 +76,35 @@ static void register_done(conn_t *c)
     (void)snprintf(tok, sizeof tok, "sbxnode_%s", hex);
     auth_token_hash(tok, thash);
     (void)snprintf(key, sizeof key, "nodes/%s", name);
+    /* A registered name stays its node's: registering it again takes that node's token
+     * (X-Sbx-Node-Token), so a holder of the join token cannot take over another node. */
+    int64_t expect = STORE_REV_ABSENT;
+    store_kv_t old;
+    if (store_get(ctl->store, key, &old) == 0) {
+        json_t *o = json_loadb(old.value, old.value_len, 0, NULL);
+        const char *th = json_string_value(json_object_get(o, "token_hash"));
+        char prev[65];
+        sv_t v;
+        bool same = false;
+        if (th && http_header_get(&c->req, "x-sbx-node-token", &v) && v.len > 0 && v.len < 200) {
+            char t[200];
+            memcpy(t, v.p, v.len);
+            t[v.len] = 0;
+            auth_token_hash(t, prev);
+            sodium_memzero(t, sizeof t);
+            same = hash_eq(th, prev);
+        }
+        expect = old.rev;
+        json_decref(o);
+        store_kv_clear(&old);
+        if (!same) {
+            json_decref(b);
+            conn_respond_error(c, 409,
+                               "register: the name is registered to another node "
+                               "(present its node token in X-Sbx-Node-Token)");
+            return;
+        }
+    }
     json_t *rec =
         json_pack("{s:s,s:s,s:I,s:I,s:s,s:I,s:I}", "name", name, "host", host, "port",
                   (json_int_t)port, "capacity", capacity, "token_hash", thash, "last_seen_ms",
@@ -85,8 +114,12 @@ static void register_done(conn_t *c)
     json_decref(b);
     char *v = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
     json_decref(rec);
-    int r = v ? store_cas(ctl->store, key, v, strlen(v), STORE_REV_ANY, NULL) : -ENOMEM;
+    int r = v ? store_cas(ctl->store, key, v, strlen(v), expect, NULL) : -ENOMEM;
     free(v);
+    if (r == -ESTALE) {
+        conn_respond_error(c, 409, "register: the node record changed meanwhile; try again");
+        return;
+    }
     if (r < 0) {
         conn_respond_errno(c, r, "register");
         return;

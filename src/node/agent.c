@@ -3,6 +3,7 @@
  * answers carry the verification key set (public keys only: a node can check capabilities, never
  * mint them). Runs on a thread of its own so that a slow control plane never stalls requests;
  * the key set is swapped under keys_lock. */
+#include <fcntl.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <time.h>
@@ -35,14 +36,16 @@ static int parse_keys(json_t *arr, cap_keyset_t *ks)
     return cap_keyset_set(ks, keys, n);
 }
 
-static int call(node_t *n, const char *target, const char *bearer, json_t *body, json_t **ret)
+static int call(node_t *n, const char *target, const char *bearer, const char *extra, json_t *body,
+                json_t **ret)
 {
     char *b = json_dumps(body, JSON_COMPACT);
-    char hdr[256];
+    char hdr[512];
     if (!b)
         return -ENOMEM;
     (void)snprintf(hdr, sizeof hdr,
-                   "Authorization: Bearer %s\r\nContent-Type: application/json\r\n", bearer);
+                   "Authorization: Bearer %s\r\nContent-Type: application/json\r\n%s", bearer,
+                   extra ? extra : "");
     httpc_request_t rq;
     httpc_request_init(&rq);
     rq.host = n->cfg.control_host;
@@ -69,6 +72,32 @@ static int call(node_t *n, const char *target, const char *bearer, json_t *body,
     return 0;
 }
 
+/* The node token, kept 0600 in the state directory: a restarted node re-registers its name. */
+static int node_token_save(node_t *n, const char *tok)
+{
+    char path[PATH_MAX + 32], tmp[PATH_MAX + 40];
+    (void)snprintf(path, sizeof path, "%s/node.token", n->cfg.state_dir);
+    (void)snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        return negative_errno();
+    size_t len = strlen(tok);
+    if (write(fd, tok, len) != (ssize_t)len || fsync(fd) < 0)
+        return negative_errno();
+    return rename(tmp, path) < 0 ? negative_errno() : 0;
+}
+
+void node_token_load(node_t *n)
+{
+    char path[PATH_MAX + 32];
+    (void)snprintf(path, sizeof path, "%s/node.token", n->cfg.state_dir);
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return;
+    ssize_t k = read(fd, n->node_token, sizeof n->node_token - 1);
+    n->node_token[k > 0 ? k : 0] = 0;
+}
+
 static int apply_keys(node_t *n, json_t *j)
 {
     cap_keyset_t ks;
@@ -86,7 +115,14 @@ static int do_register(node_t *n)
     json_t *body = json_pack("{s:s,s:s,s:I,s:[s]}", "name", n->cfg.name, "url", n->cfg.advertise,
                              "capacity", (json_int_t)n->cfg.capacity, "substrates", "process");
     json_t *resp = NULL;
-    int r = body ? call(n, "/v1/nodes/register", n->cfg.join_token, body, &resp) : -ENOMEM;
+    /* our previous token proves this name is ours when the control plane knows it already */
+    char extra[200] = "";
+    pthread_mutex_lock(&n->keys_lock);
+    if (n->node_token[0])
+        (void)snprintf(extra, sizeof extra, "X-Sbx-Node-Token: %s\r\n", n->node_token);
+    pthread_mutex_unlock(&n->keys_lock);
+    int r = body ? call(n, "/v1/nodes/register", n->cfg.join_token, extra, body, &resp) : -ENOMEM;
+    sodium_memzero(extra, sizeof extra);
     json_decref(body);
     if (r < 0)
         return r;
@@ -99,6 +135,9 @@ static int do_register(node_t *n)
     memcpy(n->node_token, tok, strlen(tok) + 1);
     n->registered = true;
     pthread_mutex_unlock(&n->keys_lock);
+    if (node_token_save(n, tok) < 0)
+        log_warn("cannot keep the node token in %s: a restart must register under a new name",
+                 n->cfg.state_dir);
     json_decref(resp);
     return 0;
 }
@@ -113,7 +152,7 @@ static int do_heartbeat(node_t *n)
     pthread_mutex_unlock(&n->keys_lock);
     json_t *body = json_pack("{s:o}", "runs", runs ? runs : json_array());
     json_t *resp = NULL;
-    int r = body ? call(n, target, token, body, &resp) : -ENOMEM;
+    int r = body ? call(n, target, token, NULL, body, &resp) : -ENOMEM;
     json_decref(body);
     sodium_memzero(token, sizeof token);
     if (r < 0)

@@ -36,11 +36,11 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen)
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     size_t n = strlen(r->sock_path);
     if (n >= sizeof sa.sun_path)
-        return -ENAMETOOLONG;
+        return fail(err, errlen, -ENAMETOOLONG, "%s", "bridge socket path too long");
     memcpy(sa.sun_path, r->sock_path, n + 1);
     _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return negative_errno();
+        return fail(err, errlen, negative_errno(), "socket: %s", strerror(errno));
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
         int e = errno;
         if (e == EAGAIN)
@@ -50,7 +50,7 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen)
     struct ucred cred;
     socklen_t cl = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0)
-        return negative_errno();
+        return fail(err, errlen, negative_errno(), "SO_PEERCRED: %s", strerror(errno));
     if (cred.pid != r->pid)
         return fail(err, errlen, -EPERM, "%s",
                     "bridge peer is not the process started for this activation");

@@ -85,12 +85,16 @@ static bool parse_runs_path(sv_t path, char *sandbox, sv_t *tail)
 
 /* ---- management (control plane -> node) ---------------------------------------------------- */
 
-static bool manage_cap_ok(node_t *n, conn_t *c, const char *sandbox, cap_t *cap)
+/* need: CAP_MANAGE (install, pause, retire: the control plane) or CAP_STATE_READ (fetching a
+ * stopped run's root: the node that resumes it holds only that). */
+static bool manage_cap_ok(node_t *n, conn_t *c, const char *sandbox, uint32_t need, cap_t *cap)
 {
     if (!verify(n, c, cap))
         return false;
-    if (!(cap->access & CAP_MANAGE)) {
-        node_refuse(c, CAP_DENY, CAP_E_PURPOSE, "not a management capability");
+    if (!(cap->access & need)) {
+        node_refuse(c, CAP_DENY, CAP_E_PURPOSE,
+                    need == CAP_MANAGE ? "not a management capability"
+                                       : "not a capability to read this run's state");
         return false;
     }
     if (!streq(cap->run.sandbox, sandbox)) {
@@ -123,7 +127,7 @@ static run_t *manage_target(node_t *n, conn_t *c, const cap_t *cap)
 static void route_install(node_t *n, conn_t *c, const char *sandbox)
 {
     cap_t cap;
-    if (!manage_cap_ok(n, c, sandbox, &cap))
+    if (!manage_cap_ok(n, c, sandbox, CAP_MANAGE, &cap))
         return;
     install_start(n, c, &cap.run);
 }
@@ -131,7 +135,7 @@ static void route_install(node_t *n, conn_t *c, const char *sandbox)
 static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *op)
 {
     cap_t cap;
-    if (!manage_cap_ok(n, c, sandbox, &cap))
+    if (!manage_cap_ok(n, c, sandbox, streq(op, "state") ? CAP_STATE_READ : CAP_MANAGE, &cap))
         return;
     run_t *r = manage_target(n, c, &cap);
     if (!r)
@@ -183,6 +187,13 @@ static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
     cap_t cap;
     if (!verify(n, c, &cap))
         return;
+    /* The agent's own port proxy would reach any port of the run past the exposed list: ports
+     * are addressed as themselves (/ports/{port}/), where the gateway checks them. */
+    if (port == CAP_AGENT_PORT && sv_has_prefix(rest, SV("/v1/proxy/"))) {
+        node_refuse(c, CAP_DENY, CAP_E_PORT,
+                    "address the run's port itself (/ports/{port}/), not the agent's proxy");
+        return;
+    }
     sv_t up;
     cap_proto_t proto = http_header_get(rq, "upgrade", &up) && sv_eq_lit_nocase(up, "websocket")
                             ? CAP_PROTO_WEBSOCKET
@@ -218,7 +229,7 @@ static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
         conn_respond_error(c, 414, "target too long");
         return;
     }
-    char err[256];
+    char err[256] = "";
     int fd;
     int rc = bridge_connect(r, &fd, err, sizeof err);
     if (rc < 0) {

@@ -217,3 +217,25 @@ void install_start(node_t *n, conn_t *c, const cap_run_t *id)
     conn_set_handler(c, &pending_ops, pd);
     conn_collect_body(c, NODE_INSTALL_BODY_MAX, body_done);
 }
+
+/* The node is going down: every install in progress ends now. Its thread is waited for (it is
+ * bounded by its own timeouts), a process it started is stopped, and the run is recorded as
+ * exited, so that nothing runs unsupervised and a restart finds its directory. */
+void install_abandon_all(node_t *n)
+{
+    while (n->installs) {
+        install_t *in = n->installs;
+        n->installs = in->next;
+        if (in->th_started)
+            (void)pthread_join(in->th, NULL);
+        in->th_started = false;
+        loop_unwatch(n->srv.loop, &in->w);
+        timer_disarm(n->srv.loop, &in->t);
+        in->rc = -ECANCELED;
+        (void)snprintf(in->err, sizeof in->err, "the node stopped during the install");
+        run_install_finish(n, in->r, in->rc); /* stops its process, saves it as exited */
+        if (in->conn)
+            conn_set_handler(in->conn, NULL, NULL);
+        install_free(in);
+    }
+}

@@ -79,6 +79,7 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
     n->srv.reap_registered_only = true;
     (void)prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
     node_load_runs(n);
+    node_token_load(n);
     report_runs(n->srv.loop, &n->report_t);
     return node_agent_start(n);
 }
@@ -88,6 +89,8 @@ int node_run(node_t *n) { return server_run(&n->srv); }
 void node_done(node_t *n)
 {
     node_agent_stop(n);
+    if (n->srv.loop)
+        install_abandon_all(n);
     /* A node going down stops its runs (their roots stay): nothing runs unsupervised. */
     for (run_t *r = n->runs; r; r = r->next)
         if (r->state == RUN_RUNNING)

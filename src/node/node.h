@@ -116,11 +116,13 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);
 
 /* agent.c: registration and heartbeats with sbx-control (a thread) */
 int node_agent_start(node_t *n);
+void node_token_load(node_t *n); /* before node_agent_start */
 void node_agent_stop(node_t *n);
 
 /* install.c: installs run off the loop where they block (directories, restore, readiness) */
 void install_start(node_t *n, conn_t *c, const cap_run_t *id);
 bool install_in_progress(node_t *n, const char *sandbox);
+void install_abandon_all(node_t *n);
 
 /* ingress.c */
 void node_dispatch(conn_t *c);

@@ -582,7 +582,10 @@ static void conn_begin_request(conn_t *c, int head_len)
     buf_consume(&c->in, (size_t)head_len);
     (void)http_parse_request(c->head_copy, (size_t)head_len, &c->req);
     c->state = CS_REQUEST;
-    c->keep_alive = c->req.keep_alive;
+    /* A request that asks to upgrade the connection is the last one on it, whatever the
+     * answer: a refused upgrade never leaves a connection that a proxy in front of us would
+     * keep splicing (bytes that follow could be a request nobody authorized). */
+    c->keep_alive = c->req.keep_alive && !c->req.upgrade;
     c->body_left = c->req.content_length;
     sv_t expect;
     c->expect_continue = c->body_left > 0 && c->req.minor >= 1 &&

@@ -183,14 +183,17 @@ int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const 
                        const char *extra, buf_t *out)
 {
     sv_t up;
-    bool upgrade = http_header_get(rq, "upgrade", &up) && up.len > 0;
+    /* Only a WebSocket upgrade keeps its connection (and its tunnel) past the first answer; any
+     * other Upgrade header is dropped, so that no second request can follow on this hop. */
+    bool upgrade = http_header_get(rq, "upgrade", &up) && sv_eq_lit_nocase(up, "websocket");
     buf_init(out, 2 * HTTP_MAX_HEAD + 4096);
     int r = buf_printf(out, SV_FMT " " SV_FMT " HTTP/1.1\r\n", SV_ARG(rq->method), SV_ARG(target));
     for (size_t i = 0; r >= 0 && i < rq->n_headers; i++) {
         const http_header_t *h = &rq->headers[i];
         bool skip = sv_eq_lit_nocase(h->name, "connection") ||
                     sv_eq_lit_nocase(h->name, "keep-alive") ||
-                    sv_eq_lit_nocase(h->name, "proxy-connection");
+                    sv_eq_lit_nocase(h->name, "proxy-connection") ||
+                    (!upgrade && sv_eq_lit_nocase(h->name, "upgrade"));
         for (size_t d = 0; !skip && drop && drop[d]; d++)
             skip = sv_eq_lit_nocase(h->name, drop[d]);
         if (!skip)

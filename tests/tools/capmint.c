@@ -32,7 +32,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: capmint --store FILE --sandbox S --generation N --node NAME\n"
                "               --substrate SUB --activation A --instance I\n"
-               "               --access exec|files_read|files_write|processes|proxy|manage[,..]\n"
+               "               --access exec|files_read|files_write|processes|proxy|manage|state_read[,..]\n"
                "               [--port P --protocol http|websocket] [--iat-offset SECONDS]\n"
                "               [--lifetime SECONDS] [--forge] [--kid KID]\n");
 }
@@ -59,7 +59,8 @@ static int parse_access(const char *s, uint32_t *ret)
                   { "files_write", CAP_FILES_WRITE },
                   { "processes", CAP_PROCESSES },
                   { "proxy", CAP_PROXY },
-                  { "manage", CAP_MANAGE } };
+                  { "manage", CAP_MANAGE },
+                  { "state_read", CAP_STATE_READ } };
     uint32_t acc = 0;
     sv_t rest = sv_make(s, strlen(s));
     while (rest.len > 0) {

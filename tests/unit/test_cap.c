@@ -163,7 +163,7 @@ static void m_instance_empty(cap_t *c) { c->run.instance[0] = '\0'; }
 static void m_instance_long(cap_t *c) { memset(c->run.instance, 'i', CAP_ID_MAX); }
 static void m_instance_bad(cap_t *c) { memcpy(c->run.instance, "i=1", 4); }
 static void m_access_0(cap_t *c) { c->access = 0; }
-static void m_access_unknown(cap_t *c) { c->access |= 1u << 6; }
+static void m_access_unknown(cap_t *c) { c->access |= 1u << 7; }
 static void m_access_high(cap_t *c) { c->access = 1u << 31; }
 static void m_port_without_proxy(cap_t *c) { c->port = 80; }
 static void m_proto_without_proxy(cap_t *c) { c->proto = CAP_PROTO_HTTP; }
@@ -813,7 +813,7 @@ TEST(compare_deny)
 
     /* purpose: not granted, not exactly one bit, unknown; checked before the run */
     uint32_t bad_purpose[] = { CAP_FILES_WRITE,           CAP_PROCESSES, CAP_PROXY, CAP_MANAGE, 0,
-                               CAP_EXEC | CAP_FILES_READ, 1u << 6,       1u << 31 };
+                               CAP_EXEC | CAP_FILES_READ, 1u << 7,       1u << 31 };
     for (size_t i = 0; i < sizeof bad_purpose / sizeof bad_purpose[0]; i++) {
         rq = request(&c, bad_purpose[i], &run);
         if (cap_compare(&c, &rq, NULL) != CAP_DENY)
