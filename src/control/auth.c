@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 #include "control.h"
 
@@ -53,19 +54,13 @@ static int write_secret(const char *path, const char *value)
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
             return negative_errno();
     }
-    char tmp[PATH_MAX + 8];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return -ENAMETOOLONG;
-    _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0)
-        return negative_errno();
-    size_t n = strlen(value);
-    if (fchmod(fd, 0600) < 0 || write(fd, value, n) != (ssize_t)n || write(fd, "\n", 1) != 1 ||
-        fsync(fd) < 0)
-        return negative_errno();
-    if (rename(tmp, path) < 0)
-        return negative_errno();
-    return 0;
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s\n", value);
+    if (n < 0 || (size_t)n >= sizeof line)
+        return -E2BIG;
+    int r = file_write_atomic(path, line, (size_t)n, 0600);
+    sodium_memzero(line, sizeof line);
+    return r;
 }
 
 static int token_create(store_t *st, const char *principal, const char *ns, role_t role,

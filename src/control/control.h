@@ -111,8 +111,6 @@ int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
 /* records.c: JSON <-> records */
 int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev);
 int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev);
-json_t *run_id_to_json(const cap_run_t *id);
-int run_id_from_json(json_t *j, cap_run_t *id);
 int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev);
 int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t expect,
              int64_t *ret_rev);

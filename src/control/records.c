@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "cap/runjson.h"
 #include "control.h"
 
 int64_t wall_ms(void)
@@ -32,35 +33,11 @@ bool valid_name(const char *s, size_t max)
     return true;
 }
 
-json_t *run_id_to_json(const cap_run_t *id)
-{
-    return json_pack("{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", id->sandbox, "generation",
-                     (json_int_t)id->generation, "node", id->node, "substrate", id->substrate,
-                     "activation", id->activation, "instance", id->instance);
-}
-
 static int copy_field(char *dst, size_t cap, const char *src)
 {
     if (!src || strlen(src) >= cap)
         return -EINVAL;
     memcpy(dst, src, strlen(src) + 1);
-    return 0;
-}
-
-int run_id_from_json(json_t *j, cap_run_t *id)
-{
-    const char *sb, *node, *sub, *act, *inst;
-    json_int_t gen;
-    if (json_unpack(j, "{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", &sb, "generation", &gen, "node",
-                    &node, "substrate", &sub, "activation", &act, "instance", &inst) < 0 ||
-        gen < 1)
-        return -EINVAL;
-    *id = (cap_run_t){ .generation = (uint64_t)gen };
-    if (copy_field(id->sandbox, CAP_ID_MAX, sb) < 0 || copy_field(id->node, CAP_ID_MAX, node) < 0 ||
-        copy_field(id->substrate, CAP_ID_MAX, sub) < 0 ||
-        copy_field(id->activation, CAP_ID_MAX, act) < 0 ||
-        copy_field(id->instance, CAP_ID_MAX, inst) < 0)
-        return -EINVAL;
     return 0;
 }
 
@@ -83,7 +60,7 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
     if (json_unpack(j, "{s:s,s:s,s:I,s?I,s?I,s?o,s?s}", "state", &state, "host", &host, "port",
                     &port, "attempts", &attempts, "updated_ms", &updated, "prev", &prev, "ns",
                     &ns) == 0 &&
-        run_id_from_json(json_object_get(j, "run"), &rr.run) == 0 &&
+        cap_run_from_json(json_object_get(j, "run"), &rr.run) == 0 &&
         copy_field(rr.state, sizeof rr.state, state) == 0 &&
         copy_field(rr.host, sizeof rr.host, host) == 0 &&
         copy_field(rr.ns, sizeof rr.ns, ns) == 0) {
@@ -95,7 +72,7 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
             const char *ph;
             json_int_t pp;
             if (json_unpack(prev, "{s:s,s:I}", "host", &ph, "port", &pp) == 0 &&
-                run_id_from_json(json_object_get(prev, "run"), &rr.prev) == 0 &&
+                cap_run_from_json(json_object_get(prev, "run"), &rr.prev) == 0 &&
                 copy_field(rr.prev_host, sizeof rr.prev_host, ph) == 0) {
                 rr.has_prev = true;
                 rr.prev_port = (uint16_t)pp;
@@ -115,12 +92,12 @@ int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, 
 {
     char key[128];
     (void)snprintf(key, sizeof key, "runs/%s", job);
-    json_t *j = json_pack("{s:o,s:s,s:s,s:i,s:i,s:I,s:s}", "run", run_id_to_json(&r->run), "state",
+    json_t *j = json_pack("{s:o,s:s,s:s,s:i,s:i,s:I,s:s}", "run", cap_run_to_json(&r->run), "state",
                           r->state, "host", r->host, "port", r->port, "attempts", r->attempts,
                           "updated_ms", (json_int_t)wall_ms(), "ns", r->ns);
     if (j && r->has_prev)
         json_object_set_new(j, "prev",
-                            json_pack("{s:o,s:s,s:i}", "run", run_id_to_json(&r->prev), "host",
+                            json_pack("{s:o,s:s,s:i}", "run", cap_run_to_json(&r->prev), "host",
                                       r->prev_host, "port", r->prev_port));
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);

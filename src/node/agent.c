@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "common/fileio.h"
 #include "common/httpc.h"
 #include "common/log.h"
 #include "node.h"
@@ -75,16 +76,9 @@ static int call(node_t *n, const char *target, const char *bearer, const char *e
 /* The node token, kept 0600 in the state directory: a restarted node re-registers its name. */
 static int node_token_save(node_t *n, const char *tok)
 {
-    char path[PATH_MAX + 32], tmp[PATH_MAX + 40];
+    char path[PATH_MAX + 32];
     (void)snprintf(path, sizeof path, "%s/node.token", n->cfg.state_dir);
-    (void)snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    _cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0)
-        return negative_errno();
-    size_t len = strlen(tok);
-    if (write(fd, tok, len) != (ssize_t)len || fsync(fd) < 0)
-        return negative_errno();
-    return rename(tmp, path) < 0 ? negative_errno() : 0;
+    return file_write_atomic(path, tok, strlen(tok), 0600);
 }
 
 void node_token_load(node_t *n)

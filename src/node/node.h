@@ -105,7 +105,6 @@ void run_retire(node_t *n, run_t *r); /* stop and forget it; removes its directo
 lease_t *run_lease_new(run_t *r);
 void run_lease_on_close(tunnel_t *t, void *data); /* the tunnel callback; frees the lease */
 json_t *run_json(const run_t *r);
-int parse_run_id(json_t *j, cap_run_t *id);
 void run_cut_leases(run_t *r);
 int run_save(const run_t *r);
 void node_load_runs(node_t *n);

@@ -15,6 +15,8 @@
 
 #include <sodium.h>
 
+#include "cap/runjson.h"
+#include "common/fileio.h"
 #include "common/httpc.h"
 #include "common/log.h"
 #include "node.h"
@@ -112,13 +114,6 @@ static int path_join(char *out, size_t cap, const char *a, const char *b)
 
 /* ---- the run record on disk ---------------------------------------------------------------- */
 
-static json_t *run_id_json(const cap_run_t *id)
-{
-    return json_pack("{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", id->sandbox, "generation",
-                     (json_int_t)id->generation, "node", id->node, "substrate", id->substrate,
-                     "activation", id->activation, "instance", id->instance);
-}
-
 static const char *state_name(run_state_t s)
 {
     return s == RUN_RUNNING ? "running" : s == RUN_PAUSED ? "paused" : "exited";
@@ -131,46 +126,26 @@ json_t *run_json(const run_t *r)
         json_array_append_new(
             ex, json_pack("{s:i,s:s}", "port", r->expose[i].port, "protocol",
                           r->expose[i].proto == CAP_PROTO_WEBSOCKET ? "websocket" : "http"));
-    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:i,s:I}", "run", run_id_json(&r->id),
-                     "state", state_name(r->state), "pid", (int)r->pid, "start_time",
-                     (json_int_t)r->start_time, "exe_dev", (json_int_t)r->exe_dev, "exe_ino",
-                     (json_int_t)r->exe_ino, "sock_ino", (json_int_t)r->sock_ino, "expose",
-                     ex ? ex : json_array(), "pool_host", r->pool_host, "exit_status",
+    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:i,s:I}", "run",
+                     cap_run_to_json(&r->id), "state", state_name(r->state), "pid", (int)r->pid,
+                     "start_time", (json_int_t)r->start_time, "exe_dev", (json_int_t)r->exe_dev,
+                     "exe_ino", (json_int_t)r->exe_ino, "sock_ino", (json_int_t)r->sock_ino,
+                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "exit_status",
                      r->exit_status, "leases", (json_int_t)r->n_leases);
 }
 
 int run_save(const run_t *r)
 {
-    char path[PATH_MAX + 16], tmp[PATH_MAX + 16];
+    char path[PATH_MAX + 16];
     (void)snprintf(path, sizeof path, "%s/run.json", r->dir);
-    (void)snprintf(tmp, sizeof tmp, "%s/run.json.tmp", r->dir);
     json_t *j = run_json(r);
-    if (!j)
-        return -ENOMEM;
-    int rc = json_dump_file(j, tmp, JSON_COMPACT);
+    char *v = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    if (rc < 0 || rename(tmp, path) < 0)
-        return -EIO;
-    return 0;
-}
-
-int parse_run_id(json_t *j, cap_run_t *id)
-{
-    const char *sb, *node, *sub, *act, *inst;
-    json_int_t gen;
-    if (json_unpack(j, "{s:s,s:I,s:s,s:s,s:s,s:s}", "sandbox", &sb, "generation", &gen, "node",
-                    &node, "substrate", &sub, "activation", &act, "instance", &inst) < 0)
-        return -EINVAL;
-    if (gen < 1 || !cap_id_valid(sb) || !cap_id_valid(node) || !cap_id_valid(sub) ||
-        !cap_id_valid(act) || !cap_id_valid(inst))
-        return -EINVAL;
-    *id = (cap_run_t){ .generation = (uint64_t)gen };
-    memcpy(id->sandbox, sb, strlen(sb) + 1);
-    memcpy(id->node, node, strlen(node) + 1);
-    memcpy(id->substrate, sub, strlen(sub) + 1);
-    memcpy(id->activation, act, strlen(act) + 1);
-    memcpy(id->instance, inst, strlen(inst) + 1);
-    return 0;
+    if (!v)
+        return -ENOMEM;
+    int rc = file_write_atomic(path, v, strlen(v), 0600);
+    free(v);
+    return rc;
 }
 
 static int parse_expose(json_t *ex, run_t *r)
@@ -781,7 +756,7 @@ void node_load_runs(node_t *n)
         json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0;
         const char *state = "";
         int pool = 0;
-        if (!r || !j || parse_run_id(json_object_get(j, "run"), &r->id) < 0 ||
+        if (!r || !j || cap_run_from_json(json_object_get(j, "run"), &r->id) < 0 ||
             json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b}", "state", &state, "pid", &pid,
                         "start_time", &start, "exe_dev", &dev, "exe_ino", &ino, "sock_ino", &sino,
                         "pool_host", &pool) < 0 ||

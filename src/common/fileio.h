@@ -1,0 +1,10 @@
+/* SPDX-License-Identifier: MIT */
+/* Small file helpers for daemons' state (tokens, records). */
+#pragma once
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Replace path with exactly these bytes, atomically (a temporary file beside it, fsync,
+ * rename), created with mode (also when path existed with a looser one). */
+int file_write_atomic(const char *path, const void *p, size_t n, mode_t mode);
