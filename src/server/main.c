@@ -169,6 +169,7 @@ int main(int argc, char **argv)
     if (r < 0) {
         log_error("cannot start: %s", strerror(-r));
         server_done(&srv);
+        free(cfg.token);
         return 1;
     }
     if (cfg.listen_inherited)

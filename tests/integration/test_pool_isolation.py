@@ -645,8 +645,13 @@ def test_no_server_descriptor_leaks_into_a_sandbox(pool_host, pair):
     try:
         def server_has_upload():
             fd_dir = f"/proc/{pool_host.proc.pid}/fd"
-            return any(os.readlink(os.path.join(fd_dir, f)).endswith("/upload")
-                       for f in os.listdir(fd_dir))
+            for f in os.listdir(fd_dir):
+                try:  # the server opens and closes descriptors meanwhile
+                    if os.readlink(os.path.join(fd_dir, f)).endswith("/upload"):
+                        return True
+                except FileNotFoundError:
+                    pass
+            return False
         assert wait_until(server_has_upload, 3)  # positive control: the descriptor exists
         # and a child, once it runs the new image (between fork and exec a shell holds
         # descriptors of its own for a moment)
