@@ -46,7 +46,8 @@ static const char *check_env(json_t *o, const char *what)
     if (!json_is_object(o) || json_object_size(o) > 256)
         return what;
     json_object_foreach(o, k, v) {
-        if (!env_name_ok(k) || streq(k, "SBX_LISTEN") || !str_clean(v, 64 * 1024))
+        if (!env_name_ok(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE") ||
+            !str_clean(v, 64 * 1024))
             return what;
     }
     return NULL;
@@ -130,17 +131,28 @@ static json_t *flavor_limits(const char *name)
 static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_secrets)
 {
     const char *image = "host", *substrate = "process", *flavor = "cpu-basic";
+    const char *mode = "dedicated", *network = "none";
     json_t *command = NULL, *env = NULL, *secrets = NULL, *labels = NULL, *expose = NULL;
     json_int_t timeout = 0;
     const char *e;
     if (!json_is_object(b) ||
-        json_unpack(b, "{s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image, "substrate",
-                    &substrate, "flavor", &flavor, "command", &command, "env", &env, "secrets",
-                    &secrets, "labels", &labels, "expose", &expose, "timeout", &timeout) < 0)
-        return "expected {image, substrate, flavor, command, env, secrets, labels, expose, "
-               "timeout} (unknown fields are refused)";
+        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image,
+                    "substrate", &substrate, "flavor", &flavor, "mode", &mode, "network", &network,
+                    "command", &command, "env", &env, "secrets", &secrets, "labels", &labels,
+                    "expose", &expose, "timeout", &timeout) < 0)
+        return "expected {image, substrate, flavor, mode, network, command, env, secrets, "
+               "labels, expose, timeout} (unknown fields are refused)";
     if (!streq(substrate, "process"))
         return "substrate: only \"process\" is available on this platform";
+    if (!streq(mode, "dedicated") && !streq(mode, "pool"))
+        return "mode: \"dedicated\" (one sandbox) or \"pool\" (a pool host)";
+    if (streq(mode, "pool") && json_array_size(command) > 0)
+        return "command: a pool job runs the platform's agent; it takes no command";
+    if (streq(network, "egress"))
+        return "network: \"egress\" is not available on this platform yet (runs have loopback "
+               "only)";
+    if (!streq(network, "none"))
+        return "network: \"none\" (loopback only, the default) or \"egress\"";
     if (!streq(image, "host"))
         return "image: only \"host\" (the node's /usr and /etc, read-only) is available";
     json_t *fl = flavor_limits(flavor);
@@ -158,8 +170,10 @@ static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_se
             return "command: an array of strings";
         }
     }
-    if ((e = check_env(env, "env: names [A-Za-z_][A-Za-z0-9_]*, string values")) ||
-        (e = check_env(secrets, "secrets: names [A-Za-z_][A-Za-z0-9_]*, string values")) ||
+    if ((e = check_env(env, "env: names [A-Za-z_][A-Za-z0-9_]*, string values (SBX_LISTEN and "
+                            "SBX_HOST_MODE are the platform's: a pool host is mode \"pool\")")) ||
+        (e = check_env(secrets, "secrets: names [A-Za-z_][A-Za-z0-9_]*, string values (not "
+                                "SBX_LISTEN or SBX_HOST_MODE)")) ||
         (e = check_labels(labels, secrets)) || (expose && (e = check_expose(expose))) ||
         (timeout < 0 || timeout > 7 * 86400 ? (e = "timeout: 0..604800 seconds") : NULL)) {
         json_decref(fl);
@@ -174,13 +188,14 @@ static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_se
         }
     }
     /* "o" steals a reference: the request's values get one more, defaults are new */
-    json_t *job = json_pack(
-        "{s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image, "substrate", substrate, "flavor", fl,
-        "command", command ? json_incref(command) : json_array(), "env",
-        env ? json_incref(env) : json_object(), "labels",
-        labels ? json_incref(labels) : json_object(), "expose",
-        expose ? json_incref(expose) : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
-        "timeout", timeout);
+    json_t *job = json_pack("{s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image,
+                            "substrate", substrate, "mode", mode, "network", network, "flavor", fl,
+                            "command", command ? json_incref(command) : json_array(), "env",
+                            env ? json_incref(env) : json_object(), "labels",
+                            labels ? json_incref(labels) : json_object(), "expose",
+                            expose ? json_incref(expose)
+                                   : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
+                            "timeout", timeout);
     if (!job)
         return "out of memory";
     *ret_job = job;

@@ -208,9 +208,10 @@ static json_t *install_body(rec_t *rc, json_t *job, const char *id, json_t *rest
         store_kv_clear(&kv);
     }
     json_t *b =
-        json_pack("{s:O,s:O,s:O,s:O,s:o}", "command", json_object_get(job, "command"), "env",
+        json_pack("{s:O,s:O,s:O,s:O,s:o,s:s}", "command", json_object_get(job, "command"), "env",
                   json_object_get(job, "env"), "expose", json_object_get(job, "expose"), "flavor",
-                  json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object());
+                  json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object(),
+                  "mode", json_string_value(json_object_get(job, "mode")) ?: "dedicated");
     if (b && restore)
         json_object_set_new(b, "restore", restore);
     else

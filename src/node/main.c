@@ -13,7 +13,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: sbx-node --state DIR --listen ADDR:PORT --control ADDR:PORT\n"
                "                --join-token-file FILE [--name ID] [--advertise ADDR:PORT]\n"
-               "                [--agent PATH] [--capacity N]\n"
+               "                [--agent PATH] [--capacity N] [--id-range START:COUNT]\n"
                "Runs sandbox runs for sbx-control on this machine (needs root).\n");
 }
 
@@ -71,6 +71,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         { "advertise", required_argument, NULL, 'a' },
         { "agent", required_argument, NULL, 'g' },
         { "capacity", required_argument, NULL, 'k' },
+        { "id-range", required_argument, NULL, 'i' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -97,6 +98,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             r = parse_u64_str(optarg, 100000, &v);
             cfg->capacity = v;
             break;
+        case 'i': r = idrange_parse(optarg, &cfg->id_start, &cfg->id_count); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -121,6 +123,14 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
     if (read_token_file(tokfile, cfg->join_token, sizeof cfg->join_token) < 0) {
         log_error("cannot read the join token from %s", tokfile);
         return -EINVAL;
+    }
+    /* Subordinate ids for the runs' user namespaces: --id-range, else root's entry in
+     * /etc/subuid, else a fixed range far above ordinary uids. Two nodes on one machine need
+     * ranges of their own. */
+    if (!cfg->id_count &&
+        idrange_from_subid_file("/etc/subuid", "root", &cfg->id_start, &cfg->id_count) < 0) {
+        cfg->id_start = 1000000000u;
+        cfg->id_count = 1024u * IDRANGE_BLOCK;
     }
     if (!cfg->name[0])
         (void)snprintf(cfg->name, sizeof cfg->name, "node-%u", port);

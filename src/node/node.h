@@ -12,6 +12,8 @@
 
 #include "cap/cap.h"
 #include "isolation/cgroup.h"
+#include "isolation/filter.h"
+#include "isolation/idrange.h"
 #include "server/server.h"
 
 #define NODE_MAX_EXPOSE 16
@@ -38,6 +40,12 @@ struct run {
     cap_expose_t expose[NODE_MAX_EXPOSE];
     size_t n_expose;
     bool pool_host;
+    uint32_t id_base; /* the run's ids 0..65535 are host ids id_base.. (its user namespace) */
+    /* its stdout and stderr: a fifo the node reads into the log (which the run cannot reach) */
+    int out_fd, log_fd;
+    uint64_t log_bytes;
+    watcher_t out_w;
+    loop_t *out_loop; /* where out_w is watched, NULL if not */
     /* what the bridge peer must be */
     pid_t pid;
     uint64_t start_time;
@@ -63,6 +71,7 @@ typedef struct {
     char join_token[128];
     char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
     uint64_t capacity;
+    uint32_t id_start, id_count; /* subordinate ids for runs' user namespaces */
 } node_config_t;
 
 typedef struct node {
@@ -72,6 +81,10 @@ typedef struct node {
     size_t n_runs;
     cgroups_t cg;
     uint32_t next_slot;
+    idrange_t ids;
+    seccomp_filter_t filter_run, filter_pool; /* the runs' seccomp profiles, built once */
+    char *ld_cache; /* the host's /etc/ld.so.cache, for a fresh run's /etc */
+    size_t ld_cache_len;
     dev_t agent_dev;
     ino_t agent_ino;
     /* The verification key set: written by the control-plane thread, read by the loop. */
@@ -109,6 +122,7 @@ void run_cut_leases(run_t *r);
 int run_save(const run_t *r);
 void node_load_runs(node_t *n);
 int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */
+void run_free(run_t *r);
 
 /* bridge.c: connect to the run's agent and verify who answers */
 int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);

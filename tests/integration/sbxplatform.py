@@ -161,16 +161,30 @@ class Proc:
         return self.proc.returncode
 
 
+# Each node gets a subordinate id range of its own (32 blocks of 65,536 ids), never shared with
+# another node of this test process; the start is random so that two test processes differ.
+_ID_BLOCKS = 32
+_id_next = [1_000_000_000 + secrets.randbelow(1500) * 65536 * _ID_BLOCKS]
+
+
+def _id_range():
+    start = _id_next[0]
+    _id_next[0] += 65536 * _ID_BLOCKS
+    return start, 65536 * _ID_BLOCKS
+
+
 class Node:
     def __init__(self, platform, name, control_port, port=None):
         self.platform = platform
+        self.id_start, self.id_count = _id_range()
         self.name = name
         self.port = port or free_port()
         self.state = os.path.join(platform.dir, name)
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
                                 f"127.0.0.1:{control_port}", "--join-token-file",
-                                platform.join_token_file, "--name", name, "--agent", AGENT_BIN],
+                                platform.join_token_file, "--name", name, "--agent", AGENT_BIN,
+                                "--id-range", f"{self.id_start}:{self.id_count}"],
                          os.path.join(platform.dir, f"{name}.log"))
 
     def log(self):
