@@ -95,6 +95,7 @@ stage_fuzz_httpc_response() { fuzz_one httpc_response; }
 stage_bench_smoke() { bash scripts/bench.sh --quick; }
 stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
 stage_bench_platform_smoke() { bash scripts/bench-platform.sh --quick; }
+stage_bench_boundary_smoke() { build/bench/bench-boundary --quick; }
 
 # name : time limit (s) : stage it needs
 STAGES=(
@@ -116,6 +117,7 @@ STAGES=(
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"
     "bench_platform_smoke:300:build"
+    "bench_boundary_smoke:120:build"
 )
 
 if [[ "${1:-}" == --stage ]]; then
