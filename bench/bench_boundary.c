@@ -24,6 +24,7 @@
 
 #include "bench_util.h"
 #include "common/macro.h"
+#include "common/strutil.h"
 #include "isolation/filter.h"
 #include "isolation/idrange.h"
 #include "isolation/netns.h"
@@ -117,8 +118,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             n = 10;
-        else if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
-            n = (size_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--iterations") && i + 1 < argc) {
+            uint64_t v;
+            n = parse_u64_str(argv[++i], MAXN, &v) >= 0 ? (size_t)v : 0;
+        }
     }
     if (n < 1 || n > MAXN)
         n = 200;
