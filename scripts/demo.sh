@@ -3,6 +3,7 @@
 # loopback (one sbx-control on its SQLite store, one sbx-node) and drive it through the edge
 # proxy as a client would: a dedicated sandbox and a pool host with sandboxes, each running
 # commands with streamed output; then pause and resume (a new generation, files kept).
+# SBX_DEMO_KEEP=1 keeps the temporary directory (logs, state) for a look afterwards.
 # The client here is curl (+ python3 for JSON fields) until the CLI issue brings `sbx`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    [ -n "${SBX_DEMO_KEEP:-}" ] && echo "kept $WORK" >&2 && return
     rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -106,24 +106,23 @@ static json_t *flavor_limits(const char *name)
 {
     static const struct {
         const char *name;
-        int mem_mb, pids, cpu_milli;
-    } f[] = { { "cpu-small", 512, 256, 500 },
-              { "cpu-basic", 2048, 1024, 1000 },
-              { "cpu-large", 8192, 4096, 2000 } };
+        int mem_mb, pids, cpu_milli, disk_mb;
+    } f[] = { { "cpu-small", 512, 256, 500, 4096 },
+              { "cpu-basic", 2048, 1024, 1000, 16384 },
+              { "cpu-large", 8192, 4096, 2000, 65536 } };
     char base[32];
-    bool nonet = false;
     size_t n = strlen(name);
     if (n >= sizeof base)
         return NULL;
     memcpy(base, name, n + 1);
-    if (n > 6 && streq(base + n - 6, "-nonet")) {
-        nonet = true;
+    /* the old "-nonet" suffix is accepted: every run has only loopback now */
+    if (n > 6 && streq(base + n - 6, "-nonet"))
         base[n - 6] = 0;
-    }
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (streq(f[i].name, base))
-            return json_pack("{s:s,s:i,s:i,s:i,s:b}", "name", name, "memory_mb", f[i].mem_mb,
-                             "pids", f[i].pids, "cpu_milli", f[i].cpu_milli, "network", !nonet);
+            return json_pack("{s:s,s:i,s:i,s:i,s:i}", "name", name, "memory_mb", f[i].mem_mb,
+                             "pids", f[i].pids, "cpu_milli", f[i].cpu_milli, "disk_mb",
+                             f[i].disk_mb);
     return NULL;
 }
 

@@ -132,6 +132,8 @@ void node_done(node_t *n)
     while (n->runs) {
         run_t *r = n->runs;
         n->runs = r->next;
+        /* nothing runs on it any more: a restarted node mounts it again when it needs it */
+        run_unmount_disk(r);
         run_free(r);
     }
     if (n->srv.loop)

@@ -18,6 +18,7 @@
 
 #define NODE_MAX_EXPOSE 16
 #define NODE_INSTALL_BODY_MAX (1024 * 1024)
+#define RUN_DISK_DEFAULT_MB 4096 /* a run's disk when its flavor names none */
 
 typedef enum { RUN_RUNNING, RUN_PAUSED, RUN_EXITED } run_state_t;
 
@@ -123,6 +124,7 @@ int run_save(const run_t *r);
 void node_load_runs(node_t *n);
 int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */
 void run_free(run_t *r);
+void run_unmount_disk(const run_t *r); /* the node is going down */
 
 /* bridge.c: connect to the run's agent and verify who answers */
 int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);

@@ -20,6 +20,7 @@
 #include "common/httpc.h"
 #include "common/log.h"
 #include "common/strutil.h"
+#include "disk.h"
 #include "isolation/userns.h"
 #include "node.h"
 #include "server/proxy.h"
@@ -546,6 +547,16 @@ void run_stop(node_t *n, run_t *r)
     (void)run_save(r);
 }
 
+void run_unmount_disk(const run_t *r)
+{
+    char root[PATH_MAX + 8];
+    int rc = path_join(root, sizeof root, r->dir, "root");
+    if (rc >= 0)
+        rc = disk_umount(root);
+    if (rc < 0)
+        log_warn("run %s: cannot unmount its disk: %s", r->id.sandbox, strerror(-rc));
+}
+
 /* A helper process (rm, tar) the loop does not wait for: done() runs when it exits. */
 typedef struct helper helper_t;
 struct helper {
@@ -599,6 +610,7 @@ void run_retire(node_t *n, run_t *r)
 {
     run_stop(n, r);
     run_unlink(n, r);
+    run_unmount_disk(r);
     helper_t *h = calloc(1, sizeof *h);
     char rnd[9];
     uint32_t v = randombytes_random();
@@ -638,29 +650,42 @@ int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen)
     bool keep_root = mode && streq(mode, "local");
     if (!(mode && streq(mode, "remote")))
         restore = NULL;
-    char root[PATH_MAX + 8], bridge[PATH_MAX + 8];
+    json_int_t disk_mb = 0;
+    (void)json_unpack(json_object_get(spec, "flavor"), "{s?I}", "disk_mb", &disk_mb);
+    if (disk_mb <= 0 || disk_mb > (json_int_t)16 << 20)
+        disk_mb = RUN_DISK_DEFAULT_MB;
+    char root[PATH_MAX + 8], bridge[PATH_MAX + 8], img[PATH_MAX + 16];
     int rc = path_join(root, sizeof root, r->dir, "root");
     if (rc >= 0)
         rc = path_join(bridge, sizeof bridge, r->dir, "br");
+    if (rc >= 0)
+        rc = path_join(img, sizeof img, r->dir, "disk.img");
     if (rc < 0)
         return rc;
-    if (!keep_root)
+    if (!keep_root) {
+        (void)disk_umount(root);
         (void)remove_tree(root);
+        (void)unlink(img);
+    }
     rc = mkdir_mode(r->dir, 0700);
     if (rc >= 0)
         rc = mkdir_mode(bridge, 0700); /* only the node reaches the agent's socket */
-    if (rc >= 0 && (!keep_root || access(root, F_OK) < 0)) {
-        /* the root belongs to the run's root (host id id_base); the node puts nothing else in
-         * it: the run's process makes what a fresh tree needs from inside its namespaces */
-        if (mkdir(root, 0755) < 0 && errno != EEXIST)
-            rc = negative_errno();
-        else if (chown(root, r->id_base, r->id_base) < 0 || chmod(root, 0755) < 0)
-            rc = negative_errno();
-    }
+    bool fresh = !keep_root || (access(img, F_OK) < 0 && access(root, F_OK) < 0);
+    if (rc >= 0 && fresh && mkdir(root, 0755) < 0 && errno != EEXIST)
+        rc = negative_errno();
     if (rc < 0) {
         (void)snprintf(err, errlen, "cannot create the run's directories: %s", strerror(-rc));
         return rc;
     }
+    /* the run's root is a file system of the flavor's size whose root directory belongs to
+     * the run's root (host id id_base); the node puts nothing else in it: the run's process
+     * makes what a fresh tree needs from inside its namespaces */
+    if (fresh)
+        rc = disk_create(img, (uint64_t)disk_mb << 20, r->id_base, err, errlen);
+    if (rc >= 0 && access(img, F_OK) == 0)
+        rc = disk_mount(img, root, err, errlen);
+    if (rc < 0)
+        return rc;
     if (restore && !keep_root)
         rc = restore_remote(restore, r, root, err, errlen);
     return rc;
@@ -884,6 +909,12 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
     if (!h)
         return -ENOMEM;
     (void)path_join(root, sizeof root, r->dir, "root");
+    char img[PATH_MAX + 16], err[256];
+    (void)path_join(img, sizeof img, r->dir, "disk.img");
+    if (access(img, F_OK) == 0 && disk_mount(img, root, err, sizeof err) < 0) {
+        log_warn("run %s: %s", r->id.sandbox, err);
+        return -EIO;
+    }
     char rnd[9];
     (void)snprintf(rnd, sizeof rnd, "%08x", randombytes_random());
     (void)snprintf(h->path, sizeof h->path, "%s/state-%s.tar", r->dir, rnd);
@@ -898,9 +929,16 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
         open(h->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (out < 0)
         return negative_errno();
-    char *const argv[] = {
-        "/bin/tar", "-c", "--numeric-owner", "--one-file-system", "--sparse", "-f", "-", ".", NULL
-    };
+    char *const argv[] = { "/bin/tar",
+                           "-c",
+                           "--numeric-owner",
+                           "--one-file-system",
+                           "--sparse",
+                           "--exclude=./lost+found",
+                           "-f",
+                           "-",
+                           ".",
+                           NULL };
     pid_t pid;
     int rc = userns_spawn(r->id_base, IDRANGE_BLOCK, rootfd, -1, out, argv, &pid);
     if (rc < 0) {

@@ -552,5 +552,13 @@ class Platform:
                         if p.crashed]
                 assert not dead, "\n".join(dead)
         finally:
+            self._unmount_leftover_disks()
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _unmount_leftover_disks(self):
+        """Runs' disks that a killed node left mounted (a stopped node unmounts its own)."""
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+        for mp in sorted((m for m in points if m.startswith(self.dir + "/")), reverse=True):
+            subprocess.run(["umount", "-l", mp], capture_output=True)
 
