@@ -103,24 +103,54 @@ int auth_bootstrap(control_t *ctl)
         }
         log_info("created the admin token: %s (mode 0600)", ctl->cfg.admin_token_file);
     }
-    /* The join token nodes register with: its hash in the store, the token in the state dir. */
-    store_kv_t kv;
-    char path[PATH_MAX + 32];
+    /* The join material nodes register with: the join token (its hash in the store) and the
+     * control plane's identity public key, which the node pins, as one string in the state
+     * dir: "sbxjoin1.<token>.<base64url identity public key>". */
+    char path[PATH_MAX + 32], pk[64], text[256] = "", tok[64] = "", hash[65];
     (void)snprintf(path, sizeof path, "%s/node-join.token", ctl->cfg.state_dir);
-    if (store_get(ctl->store, "meta/join-token", &kv) == 0 && access(path, R_OK) == 0) {
-        store_kv_clear(&kv);
-        return 0;
-    }
-    char hex[41], tok[64], hash[65];
-    random_hex(hex, 20);
-    (void)snprintf(tok, sizeof tok, "sbxjoin_%s", hex);
-    auth_token_hash(tok, hash);
-    r = store_cas(ctl->store, "meta/join-token", hash, strlen(hash), STORE_REV_ANY, NULL);
-    if (r >= 0)
-        r = write_secret(path, tok);
-    sodium_memzero(tok, sizeof tok);
+    r = identity_pk_b64(&ctl->identity, pk, sizeof pk);
     if (r < 0)
-        log_error("cannot create the node join token: %s", strerror(-r));
+        return r;
+    FILE *f = fopen(path, "re");
+    if (f) {
+        size_t k = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[k] = 0;
+        text[strcspn(text, "\r\n")] = 0;
+    }
+    /* an existing token (this format, or the bare token of before) stays valid */
+    const char *t = strncmp(text, "sbxjoin1.", 9) == 0 ? text + 9 : text;
+    size_t tl = strcspn(t, ".");
+    if (tl > 0 && tl < sizeof tok) {
+        memcpy(tok, t, tl);
+        tok[tl] = 0;
+    }
+    store_kv_t kv;
+    bool keep = false;
+    if (tok[0] && store_get(ctl->store, "meta/join-token", &kv) == 0) {
+        auth_token_hash(tok, hash);
+        keep = kv.value_len == 64 && memcmp(kv.value, hash, 64) == 0;
+        store_kv_clear(&kv);
+    }
+    if (!keep) {
+        char hex[41];
+        random_hex(hex, 20);
+        (void)snprintf(tok, sizeof tok, "sbxjoin_%s", hex);
+        auth_token_hash(tok, hash);
+        r = store_cas(ctl->store, "meta/join-token", hash, strlen(hash), STORE_REV_ANY, NULL);
+        if (r < 0) {
+            log_error("cannot create the node join token: %s", strerror(-r));
+            return r;
+        }
+    }
+    char want[256];
+    (void)snprintf(want, sizeof want, "sbxjoin1.%s.%s", tok, pk);
+    r = streq(want, text) ? 0 : write_secret(path, want);
+    sodium_memzero(tok, sizeof tok);
+    sodium_memzero(text, sizeof text);
+    sodium_memzero(want, sizeof want);
+    if (r < 0)
+        log_error("cannot write the node join material %s: %s", path, strerror(-r));
     return r;
 }
 
