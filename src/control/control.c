@@ -83,6 +83,14 @@ static void control_dispatch(conn_t *c)
         route_tokens_create(ctl, c);
         return;
     }
+    if (sv_eq(path, SV("/v1/tokens")) && sv_eq(c->req.method, SV("GET"))) {
+        route_tokens_list(ctl, c);
+        return;
+    }
+    if (sv_has_prefix(path, SV("/v1/tokens/")) && sv_eq(c->req.method, SV("DELETE"))) {
+        route_tokens_delete(ctl, c, sv_make(path.p + 11, path.len - 11));
+        return;
+    }
     if (sv_eq(path, SV("/v1/admin/keys/rotate")) && sv_eq(c->req.method, SV("POST"))) {
         if (auth_check(ctl, c, "", ROLE_ADMIN, NULL))
             conn_collect_body(c, 1024, rotate_done);

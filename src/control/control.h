@@ -59,9 +59,10 @@ typedef struct {
 } keyring_t;
 
 /* Recently verified API tokens (by hash), so that the edge proxy does not read the store for
- * every request. An entry lives CTL_TOKEN_CACHE_MS. */
+ * every request. An entry lives CTL_TOKEN_CACHE_MS: a token revoked on any control process
+ * (DELETE /v1/tokens/{id}) is refused by every other one within that time. */
 #define CTL_TOKEN_CACHE_SLOTS 256
-#define CTL_TOKEN_CACHE_MS 5000
+#define CTL_TOKEN_CACHE_MS 800
 typedef struct {
     char hash[65];
     principal_t p;
@@ -102,6 +103,8 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
 void auth_token_hash(const char *token, char out[65]);
 int random_hex(char *out, size_t nbytes); /* 2*nbytes hex chars + NUL */
 void route_tokens_create(control_t *ctl, conn_t *c);
+void route_tokens_list(control_t *ctl, conn_t *c);
+void route_tokens_delete(control_t *ctl, conn_t *c, sv_t id); /* id: t-<16 hex> */
 
 /* keys.c: signing keys in the store, rotation */
 int keys_load(store_t *st, keyring_t *kr);

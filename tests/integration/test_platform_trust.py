@@ -391,3 +391,50 @@ def test_read_token_reads_but_cannot_exec_or_write(plat):
     for f in ("by-writer", "by-writer-write"):
         assert os.path.exists(job.node().root_path(job.id, "/root/" + f)), f
     job.cancel()
+
+
+# ---- revocable API tokens ------------------------------------------------------------------
+
+@pytest.fixture
+def plat2():
+    p = Platform(nodes=("tr-r",), controls=2)
+    yield p
+    p.stop()
+
+
+def test_revoked_token_refused_within_a_second_on_every_control(plat2):
+    plat = plat2
+    job = plat.create()
+    r = plat.request("POST", "/v1/tokens", {"principal": "tr-rev", "namespace": "t",
+                                            "role": "write"})
+    assert r.status == 201, r
+    victim, vid = r.json()["token"], r.json()["id"]
+    keeper = plat.token("tr-keep", "t", "write")
+    assert any(t["id"] == vid and "token" not in t and "token_hash" not in t
+               for t in plat.request("GET", "/v1/tokens").json())
+    # both controls have verified (and cached) the token, through the Jobs API and the edge
+    for c in plat.controls:
+        assert plat.request("GET", "/v1/jobs/t", token=victim, control=c).status == 200
+        assert job.exec("echo pre", token=victim, control=c).out == "pre\n"
+    r = plat.request("DELETE", f"/v1/tokens/{vid}", control=plat.controls[0])
+    t0 = time.monotonic()
+    assert r.status == 200, r
+    # refused on the control that revoked it at once, on the other within a second
+    assert plat.request("GET", "/v1/jobs/t", token=victim, control=plat.controls[0]).status == 401
+    other = plat.controls[1]
+    assert wait_until(lambda: plat.request("GET", "/v1/jobs/t", token=victim,
+                                           control=other).status == 401, 1.0, 0.02)
+    assert time.monotonic() - t0 <= 1.0
+    r = job.exec_raw("touch /root/revoked", token=victim, control=other)
+    assert r.status == 401, r
+    assert not os.path.exists(job.node().root_path(job.id, "/root/revoked"))
+    # positive control: another token keeps working on both; the id is gone
+    for c in plat.controls:
+        assert job.exec("echo kept", token=keeper, control=c).out == "kept\n"
+    assert plat.request("DELETE", f"/v1/tokens/{vid}").status == 404
+    assert plat.request("DELETE", "/v1/tokens/t-zz").status == 404
+    # revoking needs admin
+    kid = next(t["id"] for t in plat.request("GET", "/v1/tokens").json()
+               if t["principal"] == "tr-keep")
+    assert plat.request("DELETE", f"/v1/tokens/{kid}", token=keeper).status == 403
+    job.cancel()
