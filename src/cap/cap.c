@@ -637,7 +637,7 @@ int cap_keyset_open(const uint8_t pk[CAP_PK_BYTES], const char *wire, size_t len
 {
     uint8_t payload[KS_PAYLOAD_MAX], sig[CAP_SIG_BYTES];
     size_t n = 0, sn = 0;
-    if (!pk || !wire || len > CAP_KEYSET_WIRE_MAX)
+    if (!pk || !wire || len >= CAP_KEYSET_WIRE_MAX) /* it and a NUL fit CAP_KEYSET_WIRE_MAX */
         return -EBADMSG;
     const char *dot = memchr(wire, '.', len);
     if (!dot)

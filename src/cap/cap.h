@@ -233,7 +233,8 @@ typedef struct {
 int cap_keyset_sign(const cap_identity_t *id, uint64_t version, const cap_pubkey_t *keys, size_t n,
                     char *out, size_t cap);
 /* Verify a signed key set against the pinned identity public key. 0 with *ret_version and *ret;
- * -EBADMSG when malformed (not canonical), -EPERM when the signature does not verify. */
+ * -EBADMSG when malformed (not canonical, or len >= CAP_KEYSET_WIRE_MAX), -EPERM when the
+ * signature does not verify. */
 int cap_keyset_open(const uint8_t pk[CAP_PK_BYTES], const char *wire, size_t len,
                     uint64_t *ret_version, cap_keyset_t *ret);
 
