@@ -161,6 +161,19 @@ def test_join_material_pins_the_control_identity(plat):
     assert wait_until(lambda: n.health().get("registered"), 10), n.log()
 
 
+def test_old_join_file_is_upgraded_with_the_same_token_and_identity(plat):
+    """A state directory from before the identity key: the bare join token in node-join.token
+    stays valid, and the file becomes join material with the (kept) identity key."""
+    tok, key = join_parts(plat.join_token_file)
+    port = stop_control(plat)
+    with open(plat.join_token_file, "w") as f:
+        f.write(tok + "\n")
+    restart_control(plat, port)
+    assert join_parts(plat.join_token_file) == (tok, key)
+    assert mode(plat.join_token_file) == 0o600
+    plat.add_node("tr-late")  # registers with the upgraded material
+
+
 def test_control_with_a_foreign_identity_is_refused(plat):
     """A real sbx-control with its own identity that accepts the node's join token answers the
     node's registration: the node pinned to the real control refuses its key set and never
