@@ -459,7 +459,8 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
             return;
         }
         sv_t prest = slash ? sv_make(slash, (size_t)(num.p + num.len - slash)) : SV("");
-        if (!auth_check(ctl, c, ns, ROLE_READ, NULL))
+        /* the role the request's purpose needs (docs/platform.md: read vs write) */
+        if (!auth_check(ctl, c, ns, edge_role_needed(c->req.method, (uint16_t)port, prest), NULL))
             return;
         edge_proxy(ctl, c, ns, id, (uint16_t)port, prest);
         return;

@@ -31,10 +31,15 @@ static bool hash_eq(const char *a, const char *b)
     return strlen(a) == 64 && strlen(b) == 64 && sodium_memcmp(a, b, 64) == 0;
 }
 
+/* The key set goes out signed by the control plane's identity (nodes refuse anything else). */
 static void respond_keys(control_t *ctl, conn_t *c, int status, const char *token)
 {
-    json_t *j = json_pack("{s:o,s:i}", "keys", keys_verify_set_json(&ctl->keys, time(NULL)),
-                          "heartbeat_ms", 1000);
+    if (!ctl->keyset_wire[0]) {
+        conn_respond_error(c, 503, "no signed key set yet");
+        return;
+    }
+    json_t *j = json_pack("{s:s,s:I,s:i}", "keyset", ctl->keyset_wire, "keyset_version",
+                          (json_int_t)ctl->keyset_version, "heartbeat_ms", 1000);
     if (j && token)
         json_object_set_new(j, "node_token", json_string(token));
     conn_respond_json(c, status, j);

@@ -46,13 +46,22 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
 {
     cap_t cap = { .run = *run, .access = CAP_MANAGE };
     char wire[CAP_WIRE_MAX + 64], hdr[CAP_WIRE_MAX + 128], target[160];
-    int r = keys_sign(&rc->kr, &cap, wire, sizeof wire);
-    if (r < 0)
-        return r;
-    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\nContent-Type: application/json\r\n",
-                   wire);
     (void)snprintf(target, sizeof target, "/v1/runs/%s%s", run->sandbox, suffix);
     char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    /* single-use, for exactly this method, target and body */
+    int r = cap_bind_request(&cap, method, strlen(method), target, strlen(target), b ? b : "",
+                             b ? strlen(b) : 0);
+    if (r >= 0)
+        r = keys_sign(&rc->kr, &cap, wire, sizeof wire);
+    if (r < 0) {
+        if (b) {
+            sodium_memzero(b, strlen(b));
+            free(b);
+        }
+        return r;
+    }
+    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\nContent-Type: application/json\r\n",
+                   wire);
     httpc_request_t rq;
     httpc_request_init(&rq);
     rq.host = host;
@@ -277,8 +286,10 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         restore = json_pack("{s:s}", "mode", "local");
     else if (resume) {
         cap_t cap = { .run = old->run, .access = CAP_STATE_READ }; /* nothing more for B */
-        char wire[CAP_WIRE_MAX + 64];
-        if (keys_sign(&rc->kr, &cap, wire, sizeof wire) >= 0)
+        char wire[CAP_WIRE_MAX + 64], st_target[128];
+        (void)snprintf(st_target, sizeof st_target, "/v1/runs/%s/state", old->run.sandbox);
+        if (cap_bind_request(&cap, "GET", 3, st_target, strlen(st_target), NULL, 0) >= 0 &&
+            keys_sign(&rc->kr, &cap, wire, sizeof wire) >= 0)
             restore = json_pack("{s:s,s:s,s:i,s:s,s:s}", "mode", "remote", "host", old->host,
                                 "port", old->port, "sandbox", id, "capability", wire);
         nr.has_prev = true; /* the old root is removed once the new run runs */

@@ -114,6 +114,7 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
     (void)prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
     node_load_runs(n);
     node_token_load(n);
+    node_keyset_load(n);
     report_runs(n->srv.loop, &n->report_t);
     return node_agent_start(n);
 }

@@ -19,6 +19,7 @@
 #define NODE_MAX_EXPOSE 16
 #define NODE_INSTALL_BODY_MAX (1024 * 1024)
 #define RUN_DISK_DEFAULT_MB 4096 /* a run's disk when its flavor names none */
+#define NODE_BOUND_BODY_MAX (1024 * 1024) /* bodies whose digest a capability names, at most */
 
 typedef enum { RUN_RUNNING, RUN_PAUSED, RUN_EXITED } run_state_t;
 
@@ -70,6 +71,7 @@ typedef struct {
     char control_host[64];
     uint16_t control_port;
     char join_token[128];
+    uint8_t control_pk[CAP_PK_BYTES]; /* the control plane's identity, pinned at join */
     char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
     uint64_t capacity;
     uint32_t id_start, id_count; /* subordinate ids for runs' user namespaces */
@@ -91,6 +93,9 @@ typedef struct node {
     /* The verification key set: written by the control-plane thread, read by the loop. */
     pthread_mutex_t keys_lock;
     cap_keyset_t keys;
+    uint64_t keys_version;                 /* of the signed set held (0: none yet) */
+    char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* that set as signed (kept in DIR/keyset) */
+    cap_replay_t replay;                   /* single-use ids seen (the loop's) */
     bool registered;
     pthread_t agent_thread;
     bool agent_started;
@@ -131,10 +136,16 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);
 
 /* agent.c: registration and heartbeats with sbx-control (a thread) */
 int node_agent_start(node_t *n);
-void node_token_load(node_t *n); /* before node_agent_start */
+void node_token_load(node_t *n);  /* before node_agent_start */
+void node_keyset_load(node_t *n); /* the last good signed key set, before node_agent_start */
+/* Take a signed key set (from the control plane or DIR/keyset): it must verify with the pinned
+ * identity and be no older than the one held (the same version must be the same bytes).
+ * 0 (taken or unchanged), -EPERM (another signer), -EBADMSG, -ESTALE (older or different). */
+int node_keyset_apply(node_t *n, const char *wire, bool persist);
 void node_agent_stop(node_t *n);
 
-/* install.c: installs run off the loop where they block (directories, restore, readiness) */
+/* install.c: installs run off the loop where they block (directories, restore, readiness).
+ * install_start takes the request body already collected in c->body (its digest checked). */
 void install_start(node_t *n, conn_t *c, const cap_run_t *id);
 bool install_in_progress(node_t *n, const char *sandbox);
 void install_abandon_all(node_t *n);

@@ -174,18 +174,28 @@ def _id_range():
 
 
 class Node:
-    def __init__(self, platform, name, control_port, port=None):
+    def __init__(self, platform, name, control_port, port=None, join=None):
+        """join: join material as a string (sbxjoin1.<token>.<key>) instead of the control
+        plane's node-join.token file."""
         self.platform = platform
         self.id_start, self.id_count = _id_range()
         self.name = name
         self.port = port or free_port()
         self.state = os.path.join(platform.dir, name)
+        how = ["--join", join] if join else ["--join-token-file", platform.join_token_file]
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
-                                f"127.0.0.1:{control_port}", "--join-token-file",
-                                platform.join_token_file, "--name", name, "--agent", AGENT_BIN,
-                                "--id-range", f"{self.id_start}:{self.id_count}"],
+                                f"127.0.0.1:{control_port}"] + how +
+                         ["--name", name, "--agent", AGENT_BIN,
+                          "--id-range", f"{self.id_start}:{self.id_count}"],
                          os.path.join(platform.dir, f"{name}.log"))
+
+    def health(self):
+        try:
+            r = http_request(self.port, "GET", "/v1/health", timeout=2)
+            return r.json() if r.status == 200 else {}
+        except OSError:
+            return {}
 
     def log(self):
         return self.proc.log()
@@ -479,15 +489,26 @@ class Platform:
 
     # ---- capabilities ------------------------------------------------------------------------
     def mint(self, run, access="exec", port=None, protocol=None, iat_offset=None, lifetime=None,
-             forge=False, kid=None, **override):
-        """Mint a capability with tests/capmint from the control plane's signing keys."""
+             forge=False, kid=None, method=None, target=None, body=None, store=None,
+             **override):
+        """Mint a capability with tests/capmint from the control plane's signing keys.
+
+        Capabilities name their request: method + target (what the node receives), by default
+        POST of the agent's /v1/exec on the run's sandbox. body (str or dict, JSON-encoded as
+        http_request sends it) names the body's digest too (manage capabilities must)."""
         rid = dict(run)
         rid.update(override)
-        argv = [CAPMINT_BIN, "--store", os.path.join(self.ctl_state, "store.db"),
+        if method is None and target is None:
+            method = "POST"
+            target = f"/v1/runs/{rid['sandbox']}/ports/{AGENT_PORT}/v1/exec"
+        assert method and target, "a capability names its request: method= and target="
+        argv = [CAPMINT_BIN, "--store", store or os.path.join(self.ctl_state, "store.db"),
                 "--sandbox", rid["sandbox"], "--generation", str(rid["generation"]),
                 "--node", rid["node"], "--substrate", rid["substrate"],
                 "--activation", rid["activation"], "--instance", rid["instance"],
-                "--access", access]
+                "--access", access, "--method", method, "--target", target]
+        if body is not None:
+            argv += ["--body", body if isinstance(body, str) else json.dumps(body)]
         if port is not None:
             argv += ["--port", str(port)]
         if protocol is not None:

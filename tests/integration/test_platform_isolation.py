@@ -142,15 +142,17 @@ def test_unexposed_port_is_denied_by_the_node(plat, nonet):
     assert wait_until(lambda: nonet.exec(
         "python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:8081/\")'"
     ).code == 0, 15, 0.1)
-    cap = nonet.mint("proxy", port=8081, protocol="http")
-    r = node.request("GET", node.ports_path(nonet.id, 8081, "/hello.txt"), cap,
+    path = node.ports_path(nonet.id, 8081, "/hello.txt")
+    cap = nonet.mint("proxy", port=8081, protocol="http", method="GET", target=path)
+    r = node.request("GET", path, cap,
                      headers={"X-Sandbox-Token": nonet.token})
     assert r.status == 403 and r.headers.get("x-sbx-verdict") == "Deny", r
     assert r.json()["reason"] == "port"
     r = nonet.proxy("GET", 8081, "/hello.txt")  # through the edge: the same refusal
     assert r.status == 403 and r.json()["reason"] == "port", r
     # positive control: the exposed port, same way
-    cap = nonet.mint("proxy", port=8080, protocol="http")
-    r = node.request("GET", node.ports_path(nonet.id, 8080, "/hello.txt"), cap,
+    path = node.ports_path(nonet.id, 8080, "/hello.txt")
+    cap = nonet.mint("proxy", port=8080, protocol="http", method="GET", target=path)
+    r = node.request("GET", path, cap,
                      headers={"X-Sandbox-Token": nonet.token})
     assert r.status == 200 and r.body == b"from-inside\n", r
