@@ -14,6 +14,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: sbx-node --state DIR --listen ADDR:PORT --control ADDR:PORT\n"
                "                --join-token-file FILE [--name ID] [--advertise ADDR:PORT]\n"
                "                [--agent PATH] [--capacity N] [--id-range START:COUNT]\n"
+               "                [--images DIR]\n"
                "Runs sandbox runs for sbx-control on this machine (needs root).\n");
 }
 
@@ -72,6 +73,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         { "agent", required_argument, NULL, 'g' },
         { "capacity", required_argument, NULL, 'k' },
         { "id-range", required_argument, NULL, 'i' },
+        { "images", required_argument, NULL, 'I' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -99,6 +101,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             cfg->capacity = v;
             break;
         case 'i': r = idrange_parse(optarg, &cfg->id_start, &cfg->id_count); break;
+        case 'I': r = copy_str(cfg->images_dir, sizeof cfg->images_dir, optarg); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -106,6 +109,12 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             log_error("bad value for an option: %s", optarg);
             return -EINVAL;
         }
+    }
+    if (!cfg->images_dir[0])
+        (void)snprintf(cfg->images_dir, sizeof cfg->images_dir, "%s", IMAGE_DEFAULT_DIR);
+    if (cfg->images_dir[0] != '/') {
+        log_error("--images takes an absolute path");
+        return -EINVAL;
     }
     if (!cfg->state_dir[0] || !listen || !control || !tokfile || cfg->state_dir[0] != '/') {
         usage(stderr);
@@ -179,8 +188,9 @@ int main(int argc, char **argv)
         node_done(&node);
         return 1;
     }
-    log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s", cfg.name, scfg.bind,
-             scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin);
+    log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s, images %s", cfg.name,
+             scfg.bind, scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin,
+             cfg.images_dir);
     r = node_run(&node);
     node_done(&node);
     return r < 0 ? 1 : 0;

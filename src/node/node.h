@@ -14,6 +14,7 @@
 #include "isolation/cgroup.h"
 #include "isolation/filter.h"
 #include "isolation/idrange.h"
+#include "node/image.h"
 #include "server/server.h"
 
 #define NODE_MAX_EXPOSE 16
@@ -72,7 +73,20 @@ typedef struct {
     char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
     uint64_t capacity;
     uint32_t id_start, id_count; /* subordinate ids for runs' user namespaces */
+    char images_dir[PATH_MAX];   /* OCI image layouts (image.h); IMAGE_DEFAULT_DIR */
 } node_config_t;
+
+/* The images this node verified and unpacked (images.c); v and bad under lock. */
+typedef struct {
+    pthread_mutex_t lock;
+    bool inited, started;
+    volatile bool stopping;
+    pthread_t thread;
+    image_t *v; /* what registration and heartbeats report */
+    size_t n;
+    image_entry_t *bad; /* what failed, and why (logged once per reason) */
+    size_t n_bad;
+} node_images_t;
 
 typedef struct node {
     server_t srv;
@@ -98,6 +112,7 @@ typedef struct node {
     json_t *runs_report; /* what the next heartbeat reports (under keys_lock) */
     install_t *installs; /* in progress */
     timer_t_ report_t;
+    node_images_t images;
 } node_t;
 
 /* node.c */
