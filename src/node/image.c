@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <signal.h>
 #include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -804,7 +805,8 @@ _noreturn_ static void unpack_child(int out_fd, const chain_t *ch, const int *fd
     unpack_result_t res = { 0 };
     /* The chroot is the backstop for libarchive's own checks: a path or link that slipped past
      * them still resolves inside the new rootfs. No new privileges: nothing here execs. */
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || chroot(".") < 0 || chdir("/") < 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 ||
+        prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || chroot(".") < 0 || chdir("/") < 0) {
         res.error = negative_errno();
         (void)snprintf(res.why, sizeof res.why, "cannot enter the new rootfs: %s", strerror(errno));
         goto done;
