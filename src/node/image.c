@@ -445,7 +445,7 @@ static ssize_t src_read(src_t *s, const void **ret)
         return k;
     }
     for (;;) {
-        if (s->z.avail_in == 0 && !s->z_end) {
+        if (s->z.avail_in == 0) {
             ssize_t k;
             do
                 k = read(s->fd, s->in, sizeof s->in);
@@ -457,14 +457,12 @@ static ssize_t src_read(src_t *s, const void **ret)
                     (void)snprintf(s->why, sizeof s->why, "gzip stream ends early");
                     return -1;
                 }
-                return 0;
+                return 0; /* the end of the blob at the end of a member */
             }
             s->z.next_in = s->in;
             s->z.avail_in = (uInt)k;
         }
-        if (s->z_end) { /* another gzip member follows (concatenated streams are valid gzip) */
-            if (s->z.avail_in == 0)
-                return 0;
+        if (s->z_end) { /* another gzip member follows (concatenated members are valid gzip) */
             if (inflateReset(&s->z) != Z_OK)
                 return -1;
             s->z_end = false;

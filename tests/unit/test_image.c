@@ -16,6 +16,7 @@
 
 #include "common/macro.h"
 #include "node/image.h"
+#include "node/node.h"
 #include "tap.h"
 
 static char g_dir[64];   /* the test's temporary directory */
@@ -42,6 +43,20 @@ static void digest_hex(const void *p, size_t n, char out[IMAGE_DIGEST_MAX])
     crypto_hash_sha256(h, p, n);
     memcpy(out, "sha256:", 7);
     sodium_bin2hex(out + 7, IMAGE_DIGEST_MAX - 7, h, sizeof h);
+}
+
+static size_t gzip_into(const unsigned char *in, size_t n, unsigned char *out, size_t cap)
+{
+    z_stream z = { 0 };
+    deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+    z.next_in = (unsigned char *)in;
+    z.avail_in = (uInt)n;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    deflate(&z, Z_FINISH);
+    size_t got = z.total_out;
+    deflateEnd(&z);
+    return got;
 }
 
 /* A tar (optionally gzip'd) of the entries, written by libarchive as given (no checks). */
@@ -101,20 +116,26 @@ static blob_t make_layer(const ent_t *e, size_t n, bool gz)
         b.p = tar;
         b.n = used;
     } else {
-        z_stream z = { 0 };
         b.p = malloc(used + 1024);
-        deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
-        z.next_in = tar;
-        z.avail_in = (uInt)used;
-        z.next_out = b.p;
-        z.avail_out = (uInt)(used + 1024);
-        deflate(&z, Z_FINISH);
-        b.n = z.total_out;
-        deflateEnd(&z);
+        b.n = gzip_into(tar, used, b.p, used + 1024);
         free(tar);
     }
     digest_hex(b.p, b.n, b.digest);
     return b;
+}
+
+/* The layer as two concatenated gzip members (valid gzip; pigz and others write such). */
+static void regzip_in_two(blob_t *b)
+{
+    size_t half = b->n / 2, cap = b->n + 2048;
+    unsigned char *out = malloc(cap);
+    size_t n = gzip_into(b->p, half, out, cap);
+    n += gzip_into(b->p + half, b->n - half, out + n, cap - n);
+    free(b->p);
+    b->p = out;
+    b->n = n;
+    b->gzip = true;
+    digest_hex(b->p, b->n, b->digest);
 }
 
 static void write_file(const char *path, const void *p, size_t n)
@@ -292,6 +313,27 @@ TEST(resolving_twice_unpacks_once)
     ASSERT_STREQ(a.rootfs, c.rootfs);
     ASSERT_TRUE(exists(p));
     ASSERT_EQ_U(c.size, 3);
+    blob_free(&l);
+}
+
+TEST(a_layer_of_two_gzip_members_resolves)
+{
+    char big[300000];
+    for (size_t i = 0; i < sizeof big - 1; i++)
+        big[i] = (char)('a' + (i * 7919) % 26);
+    big[sizeof big - 1] = 0;
+    const ent_t e[] = { { "big", 'f', big, 0, 0 }, { "small", 'f', "s", 0, 0 } };
+    blob_t l = make_layer(e, ELEMENTSOF(e), false);
+    regzip_in_two(&l);
+    char err[512] = "", p[PATH_MAX + 64];
+    image_t img;
+    make_image("members", &l, 1, NULL);
+    int r = image_resolve(g_imgs, "members", 0, &img, err, sizeof err);
+    printf("# %s\n", err);
+    ASSERT_EQ(r, 0);
+    ASSERT_EQ_U(img.size, sizeof big - 1 + 1);
+    (void)snprintf(p, sizeof p, "%s/small", img.rootfs);
+    ASSERT_TRUE(exists(p));
     blob_free(&l);
 }
 
@@ -525,6 +567,47 @@ TEST(image_list_reports_what_resolved_and_why_the_rest_did_not)
     ASSERT_FALSE(rootfs);
 }
 
+/* The node's set: the startup scan, image_rootfs from the set and on demand, the report. */
+TEST(the_node_image_set_answers_image_rootfs_and_reports_what_resolved)
+{
+    static node_t n;
+    char path[PATH_MAX], digest[IMAGE_DIGEST_MAX], err[512] = "";
+    memset(&n, 0, sizeof n);
+    (void)snprintf(n.cfg.images_dir, sizeof n.cfg.images_dir, "%s", g_imgs);
+    ASSERT_EQ(node_images_init(&n), 0);
+    image_t good;
+    ASSERT_EQ(image_resolve(g_imgs, "good", 0, &good, err, sizeof err), 0);
+    ASSERT_EQ(image_rootfs(&n, "good", path, sizeof path, digest, err, sizeof err), 0);
+    ASSERT_STREQ(path, good.rootfs);
+    ASSERT_STREQ(digest, good.digest);
+    ASSERT_EQ(image_rootfs(&n, "bitflip", path, sizeof path, NULL, err, sizeof err), -EBADMSG);
+    ASSERT_EQ(image_rootfs(&n, "nosuch", path, sizeof path, NULL, err, sizeof err), -ENOENT);
+    ASSERT_TRUE(strstr(err, "image nosuch: unknown image") == err);
+    /* an image added after the scan resolves on demand, and is reported from then on */
+    const ent_t e[] = { { "added", 'f', "later", 0, 0 } };
+    blob_t l = make_layer(e, 1, true);
+    make_image("added", &l, 1, NULL);
+    ASSERT_EQ(image_rootfs(&n, "added", path, sizeof path, NULL, err, sizeof err), 0);
+    json_t *rep = node_images_json(&n);
+    bool has_good = false, has_added = false, has_bad = false;
+    size_t i;
+    json_t *v;
+    json_array_foreach(rep, i, v) {
+        const char *nm = json_string_value(json_object_get(v, "name"));
+        has_good |= streq(nm, "good") &&
+                    streq(json_string_value(json_object_get(v, "digest")), good.digest) &&
+                    (uint64_t)json_integer_value(json_object_get(v, "size")) == good.size;
+        has_added |= streq(nm, "added");
+        has_bad |= streq(nm, "bitflip") || streq(nm, "dotdot") || streq(nm, "devnode");
+    }
+    json_decref(rep);
+    node_images_stop(&n);
+    blob_free(&l);
+    ASSERT_TRUE(has_good);
+    ASSERT_TRUE(has_added);
+    ASSERT_FALSE(has_bad);
+}
+
 int main(void)
 {
     if (geteuid() != 0) {
@@ -540,6 +623,7 @@ int main(void)
     const tap_test_t tests[] = {
         T(a_good_image_resolves_with_its_files_owners_and_size),
         T(resolving_twice_unpacks_once),
+        T(a_layer_of_two_gzip_members_resolves),
         T(a_corrupted_blob_is_refused),
         T(a_layer_whose_content_does_not_match_its_diff_id_is_refused),
         T(path_traversal_absolute_paths_hard_links_out_and_devices_are_refused),
@@ -547,6 +631,7 @@ int main(void)
         T(whiteouts_remove_lower_files_and_opaque_dirs_hide_lower_entries),
         T(unknown_and_malformed_images_say_why),
         T(image_list_reports_what_resolved_and_why_the_rest_did_not),
+        T(the_node_image_set_answers_image_rootfs_and_reports_what_resolved),
     };
     int rc = tap_run(tests, ELEMENTSOF(tests));
     (void)nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
