@@ -133,6 +133,10 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
 
 /* nodes.c */
 void route_nodes(control_t *ctl, conn_t *c, sv_t rest);
+/* Whether a live node reports image `name` ("host" is every node's). */
+bool image_on_live_node(store_t *st, const char *name);
+/* Whether a node record's "images" ([{name, digest, size}]) holds `name` ("host": yes). */
+bool node_rec_has_image(json_t *rec, const char *name);
 
 /* edge.c */
 /* The role a request through the edge needs on its namespace: read for reading files (GET/HEAD

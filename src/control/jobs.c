@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "control.h"
+#include "node/image.h"
 
 #define JOB_BODY_MAX (256 * 1024)
 #define LABELS_MAX 64
@@ -152,8 +153,8 @@ static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_se
                "only)";
     if (!streq(network, "none"))
         return "network: \"none\" (loopback only, the default) or \"egress\"";
-    if (!streq(image, "host"))
-        return "image: only \"host\" (the node's /usr and /etc, read-only) is available";
+    if (!streq(image, "host") && !image_name_valid(image))
+        return "image: \"host\" or an image name ([a-z0-9][a-z0-9._-]*, at most 63 bytes)";
     json_t *fl = flavor_limits(flavor);
     if (!fl)
         return "flavor: one of cpu-small, cpu-basic, cpu-large (optionally with -nonet)";
@@ -240,6 +241,15 @@ static void create_done(conn_t *c)
     json_decref(b);
     if (e) {
         conn_respond_error(c, 400, "create: %s", e);
+        return;
+    }
+    /* An image no live node has verified cannot run anywhere: say so now rather than leave the
+     * job waiting for placement. */
+    const char *image = json_string_value(json_object_get(job, "image"));
+    if (!image_on_live_node(ctl->store, image)) {
+        conn_respond_error(c, 400, "create: image %s: not available on any node", image);
+        json_decref(job);
+        json_decref(sec);
         return;
     }
     char id[25], key[128];

@@ -30,6 +30,7 @@ typedef struct {
     uint16_t port;
     int64_t capacity, load;
     bool live;
+    bool has_image; /* reports the job's image */
 } node_info_t;
 
 /* ---- node calls ------------------------------------------------------------------------------ */
@@ -130,7 +131,7 @@ static void job_patch(rec_t *rc, const char *ns, const char *id, const job_patch
     }
 }
 
-static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max)
+static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max, const char *image)
 {
     store_kv_t *kvs;
     size_t n, k = 0;
@@ -147,7 +148,8 @@ static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max)
             node_info_t *ni = &out[k++];
             *ni = (node_info_t){ .port = (uint16_t)port,
                                  .capacity = cap,
-                                 .live = now - seen < CTL_NODE_LIVE_MS };
+                                 .live = now - seen < CTL_NODE_LIVE_MS,
+                                 .has_image = node_rec_has_image(j, image) };
             memcpy(ni->name, name, strlen(name) + 1);
             memcpy(ni->host, host, strlen(host) + 1);
         }
@@ -171,16 +173,16 @@ static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max)
     return k;
 }
 
-/* Placement: a live node with room; the preferred one if it qualifies, never `avoid`; else the
- * least loaded. */
+/* Placement: a live node with room and the job's image; the preferred one if it qualifies, never
+ * `avoid`; else the least loaded. */
 static const node_info_t *place(node_info_t *nodes, size_t n, const char *prefer, const char *avoid,
                                 const char *only)
 {
     const node_info_t *best = NULL;
     for (size_t i = 0; i < n; i++) {
         const node_info_t *ni = &nodes[i];
-        if (!ni->live || ni->load >= ni->capacity || (avoid && streq(ni->name, avoid)) ||
-            (only && !streq(ni->name, only)))
+        if (!ni->live || !ni->has_image || ni->load >= ni->capacity ||
+            (avoid && streq(ni->name, avoid)) || (only && !streq(ni->name, only)))
             continue;
         if (prefer && streq(ni->name, prefer))
             return ni;
@@ -216,11 +218,14 @@ static json_t *install_body(rec_t *rc, json_t *job, const char *id, json_t *rest
         sodium_memzero(kv.value, kv.value_len);
         store_kv_clear(&kv);
     }
-    json_t *b =
-        json_pack("{s:O,s:O,s:O,s:O,s:o,s:s}", "command", json_object_get(job, "command"), "env",
-                  json_object_get(job, "env"), "expose", json_object_get(job, "expose"), "flavor",
-                  json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object(),
-                  "mode", json_string_value(json_object_get(job, "mode")) ?: "dedicated");
+    /* "image": the name; the node resolves it to its verified rootfs (image_rootfs) */
+    const char *image = json_string_value(json_object_get(job, "image"));
+    json_t *b = json_pack(
+        "{s:O,s:O,s:O,s:O,s:o,s:s,s:s}", "command", json_object_get(job, "command"), "env",
+        json_object_get(job, "env"), "expose", json_object_get(job, "expose"), "flavor",
+        json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object(), "mode",
+        json_string_value(json_object_get(job, "mode")) ?: "dedicated", "image",
+        image ? image : "host");
     if (b && restore)
         json_object_set_new(b, "restore", restore);
     else
@@ -262,7 +267,10 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
                       int64_t rev, bool have_old)
 {
     node_info_t nodes[64];
-    size_t n = load_nodes(rc, nodes, 64);
+    const char *image = json_string_value(json_object_get(job, "image"));
+    if (!image)
+        image = "host";
+    size_t n = load_nodes(rc, nodes, 64, image);
     const char *move_to = json_string_value(json_object_get(job, "move_to"));
     bool move = move_to && *move_to;
     bool resume = have_old && streq(old->state, "paused");
@@ -271,7 +279,11 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
                                   move && have_old ? old->run.node : NULL,
                                   move && !streq(move_to, "*") ? move_to : NULL);
     if (!ni) {
-        job_patch(rc, ns, id, &(job_patch_t){ .message = "waiting for a live node with room" });
+        char msg[160];
+        (void)snprintf(msg, sizeof msg, "waiting for a live node with room%s%s",
+                       streq(image, "host") ? "" : " and image ",
+                       streq(image, "host") ? "" : image);
+        job_patch(rc, ns, id, &(job_patch_t){ .message = msg });
         return;
     }
     runrec_t nr = { .port = ni->port };

@@ -129,8 +129,9 @@ static int apply_keys(node_t *n, json_t *j)
 
 static int do_register(node_t *n)
 {
-    json_t *body = json_pack("{s:s,s:s,s:I,s:[s]}", "name", n->cfg.name, "url", n->cfg.advertise,
-                             "capacity", (json_int_t)n->cfg.capacity, "substrates", "process");
+    json_t *body = json_pack("{s:s,s:s,s:I,s:[s],s:o}", "name", n->cfg.name, "url",
+                             n->cfg.advertise, "capacity", (json_int_t)n->cfg.capacity,
+                             "substrates", "process", "images", node_images_json(n));
     json_t *resp = NULL;
     /* our previous token proves this name is ours when the control plane knows it already */
     char extra[200] = "";
@@ -167,7 +168,8 @@ static int do_heartbeat(node_t *n)
     memcpy(token, n->node_token, sizeof token);
     json_t *runs = n->runs_report ? json_deep_copy(n->runs_report) : json_array();
     pthread_mutex_unlock(&n->keys_lock);
-    json_t *body = json_pack("{s:o}", "runs", runs ? runs : json_array());
+    json_t *body =
+        json_pack("{s:o,s:o}", "runs", runs ? runs : json_array(), "images", node_images_json(n));
     json_t *resp = NULL;
     int r = body ? call(n, target, token, NULL, body, &resp) : -ENOMEM;
     json_decref(body);

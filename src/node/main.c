@@ -15,7 +15,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: sbx-node --state DIR --listen ADDR:PORT --control ADDR:PORT\n"
                "                (--join-token-file FILE | --join STRING) [--control-key B64]\n"
                "                [--name ID] [--advertise ADDR:PORT] [--agent PATH] [--capacity N]\n"
-               "                [--id-range START:COUNT]\n"
+               "                [--id-range START:COUNT] [--images DIR]\n"
                "Runs sandbox runs for sbx-control on this machine (needs root).\n"
                "The join material is \"sbxjoin1.<token>.<control identity key>\" (the control\n"
                "plane's node-join.token); a bare join token needs --control-key.\n");
@@ -113,6 +113,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         { "agent", required_argument, NULL, 'g' },
         { "capacity", required_argument, NULL, 'k' },
         { "id-range", required_argument, NULL, 'i' },
+        { "images", required_argument, NULL, 'I' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -143,6 +144,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             cfg->capacity = v;
             break;
         case 'i': r = idrange_parse(optarg, &cfg->id_start, &cfg->id_count); break;
+        case 'I': r = copy_str(cfg->images_dir, sizeof cfg->images_dir, optarg); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -150,6 +152,12 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             log_error("bad value for an option: %s", optarg);
             return -EINVAL;
         }
+    }
+    if (!cfg->images_dir[0])
+        (void)snprintf(cfg->images_dir, sizeof cfg->images_dir, "%s", IMAGE_DEFAULT_DIR);
+    if (cfg->images_dir[0] != '/') {
+        log_error("--images takes an absolute path");
+        return -EINVAL;
     }
     if (!cfg->state_dir[0] || !listen || !control || !(tokfile || join) || (tokfile && join) ||
         cfg->state_dir[0] != '/') {
@@ -229,8 +237,9 @@ int main(int argc, char **argv)
         node_done(&node);
         return 1;
     }
-    log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s", cfg.name, scfg.bind,
-             scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin);
+    log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s, images %s", cfg.name,
+             scfg.bind, scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin,
+             cfg.images_dir);
     r = node_run(&node);
     node_done(&node);
     return r < 0 ? 1 : 0;

@@ -112,6 +112,10 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
      * tar and rm. Orphans go to init, not to us: nothing here would reap them. */
     n->srv.reap_registered_only = true;
     (void)prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+    /* images before registration: the first report holds what this node verified */
+    r = node_images_init(n);
+    if (r < 0 || (r = node_images_start(n)) < 0)
+        return r;
     node_load_runs(n);
     node_token_load(n);
     node_keyset_load(n);
@@ -124,6 +128,7 @@ int node_run(node_t *n) { return server_run(&n->srv); }
 void node_done(node_t *n)
 {
     node_agent_stop(n);
+    node_images_stop(n);
     if (n->srv.loop)
         install_abandon_all(n);
     /* A node going down stops its runs (their roots stay): nothing runs unsupervised. */

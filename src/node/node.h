@@ -14,11 +14,12 @@
 #include "isolation/cgroup.h"
 #include "isolation/filter.h"
 #include "isolation/idrange.h"
+#include "node/image.h"
 #include "server/server.h"
 
 #define NODE_MAX_EXPOSE 16
 #define NODE_INSTALL_BODY_MAX (1024 * 1024)
-#define RUN_DISK_DEFAULT_MB 4096 /* a run's disk when its flavor names none */
+#define RUN_DISK_DEFAULT_MB 4096          /* a run's disk when its flavor names none */
 #define NODE_BOUND_BODY_MAX (1024 * 1024) /* bodies whose digest a capability names, at most */
 
 typedef enum { RUN_RUNNING, RUN_PAUSED, RUN_EXITED } run_state_t;
@@ -75,7 +76,20 @@ typedef struct {
     char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
     uint64_t capacity;
     uint32_t id_start, id_count; /* subordinate ids for runs' user namespaces */
+    char images_dir[PATH_MAX];   /* OCI image layouts (image.h); IMAGE_DEFAULT_DIR */
 } node_config_t;
+
+/* The images this node verified and unpacked (images.c); v and bad under lock. */
+typedef struct {
+    pthread_mutex_t lock;
+    bool inited, started;
+    volatile bool stopping;
+    pthread_t thread;
+    image_t *v; /* what registration and heartbeats report */
+    size_t n;
+    image_entry_t *bad; /* what failed, and why (logged once per reason) */
+    size_t n_bad;
+} node_images_t;
 
 typedef struct node {
     server_t srv;
@@ -104,6 +118,7 @@ typedef struct node {
     json_t *runs_report; /* what the next heartbeat reports (under keys_lock) */
     install_t *installs; /* in progress */
     timer_t_ report_t;
+    node_images_t images;
 } node_t;
 
 /* node.c */

@@ -174,20 +174,24 @@ def _id_range():
 
 
 class Node:
-    def __init__(self, platform, name, control_port, port=None, join=None):
+    def __init__(self, platform, name, control_port, port=None, join=None, images=None):
         """join: join material as a string (sbxjoin1.<token>.<key>) instead of the control
-        plane's node-join.token file."""
+        plane's node-join.token file. images: the node's --images directory (OCI layouts); by
+        default one of its own under the platform's directory, empty, so that tests never
+        depend on (or unpack) the host's /var/lib/sbx/images."""
         self.platform = platform
         self.id_start, self.id_count = _id_range()
         self.name = name
         self.port = port or free_port()
         self.state = os.path.join(platform.dir, name)
         how = ["--join", join] if join else ["--join-token-file", platform.join_token_file]
+        self.images = images or os.path.join(platform.dir, f"{name}-images")
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
                                 f"127.0.0.1:{control_port}"] + how +
                          ["--name", name, "--agent", AGENT_BIN,
-                          "--id-range", f"{self.id_start}:{self.id_count}"],
+                          "--id-range", f"{self.id_start}:{self.id_count}",
+                          "--images", self.images],
                          os.path.join(platform.dir, f"{name}.log"))
 
     def health(self):
@@ -372,7 +376,8 @@ class Platform:
     controls > 1 starts more control processes on the same state directory (one SQLite store),
     each with its own port; nodes register with the first."""
 
-    def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None):
+    def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, images=None):
+        """images: {node name: --images directory} for nodes that should serve images."""
         self.dir = tempfile.mkdtemp(prefix="sbxp-")  # short: unix socket paths live below
         os.chmod(self.dir, 0o700)
         self.ctl_state = os.path.join(self.dir, "ctl")
@@ -390,7 +395,8 @@ class Platform:
             with open(self.token_file) as f:
                 self.admin = f.read().strip()
             for name in nodes:
-                self.nodes.append(Node(self, name, self.control.port))
+                self.nodes.append(Node(self, name, self.control.port,
+                                       images=(images or {}).get(name)))
             self.wait_nodes_live()
         except BaseException:
             self.stop(check=False)
@@ -409,9 +415,9 @@ class Platform:
             self.control = c
         return c
 
-    def add_node(self, name):
+    def add_node(self, name, images=None):
         """Start one more node (registered with the first control) and wait until it is live."""
-        n = Node(self, name, self.control.port)
+        n = Node(self, name, self.control.port, images=images)
         self.nodes.append(n)
         self.wait_nodes_live()
         return n
