@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "disk.h"
+#include "image.h"
 #include "isolation/userns.h"
 #include "node.h"
 #include "server/proxy.h"
@@ -129,13 +130,13 @@ json_t *run_json(const run_t *r)
         json_array_append_new(
             ex, json_pack("{s:i,s:s}", "port", r->expose[i].port, "protocol",
                           r->expose[i].proto == CAP_PROTO_WEBSOCKET ? "websocket" : "http"));
-    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:I,s:i,s:I}", "run",
+    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:s,s:I,s:i,s:I}", "run",
                      cap_run_to_json(&r->id), "state", state_name(r->state), "pid", (int)r->pid,
                      "start_time", (json_int_t)r->start_time, "exe_dev", (json_int_t)r->exe_dev,
                      "exe_ino", (json_int_t)r->exe_ino, "sock_ino", (json_int_t)r->sock_ino,
-                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "id_base",
-                     (json_int_t)r->id_base, "exit_status", r->exit_status, "leases",
-                     (json_int_t)r->n_leases);
+                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "image",
+                     r->image[0] ? r->image : "host", "id_base", (json_int_t)r->id_base,
+                     "exit_status", r->exit_status, "leases", (json_int_t)r->n_leases);
 }
 
 int run_save(const run_t *r)
@@ -643,7 +644,38 @@ void run_retire(node_t *n, run_t *r)
 
 /* The run's directories, its root fresh, kept (resume here) or fetched from the node that held
  * it (a move). Blocking (rm, tar, HTTP): runs on an install thread; touches nothing shared. */
-int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen)
+/* An image run's writable layer on its disk: upper/ (the run's, owned by its root) and
+ * work/ (overlayfs's, the node's). The disk's top directory is never visible inside an image
+ * run (its root is upper/ over the image), so these are the node's to make. */
+static int image_layer_dirs(const run_t *r, const char *root, char *err, size_t errlen)
+{
+    char upper[PATH_MAX + 16], work[PATH_MAX + 16];
+    if (path_join(upper, sizeof upper, root, "upper") < 0 ||
+        path_join(work, sizeof work, root, "work") < 0)
+        return -ENAMETOOLONG;
+    struct stat st;
+    if (mkdir(upper, 0755) < 0 && errno != EEXIST)
+        goto fail;
+    if (lstat(upper, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        goto fail;
+    }
+    if (chown(upper, r->id_base, r->id_base) < 0)
+        goto fail;
+    if (mkdir(work, 0700) < 0 && errno != EEXIST)
+        goto fail;
+    if (lstat(work, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0) {
+        errno = ENOTDIR;
+        goto fail;
+    }
+    return 0;
+fail:;
+    int rc = negative_errno();
+    (void)snprintf(err, errlen, "the run's writable layer: %s", strerror(-rc));
+    return rc;
+}
+
+int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
 {
     json_t *restore = json_object_get(spec, "restore");
     const char *mode = json_string_value(json_object_get(restore, "mode"));
@@ -688,6 +720,19 @@ int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen)
         return rc;
     if (restore && !keep_root)
         rc = restore_remote(restore, r, root, err, errlen);
+    if (rc < 0 || streq(r->image, "host"))
+        return rc;
+    /* an image run: its verified rootfs (unpacked once per manifest) under the layer kept on
+     * the run's disk, and a node-owned mount point for the idmapped image */
+    rc = image_rootfs(n, r->image, r->image_rootfs, sizeof r->image_rootfs, NULL, err, errlen);
+    if (rc >= 0)
+        rc = image_layer_dirs(r, root, err, errlen);
+    char lower[PATH_MAX + 16];
+    if (rc >= 0 && path_join(lower, sizeof lower, r->dir, "lower") >= 0 && mkdir(lower, 0700) < 0 &&
+        errno != EEXIST) {
+        rc = negative_errno();
+        (void)snprintf(err, errlen, "the image's mount point: %s", strerror(-rc));
+    }
     return rc;
 }
 
@@ -738,8 +783,10 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     for (size_t i = 0; i < SUBSTRATE_MAX_CGROUPS && cgnames[i]; i++)
         cgdirp[i] = cgdirs[i];
     int sock = -1, userns = -1, out = -1;
-    char root[PATH_MAX + 8];
+    char root[PATH_MAX + 8], lower[PATH_MAX + 16];
     (void)path_join(root, sizeof root, r->dir, "root");
+    (void)path_join(lower, sizeof lower, r->dir, "lower");
+    bool imaged = !streq(r->image, "host") && r->image_rootfs[0];
     if (rc >= 0 && (rc = userns_create(r->id_base, IDRANGE_BLOCK, &userns)) < 0)
         (void)snprintf(err, errlen, "user namespace: %s", strerror(-rc));
     if (rc >= 0 && (rc = output_open(n, r, true, &out)) < 0)
@@ -760,6 +807,8 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
                                 .cgroup_dirs = cgdirp,
                                 .cgroup_names = cgnames,
                                 .filter = r->pool_host ? &n->filter_pool : &n->filter_run,
+                                .image_rootfs = imaged ? r->image_rootfs : NULL,
+                                .lower_mnt = imaged ? lower : NULL,
                                 .etc_ld_cache = n->ld_cache,
                                 .etc_ld_cache_len = n->ld_cache_len };
         rc = substrate_spawn(&sp, &r->pid, &r->start_time, err, errlen);
@@ -819,6 +868,14 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
                        "expose: expected [{port: 1..65535, protocol: http|websocket}]");
         return -EINVAL;
     }
+    const char *image = json_string_value(json_object_get(spec, "image"));
+    if (!image)
+        image = "host";
+    if (!streq(image, "host") && !image_name_valid(image)) {
+        (void)snprintf(err, errlen, "image: \"host\" or an image name");
+        return -EINVAL;
+    }
+    (void)snprintf(r->image, sizeof r->image, "%s", image);
     json_t *mode = json_object_get(spec, "mode");
     if (mode && !(json_is_string(mode) && (streq(json_string_value(mode), "dedicated") ||
                                            streq(json_string_value(mode), "pool")))) {
@@ -935,6 +992,7 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
                            "--one-file-system",
                            "--sparse",
                            "--exclude=./lost+found",
+                           "--exclude=./work",
                            "-f",
                            "-",
                            ".",
@@ -996,12 +1054,12 @@ void node_load_runs(node_t *n)
         if (r)
             r->stat_fd = r->out_fd = r->log_fd = -1;
         json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0, idb = 0;
-        const char *state = "";
+        const char *state = "", *image = "host";
         int pool = 0;
         if (!r || !j || cap_run_from_json(json_object_get(j, "run"), &r->id) < 0 ||
-            json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b,s?I}", "state", &state, "pid", &pid,
+            json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b,s?I,s?s}", "state", &state, "pid", &pid,
                         "start_time", &start, "exe_dev", &dev, "exe_ino", &ino, "sock_ino", &sino,
-                        "pool_host", &pool, "id_base", &idb) < 0 ||
+                        "pool_host", &pool, "id_base", &idb, "image", &image) < 0 ||
             idb <= 0 || idb > UINT32_MAX || parse_expose(json_object_get(j, "expose"), r) < 0) {
             json_decref(j);
             free(r);
@@ -1014,6 +1072,7 @@ void node_load_runs(node_t *n)
         r->sock_ino = (ino_t)sino;
         r->pool_host = pool;
         r->id_base = (uint32_t)idb;
+        (void)snprintf(r->image, sizeof r->image, "%s", image);
         int mr = idrange_mark(&n->ids, r->id_base);
         if (mr == -EEXIST) {
             log_warn("run %s: id block %u is taken twice; not loaded", de->d_name, r->id_base);

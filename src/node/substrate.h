@@ -46,7 +46,13 @@ typedef struct {
     const char *const *cgroup_dirs;
     const char *const *cgroup_names;
     const seccomp_filter_t *filter; /* the run's profile (seccomp_run_filter_build) */
-    const char *etc_ld_cache;       /* the host's /etc/ld.so.cache (for a fresh /etc), or NULL */
+    /* An image run: root is the run's disk, holding upper/ and work/; the image's verified
+     * rootfs (owned by host root) is mounted idmapped onto the run's block at lower_mnt (a
+     * node-owned empty directory) and the overlay of both becomes the run's root. NULL: the
+     * "host" image (the disk is the root; the host's /usr is bound read-only). */
+    const char *image_rootfs;
+    const char *lower_mnt;
+    const char *etc_ld_cache; /* the host's /etc/ld.so.cache (for a fresh /etc), or NULL */
     size_t etc_ld_cache_len;
 } substrate_spec_t;
 
