@@ -12,6 +12,7 @@
 #include <sodium.h>
 #include <stdio.h>
 
+#include "cap/egress.h"
 #include "cap/imagename.h"
 #include "common/log.h"
 #include "control.h"
@@ -134,26 +135,36 @@ static const char *job_from_request(json_t *b, const char *default_image, json_t
     const char *image = default_image, *substrate = "process", *flavor = "cpu-basic";
     const char *mode = "dedicated", *network = "none";
     json_t *command = NULL, *env = NULL, *secrets = NULL, *labels = NULL, *expose = NULL;
+    json_t *allow = NULL;
     json_int_t timeout = 0;
     const char *e;
     if (!json_is_object(b) ||
-        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image,
+        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image,
                     "substrate", &substrate, "flavor", &flavor, "mode", &mode, "network", &network,
-                    "command", &command, "env", &env, "secrets", &secrets, "labels", &labels,
-                    "expose", &expose, "timeout", &timeout) < 0)
-        return "expected {image, substrate, flavor, mode, network, command, env, secrets, "
-               "labels, expose, timeout} (unknown fields are refused)";
+                    "egress_allow", &allow, "command", &command, "env", &env, "secrets", &secrets,
+                    "labels", &labels, "expose", &expose, "timeout", &timeout) < 0)
+        return "expected {image, substrate, flavor, mode, network, egress_allow, command, env, "
+               "secrets, labels, expose, timeout} (unknown fields are refused)";
     if (!streq(substrate, "process"))
         return "substrate: only \"process\" is available on this platform";
     if (!streq(mode, "dedicated") && !streq(mode, "pool"))
         return "mode: \"dedicated\" (one sandbox) or \"pool\" (a pool host)";
     if (streq(mode, "pool") && json_array_size(command) > 0)
         return "command: a pool job runs the platform's agent; it takes no command";
-    if (streq(network, "egress"))
-        return "network: \"egress\" is not available on this platform yet (runs have loopback "
-               "only)";
-    if (!streq(network, "none"))
+    if (!streq(network, "none") && !streq(network, "egress"))
         return "network: \"none\" (loopback only, the default) or \"egress\"";
+    if (allow && !streq(network, "egress"))
+        return "egress_allow: only with network \"egress\"";
+    if (allow && (!json_is_array(allow) || json_array_size(allow) > EGRESS_ALLOW_MAX))
+        return "egress_allow: an array of at most 64 \"CIDR[:PORT]\" strings";
+    size_t ai;
+    json_t *ae;
+    json_array_foreach(allow, ai, ae) {
+        egress_rule_t rule;
+        if (!json_is_string(ae) || egress_rule_parse(json_string_value(ae), &rule) < 0)
+            return "egress_allow: entries are \"CIDR\" or \"CIDR:PORT\" (\"[CIDR]:PORT\" for "
+                   "IPv6), host bits zero, e.g. \"203.0.113.0/24:443\"";
+    }
     if (!streq(image, "host") && !image_name_valid(image))
         return "image: \"host\" or an image name ([a-z0-9][a-z0-9._-]*, at most 63 bytes)";
     json_t *fl = flavor_limits(flavor);
@@ -189,14 +200,14 @@ static const char *job_from_request(json_t *b, const char *default_image, json_t
         }
     }
     /* "o" steals a reference: the request's values get one more, defaults are new */
-    json_t *job = json_pack("{s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image,
-                            "substrate", substrate, "mode", mode, "network", network, "flavor", fl,
-                            "command", command ? json_incref(command) : json_array(), "env",
-                            env ? json_incref(env) : json_object(), "labels",
-                            labels ? json_incref(labels) : json_object(), "expose",
-                            expose ? json_incref(expose)
-                                   : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
-                            "timeout", timeout);
+    json_t *job = json_pack(
+        "{s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image, "substrate", substrate,
+        "mode", mode, "network", network, "egress_allow", allow ? json_incref(allow) : json_array(),
+        "flavor", fl, "command", command ? json_incref(command) : json_array(), "env",
+        env ? json_incref(env) : json_object(), "labels",
+        labels ? json_incref(labels) : json_object(), "expose",
+        expose ? json_incref(expose) : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
+        "timeout", timeout);
     if (!job)
         return "out of memory";
     *ret_job = job;

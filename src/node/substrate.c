@@ -575,7 +575,8 @@ static int make_tree(const substrate_spec_t *sp)
     r |= write_new("/etc/nsswitch.conf", nss, sizeof nss - 1, 0644);
     r |= write_new("/etc/hosts", hosts, sizeof hosts - 1, 0644);
     r |= write_new("/etc/hostname", sp->hostname, strlen(sp->hostname), 0644);
-    r |= write_new("/etc/resolv.conf", "", 0, 0644);
+    const char *rc = sp->resolv_conf ? sp->resolv_conf : "";
+    r |= write_new("/etc/resolv.conf", rc, strlen(rc), 0644);
     if (sp->etc_ld_cache)
         r |= write_new("/etc/ld.so.cache", sp->etc_ld_cache, sp->etc_ld_cache_len, 0644);
     return r < 0 ? -1 : 0;
@@ -623,7 +624,9 @@ _noreturn_ static void child_main(const substrate_spec_t *sp, const paths_t *p, 
     st = ST_CGROUPNS; /* the run's cgroup is its cgroup root: /proc/self/cgroup shows "/" */
     if (unshare(CLONE_NEWCGROUP) < 0)
         goto fail;
-    st = ST_NETWORK;
+    st = ST_NETWORK; /* an egress run joins the network namespace the node made for it */
+    if (sp->netns_fd >= 0 && setns(sp->netns_fd, CLONE_NEWNET) < 0)
+        goto fail;
     if (setup_network() < 0)
         goto fail;
     st = ST_IMAGE;
@@ -731,8 +734,9 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return negative_errno();
-    unsigned long flags =
-        CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD;
+    unsigned long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
+    if (sp->netns_fd < 0)
+        flags |= CLONE_NEWNET;
     pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
     if (pid < 0) {
         r = negative_errno();
