@@ -1,0 +1,854 @@
+# SPDX-License-Identifier: MIT
+"""The hostile suite: a tenant's run holds nothing of the host (issue 8).
+
+One control plane and two nodes on loopback; two tenants (namespaces rba: the attacker, rbv: the
+victim). Every case is an attack made from inside a dedicated run or a pooled sandbox created
+through the Jobs API (exec through the edge proxy), and asserts the refusal next to a positive
+control that proves the effect would have been seen:
+
+- the same probe run on the host as root succeeds (a canary TCP/UDP/unix service of the host, a
+  host file holding a random secret, a key in the host root's keyring, a writable sysctl...);
+- or run by the victim in its own run / by the sibling sandbox against its own service;
+- host state a case could change (sysctls, the canary process, host files, symlink targets) is
+  checked unchanged afterwards, and restored by a finalizer even though the attack should fail.
+
+The probes (tests/integration/hostile.py) run as one batch per run (each in a forked child);
+each is reported as its own test. A skip would hide an attack: nothing here skips.
+"""
+import ctypes
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hostile
+from conftest import free_port, wait_until
+from sbxplatform import AGENT_PORT, Platform
+
+PY = sys.executable
+RUNNER_IN_RUN = "/tmp/sbx-hostile-runner.py"
+CTX_IN_RUN = "/tmp/sbx-hostile-ctx.json"
+VICTIM_HTTP_PORT = 8080
+SYMLINK_NAMES = ["tmp", ".sbx", ".sbx-bin", "etc", "run", "dev", "proc", "sys", "usr",
+                 "tmp-to-other-tenant"]
+
+
+def rand(prefix="sbx-hostile-"):
+    return prefix + secrets.token_hex(6)
+
+
+class Env:
+    """What the checks need to know about the host side."""
+
+    def __init__(self):
+        self.secret = secrets.token_hex(16)
+        self.key_desc = rand("sbx-hostile-key-")
+        self.sysctls = {}
+        self.canary_log = None
+        self.canary = None
+        self.victim_secret = secrets.token_hex(12)
+        self.sibling_secret = secrets.token_hex(12)
+        self.host_netns = os.readlink("/proc/self/ns/net")
+        self.sibling_netns = None
+
+    def canary_saw(self, tag):
+        with open(self.canary_log) as f:
+            return any(json.loads(line)[1].startswith(tag) for line in f if line.strip())
+
+    def canary_alive(self):
+        assert self.canary.poll() is None, "the host's canary process was killed"
+
+    def host_file_line(self, path):
+        with open(path) as f:
+            return f.read()
+
+
+# ---- module fixtures -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def E():
+    return Env()
+
+
+@pytest.fixture(scope="module")
+def plat():
+    p = Platform(nodes=("rb-n1", "rb-n2"))
+    yield p
+    p.stop()
+
+
+def _keyctl():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+@pytest.fixture(scope="module")
+def host(E):
+    """Canary services, secret files and a keyring key of the host; sysctls saved (and restored
+    at the end whatever happened)."""
+    work = f"/tmp/{rand()}"
+    os.mkdir(work, 0o755)
+    for name in hostile.SYSCTLS + ["vm/drop_caches"]:
+        try:
+            with open("/proc/sys/" + name) as f:
+                E.sysctls[name] = f.read()
+        except OSError:
+            pass
+    files = {"etc_public": f"/etc/{rand()}", "etc_private": f"/etc/{rand()}",
+             "opt": f"/opt/{rand()}", "tmp": os.path.join(work, "secret")}
+    for key, path in files.items():
+        with open(path, "w") as f:
+            f.write(f"HOST-{E.secret}\n")
+        os.chmod(path, 0o600 if key == "etc_private" else 0o644)
+    E.files = files
+    E.work = work
+    E.canary_log = os.path.join(work, "canary.log")
+    open(E.canary_log, "w").close()
+    E.canary_abs = rand("sbx-hostile-abs-")
+    E.canary_path = os.path.join(work, "canary.sock")
+    E.canary = subprocess.Popen([PY, "-c", hostile.CANARY, E.canary_log, E.secret, E.canary_abs,
+                                 E.canary_path], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    E.canary_ports = json.loads(E.canary.stdout.readline())
+    libc = _keyctl()
+    payload = E.secret.encode()
+    E.key_id = libc.syscall(248, b"user", E.key_desc.encode(), payload, len(payload),
+                            ctypes.c_long(-4))  # KEY_SPEC_USER_KEYRING of the host's root
+    assert E.key_id > 0, ctypes.get_errno()
+    # A handle to the host's secret file (name_to_handle_at), for the "shocker" probe.
+    fh = ctypes.create_string_buffer(8 + 128)
+    ctypes.memmove(fh, (128).to_bytes(4, "little"), 4)
+    mnt = ctypes.c_int()
+    assert libc.syscall(303, ctypes.c_long(-100), files["tmp"].encode(), fh,
+                        ctypes.byref(mnt), 0) == 0
+    nbytes = int.from_bytes(fh.raw[:4], "little")
+    E.handle = fh.raw[:8 + nbytes].hex()
+    yield E
+    E.canary.stdin.close()
+    E.canary.kill()
+    E.canary.wait()
+    libc.syscall(250, 21, ctypes.c_long(E.key_id))  # KEYCTL_INVALIDATE
+    for name, value in E.sysctls.items():  # restore what an attack may have changed
+        if name == "vm/drop_caches":
+            continue
+        try:
+            with open("/proc/sys/" + name) as f:
+                if f.read() == value:
+                    continue
+            with open("/proc/sys/" + name, "w") as f:
+                f.write(value)
+        except OSError:
+            pass
+    for path in files.values():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tenants(plat):
+    return {ns: plat.token(f"tenant-{ns}", ns, "write") for ns in ("rba", "rbv")}
+
+
+def rx(job, cmd, secs=20):
+    """exec through the edge with a timeout enforced by the agent (nothing here can hang)."""
+    from conftest import ExecResult
+    from sbxplatform import parse_ndjson
+    r = job.proxy("POST", AGENT_PORT, "/v1/exec", {"cmd": cmd, "timeout": secs},
+                  timeout=secs + 30)
+    assert r.status == 200 and "ndjson" in r.headers.get("content-type", ""), r
+    return ExecResult(parse_ndjson(r.body))
+
+
+def rsh(job, cmd, secs=20):
+    res = rx(job, cmd, secs)
+    assert res.code == 0, res
+    return res.out
+
+
+def run_pid(job):
+    rec = job.node().run_record(job.id)
+    assert rec and rec.get("pid"), rec
+    return rec["pid"]
+
+
+def in_run(job, path):
+    """Host path of `path` inside the job's current run (through its pid 1's root)."""
+    return f"/proc/{run_pid(job)}/root/{path.lstrip('/')}"
+
+
+def put(job, path, data, rest_prefix="/v1"):
+    r = job.proxy("PUT", AGENT_PORT, f"{rest_prefix}/files/write?path=" + path, data)
+    assert r.status == 200, r
+
+
+@pytest.fixture(scope="module")
+def victim(plat, tenants, E, host):
+    """Another tenant's run on the same node: a secret file, TCP/UDP/abstract services and an
+    exposed HTTP port serving its own content."""
+    j = plat.create_on("rb-n1", "rbv", token=tenants["rbv"], flavor="cpu-small",
+                       expose=[{"port": AGENT_PORT, "protocol": "http"},
+                               {"port": VICTIM_HTTP_PORT, "protocol": "http"}])
+    E.victim_ports = {"tcp": free_port(), "udp": free_port(), "abs": rand("sbx-victim-abs-")}
+    rsh(j, f"mkdir -p /srv/web && echo VICTIM-{E.victim_secret} > /srv/secret && "
+         f"echo VICTIM-WEB-{E.victim_secret} > /srv/web/index.html")
+    put(j, "/srv/services.py", hostile.TENANT_SERVICES.encode())
+    v = E.victim_ports
+    j.start_process(["python3", "/srv/services.py", str(v["tcp"]), str(v["udp"]), v["abs"],
+                     E.victim_secret, "/srv/ready"])
+    j.start_process(["python3", "-m", "http.server", str(VICTIM_HTTP_PORT), "--directory",
+                     "/srv/web"])
+    assert wait_until(lambda: rx(j, "test -e /srv/ready").code == 0, 15, 0.2)
+    assert wait_until(lambda: j.proxy("GET", VICTIM_HTTP_PORT, "/").status == 200, 15, 0.2)
+    yield j
+    j.cancel()
+
+
+@pytest.fixture(scope="module")
+def attacker(plat, tenants):
+    j = plat.create_on("rb-n1", "rba", token=tenants["rba"], flavor="cpu-basic")
+    yield j
+    j.cancel()
+
+
+def base_ctx(plat, E, victim, who):
+    n1, n2 = plat.nodes
+    with open(os.path.join(n1.state, "node.token")) as f:
+        E.node_token = f.read().strip()
+    E.admin = plat.admin
+    return {
+        "who": who, "canary": E.canary_ports, "canary_abs": E.canary_abs,
+        "canary_path": E.canary_path, "canary_pid": E.canary.pid,
+        "control_port": plat.control.port, "control_pid": plat.control.proc.proc.pid,
+        "node_ports": [n1.port, n2.port], "node_pid": n1.proc.proc.pid,
+        "node_token": os.path.join(n1.state, "node.token"),
+        "store": os.path.join(plat.ctl_state, "store.db"), "admin_token_file": plat.token_file,
+        "host_files": E.files, "handle": E.handle, "key_desc": E.key_desc,
+        "host_ip": host_ip(), "free_port": free_port(), "disk": host_disk(),
+        "victim": E.victim_ports,
+        "victim_paths": [victim.node().root_path(victim.id, "/srv/secret"),
+                         f"/proc/{run_pid(victim)}/root/srv/secret"],
+        "sibling": getattr(E, "sibling_ports", None),
+    }
+
+
+def host_ip():
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                         capture_output=True, text=True).stdout
+    m = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/", out)
+    assert m, "the host has no global IPv4 address: no control for the external-address case"
+    return m.group(1)
+
+
+def host_disk():
+    for name in sorted(os.listdir("/sys/block")):
+        if not name.startswith(("loop", "ram")) and os.path.exists(f"/dev/{name}"):
+            return f"/dev/{name}"
+    raise AssertionError("no block device on the host: no control for the disk case")
+
+
+def probes_for(cases, host_side=False):
+    return {c.id: (c.host_src or c.src) if host_side else c.src for c in cases}
+
+
+def run_batch_in_job(job, ctx, prefix="/v1", exec_path="/v1/exec", headers=None,
+                     runner=RUNNER_IN_RUN, ctx_path=CTX_IN_RUN):
+    """Put the runner and its context into the run (or sandbox) and run the batch there."""
+    h = {} if headers is None else headers
+    for path, data in ((runner, hostile.RUNNER.encode()), (ctx_path, json.dumps(ctx).encode())):
+        r = job.proxy("PUT", AGENT_PORT, f"{prefix}/files/write?path=" + path, data, headers=h)
+        assert r.status == 200, r
+    r = job.proxy("POST", AGENT_PORT, exec_path,
+                  {"cmd": ["python3", runner, ctx_path], "timeout": 150},
+                  headers=h, timeout=180)
+    assert r.status == 200, r
+    from sbxplatform import parse_ndjson
+    from conftest import ExecResult
+    res = ExecResult(parse_ndjson(r.body))
+    assert res.code == 0, res
+    return json.loads(res.out.strip().splitlines()[-1])
+
+
+def run_batch_on_host(ctx, work):
+    path = os.path.join(work, f"ctx-{ctx['who']}.json")
+    runner = os.path.join(work, "runner.py")
+    with open(runner, "w") as f:
+        f.write(hostile.RUNNER)
+    with open(path, "w") as f:
+        json.dump(ctx, f)
+    out = subprocess.run([PY, runner, path, "--host"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+DED = [c for c in hostile.CASES if "ded" in c.where]
+POOL = [c for c in hostile.CASES if "pool" in c.where]
+
+
+@pytest.fixture(scope="module")
+def ded_results(plat, E, host, victim, attacker):
+    ctx = base_ctx(plat, E, victim, "ded")
+    ctx["probes"] = probes_for(DED)
+    return run_batch_in_job(attacker, ctx)
+
+
+@pytest.fixture(scope="module")
+def host_results(plat, E, host, victim):
+    cases = [c for c in hostile.CASES if c.control == "host"]
+    ctx = base_ctx(plat, E, victim, "host")
+    ctx["probes"] = probes_for(cases, host_side=True)
+    return run_batch_on_host(ctx, E.work)
+
+
+@pytest.fixture(scope="module")
+def victim_results(plat, E, host, victim):
+    ctx = base_ctx(plat, E, victim, "victim")
+    ctx["probes"] = probes_for([c for c in hostile.CASES if c.control == "victim"])
+    return run_batch_in_job(victim, ctx)
+
+
+# ---- pool host: a platform job kind; two sandboxes A (attacker) and B (sibling) --------------
+
+class Pooled:
+    """A sandbox of a pool host job, reached through the edge with its own token."""
+
+    def __init__(self, job, j):
+        self.job = job
+        self.id = j["id"]
+        self.token = j["token"]
+        self.home = j["home"]
+        self.uid = j.get("uid")
+        self.h = {"X-Sandbox-Token": self.token}
+
+    def proxy(self, method, rest, body=None, timeout=60):
+        return self.job.proxy(method, AGENT_PORT, f"/v1/sandboxes/{self.id}{rest}", body,
+                              headers=self.h, timeout=timeout)
+
+    def exec(self, cmd, http_timeout=200, **body):
+        from conftest import ExecResult
+        from sbxplatform import parse_ndjson
+        b = {"cmd": cmd, "timeout": 20}
+        b.update(body)
+        r = self.proxy("POST", "/exec", b, timeout=http_timeout)
+        assert r.status == 200 and "ndjson" in r.headers.get("content-type", ""), r
+        return ExecResult(parse_ndjson(r.body))
+
+    def start(self, cmd, **body):
+        b = {"cmd": cmd}
+        b.update(body)
+        r = self.proxy("POST", "/processes", b)
+        assert r.status == 200, r
+        return r.json()
+
+    def write(self, rel, data):
+        r = self.proxy("PUT", "/files/write?path=" + rel, data)
+        assert r.status == 200, r
+
+    def batch(self, ctx):
+        self.write("hostile-runner.py", hostile.RUNNER.encode())
+        self.write("hostile-ctx.json", json.dumps(ctx).encode())
+        res = self.exec(["python3", "hostile-runner.py", "hostile-ctx.json"], timeout=150)
+        assert res.code == 0, res
+        return json.loads(res.out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pool(plat, tenants):
+    j = plat.create_on("rb-n1", "rba", token=tenants["rba"], flavor="cpu-basic", mode="pool",
+                       labels={"sbx-sandbox": "1", "sbx-sandbox-mode": "pool",
+                               "sbx-sandbox-pool": "hostile"})
+    r = j.proxy("POST", AGENT_PORT, "/v1/sandboxes", {"count": 2})
+    assert r.status == 200, r
+    a, b = (Pooled(j, x) for x in r.json()["sandboxes"])
+    j.sandboxes = (a, b)
+    yield j
+    j.cancel()
+
+
+@pytest.fixture(scope="module")
+def sibling(pool, E):
+    """Sandbox B runs TCP (v4, v6), UDP echo, abstract and autobound services."""
+    _, b = pool.sandboxes
+    E.sibling_ports = {"tcp": free_port(), "udp": free_port(), "abs": rand("sbx-sib-abs-")}
+    s = E.sibling_ports
+    b.write("services.py", hostile.TENANT_SERVICES.encode())
+    b.start(["python3", "services.py", str(s["tcp"]), str(s["udp"]), s["abs"], E.sibling_secret,
+             "ready"])
+    ok = wait_until(lambda: b.exec("cat ready").code == 0, 15, 0.2)
+    res = b.exec("cat ready")
+    assert ok and res.out.strip().isdigit(), f"the sibling's services did not start: {res}"
+    s["auto"] = int(res.out.strip())
+    return b
+
+
+@pytest.fixture(scope="module")
+def pool_results(plat, E, host, victim, pool, sibling):
+    a, _ = pool.sandboxes
+    ctx = base_ctx(plat, E, victim, "pool")
+    ctx["probes"] = probes_for(POOL)
+    return a.batch(ctx)
+
+
+@pytest.fixture(scope="module")
+def sibling_results(plat, E, host, victim, pool, sibling):
+    ctx = base_ctx(plat, E, victim, "sibling")
+    ctx["probes"] = probes_for([c for c in hostile.CASES if c.control == "sibling"])
+    res = sibling.batch(ctx)
+    own = res.get("pool-sandbox-own-netns", {}).get("r")
+    E.sibling_netns = own[0] if own else None
+    return res
+
+
+def check(case, who, results, control, E):
+    r = results.get(case.id)
+    assert r is not None and "r" in r, f"the probe did not run: {r}"
+    c = control.get(case.id)
+    assert c is not None and "r" in c, f"the positive control did not run: {c}"
+    assert case.works(c["r"], E), f"positive control failed ({case.control}): {c['r']!r}"
+    assert case.refused(r["r"], E), \
+        f"ATTACK SUCCEEDED from the {who} run: {r['r']!r} (control: {c['r']!r})"
+    if case.after:
+        case.after(E, who)
+
+
+@pytest.mark.parametrize("case", DED, ids=str)
+def test_dedicated(case, request, E, ded_results):
+    control = request.getfixturevalue(f"{case.control}_results")
+    check(case, "ded", ded_results, control, E)
+
+
+@pytest.mark.parametrize("case", POOL, ids=str)
+def test_pooled(case, request, E, pool_results):
+    control = request.getfixturevalue(f"{case.control}_results")
+    if case.id == "pool-sandbox-own-netns":
+        request.getfixturevalue("sibling_results")
+        assert pool_results[case.id]["r"][0] != E.sibling_netns, "A and B share a netns"
+    check(case, "pool", pool_results, control, E)
+
+
+# ---- dedicated runs: cases that need the host's view between steps ---------------------------
+
+def uid_base(job):
+    """(inside base, host base, count) of the run's uid map as read inside the run."""
+    line = rsh(job, "cat /proc/self/uid_map").split("\n")[0].split()
+    return int(line[0]), int(line[1]), int(line[2])
+
+
+def host_uids(pid):
+    with open(f"/proc/{pid}/status") as f:
+        m = re.search(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", f.read(), re.M)
+    return [int(x) for x in m.groups()]
+
+
+def test_uid_map_root_in_run_is_an_unprivileged_block(attacker):
+    inside, base, count = uid_base(attacker)
+    assert rsh(attacker, "id -u").strip() == "0"  # control: root inside the run
+    with open("/proc/self/uid_map") as f:  # control: the host's own map is the identity
+        assert f.read().split()[:2] == ["0", "0"]
+    assert (inside, count) == (0, 65536) and base != 0, \
+        f"ATTACK: root in the run is uid {base} on the host (map {inside} {base} {count})"
+
+
+def test_run_pid1_is_unprivileged_on_host(attacker):
+    _, base, _ = uid_base(attacker)
+    uids = host_uids(run_pid(attacker))
+    assert rsh(attacker, "cat /proc/1/status | grep ^Uid").split()[1] == "0"  # control
+    assert uids[0] != 0 and all(u == uids[0] for u in uids), f"ATTACK: pid 1 is host uid {uids}"
+
+
+def test_file_made_by_run_root_is_owned_by_block(attacker):
+    name = rand("/tmp/owned-")
+    assert rsh(attacker, f"touch {name} && stat -c %u {name}").strip() == "0"  # control
+    st = os.stat(in_run(attacker, name))
+    assert st.st_uid != 0, "ATTACK: a file root in the run made is owned by host root"
+    _, base, count = uid_base(attacker)
+    assert base <= st.st_uid < base + count
+
+
+def test_setuid_file_made_in_run_is_not_host_root(attacker):
+    name = rand("/tmp/suid-")
+    out = rsh(attacker, f"cp /usr/bin/id {name} && chmod 4755 {name} && stat -c %a:%u {name}")
+    assert out.strip() == "4755:0"  # control: setuid root, as the run sees it
+    st = os.stat(in_run(attacker, name))
+    assert st.st_mode & stat.S_ISUID, "the setuid bit is there on the host"
+    assert st.st_uid != 0, "ATTACK: a setuid-root binary of the host was made from a run"
+
+
+def test_runs_get_disjoint_id_blocks(attacker, victim):
+    _, a, n = uid_base(attacker)
+    _, v, _ = uid_base(victim)
+    assert a != 0 and v != 0, "ATTACK: a run is host root"
+    assert abs(a - v) >= n, f"two tenants' runs share ids: {a} and {v}"
+
+
+def test_core_pattern_runs_tenant_script_as_host_root(E, host, attacker):
+    """The full attack: point core_pattern at a script in the run (through /proc/%P/root) and
+    crash a process. Refused, core_pattern unchanged, no marker; control: the script, run by the
+    host, does leave the marker."""
+    marker = os.path.join(E.work, rand("core-marker-"))
+    script = f"#!/bin/sh\ntouch {marker}\n"
+    put(attacker, "/tmp/sbx-evil.sh", script.encode())
+    r = rx(attacker, "chmod 755 /tmp/sbx-evil.sh; python3 -c '\n"
+                      "import os, resource, time\n"
+                      "old = open(\"/proc/sys/kernel/core_pattern\").read()\n"
+                      "try:\n"
+                      "    open(\"/proc/sys/kernel/core_pattern\", \"w\").write("
+                      "\"|/proc/%P/root/tmp/sbx-evil.sh\")\n"
+                      "    print(\"WROTE\")\n"
+                      "except OSError as e:\n"
+                      "    print(\"refused\", e.errno)\n"
+                      "    raise SystemExit(0)\n"
+                      "pid = os.fork()\n"
+                      "if pid == 0:\n"
+                      "    resource.setrlimit(resource.RLIMIT_CORE, (1 << 30, 1 << 30))\n"
+                      "    os.abort()\n"
+                      "os.waitpid(pid, 0)\n"
+                      "time.sleep(1)\n"
+                      "open(\"/proc/sys/kernel/core_pattern\", \"w\").write(old)\n'")
+    seen = os.path.exists(marker)
+    with open("/proc/sys/kernel/core_pattern") as f:
+        now = f.read()
+    # control: the script works when the host runs it
+    subprocess.run(["sh", in_run(attacker, "/tmp/sbx-evil.sh")], check=True, timeout=10)
+    assert os.path.exists(marker)
+    os.unlink(marker)
+    assert now == E.sysctls["kernel/core_pattern"], "ATTACK: core_pattern changed"
+    assert "WROTE" not in r.out and not seen, f"ATTACK: core_pattern written ({r})"
+
+
+@pytest.fixture(scope="module")
+def log_probe(attacker):
+    node = attacker.node()
+    path = os.path.join(node.run_dir(attacker.id), "log")
+    assert os.path.isfile(path), "control: the node keeps the run's log as a file"
+    size0 = os.path.getsize(path)
+    mark = rand("OVERWRITE-")
+    res = rx(attacker, "python3 -c '\n"
+                        "import json, os, stat, sys\n"
+                        "out = {}\n"
+                        "for n in (1, 2):\n"
+                        "    p = \"/proc/1/fd/%d\" % n\n"
+                        "    try:\n"
+                        "        fd = os.open(p, os.O_WRONLY)\n"
+                        "    except OSError as e:\n"
+                        "        out[n] = {\"open\": e.errno}\n"
+                        "        continue\n"
+                        "    r = {\"reg\": stat.S_ISREG(os.fstat(fd).st_mode)}\n"
+                        "    try:\n"
+                        "        os.pwrite(fd, sys.argv[1].encode(), 0) if n == 1 else "
+                        "os.ftruncate(fd, 0)\n"
+                        "        r[\"op\"] = \"ok\"\n"
+                        "    except OSError as e:\n"
+                        "        r[\"op\"] = e.errno\n"
+                        "    out[n] = r\n"
+                        "print(json.dumps(out))\n' " + mark)
+    assert res.code == 0, res
+    return {"path": path, "size0": size0, "mark": mark,
+            "r": json.loads(res.out.strip().splitlines()[-1])}
+
+
+def test_log_overwrite_from_run(log_probe):
+    with open(log_probe["path"], "rb") as f:
+        head = f.read(4096)
+    r = log_probe["r"]["1"]
+    assert log_probe["mark"].encode() not in head, f"ATTACK: the run overwrote its log ({r})"
+    assert not r.get("reg") and r.get("op") != "ok", f"ATTACK: the log file is reachable: {r}"
+
+
+def test_log_truncate_from_run(log_probe):
+    r = log_probe["r"]["2"]
+    size = os.path.getsize(log_probe["path"])
+    assert size >= log_probe["size0"], \
+        f"ATTACK: the run truncated its log on the node ({log_probe['size0']} -> {size} bytes)"
+    assert not r.get("reg") and r.get("op") != "ok", f"ATTACK: the log file is reachable: {r}"
+
+
+LISTENER = r'''
+import socket, sys, threading
+def serve(fam, addr, port):
+    s = socket.socket(fam)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if fam == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        s.bind((addr, port))
+    except OSError as e:
+        print("bind", addr, port, e, flush=True)
+        return
+    s.listen(16)
+    while True:
+        c, _ = s.accept()
+        c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 6\r\n\r\nPWNED\n")
+        c.close()
+for fam, addr, port in ((socket.AF_INET, "0.0.0.0", int(sys.argv[1])),
+                        (socket.AF_INET6, "::", int(sys.argv[1])),
+                        (socket.AF_INET, "0.0.0.0", 1023),
+                        (socket.AF_INET, "0.0.0.0", int(sys.argv[2]))):
+    threading.Thread(target=serve, args=(fam, addr, port), daemon=True).start()
+threading.Event().wait()
+'''
+
+
+@pytest.fixture(scope="module")
+def attacker_listens(attacker, victim):
+    port = free_port()
+    put(attacker, "/tmp/listen.py", LISTENER.encode())
+    attacker.start_process(["python3", "/tmp/listen.py", str(port), str(VICTIM_HTTP_PORT)])
+    time.sleep(0.5)
+    return port
+
+
+def host_tcp(host, port):
+    import socket
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam) as s:
+        s.settimeout(2)
+        try:
+            s.connect((host, port))
+            return s.recv(100).decode(errors="replace")
+        except OSError as e:
+            return repr(e)
+
+
+@pytest.mark.parametrize("addr,which", [("127.0.0.1", "high"), ("::1", "high"),
+                                        ("127.0.0.1", "1023")], ids=["v4", "v6", "port-1023"])
+def test_bind_host_port(attacker, attacker_listens, addr, which):
+    port = attacker_listens if which == "high" else 1023
+    inside = rx(attacker, f"python3 -c 'import socket; s=socket.socket("
+                           f"socket.AF_INET6 if \":\" in \"{addr}\" else socket.AF_INET); "
+                           f"s.settimeout(3); s.connect((\"{addr}\", {port})); print(s.recv(100))'")
+    assert "PWNED" in inside.out, f"control: the run's own listener answers inside: {inside}"
+    got = host_tcp(addr, port)
+    assert "PWNED" not in got, f"ATTACK: the run listens on the host's {addr}:{port}"
+
+
+def test_take_other_tenant_exposed_port(attacker, attacker_listens, victim):
+    inside = rx(attacker, "python3 -c 'import socket; s=socket.socket(); s.settimeout(3); "
+                f"s.connect((\"127.0.0.1\", {VICTIM_HTTP_PORT})); "
+                "s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\"); print(s.recv(300))'")
+    assert "VICTIM-WEB" not in inside.out, \
+        f"ATTACK: the attacker's 127.0.0.1:{VICTIM_HTTP_PORT} is the other tenant's: {inside}"
+    assert "PWNED" in inside.out, f"control: the attacker's own port {VICTIM_HTTP_PORT}: {inside}"
+    for _ in range(5):  # the victim's clients, through the edge, reach the victim only
+        r = victim.proxy("GET", VICTIM_HTTP_PORT, "/")
+        assert r.status == 200 and b"VICTIM-WEB" in r.body and b"PWNED" not in r.body, \
+            f"ATTACK: the victim's exposed port served {r}"
+
+
+# ---- the node never follows a tenant's symlink as host root ----------------------------------
+
+PLANT = {  # link in the run's root -> a host directory made for the case
+    "tmp": "/tmp", ".sbx": "/.sbx", ".sbx-bin": "/.sbx/bin", "run": "/run", "etc": "/etc",
+    "var": "/var", "root": "/root", "tmp-to-other-tenant": "/tmp",
+}
+
+
+def snapshot(top):
+    out = []
+    for root, dirs, files in os.walk(top):
+        for n in [""] + dirs + files if root == top else dirs + files:
+            p = os.path.join(root, n) if n else root
+            st = os.lstat(p)
+            data = None
+            if stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    data = f.read(4096)
+            out.append((os.path.relpath(p, top), st.st_mode, st.st_uid, st.st_gid, st.st_size,
+                        data))
+    return sorted(out, key=lambda x: x[0])
+
+
+@pytest.fixture(scope="module")
+def symlinked(plat, tenants, E, host, victim):
+    """Runs whose roots hold hostile links; paused, resumed, then moved; host targets
+    snapshotted before and after each step."""
+    state = {}
+    for name, link in PLANT.items():
+        if name == "tmp-to-other-tenant":
+            target = f"/proc/{run_pid(victim)}/root/srv"
+        else:
+            target = os.path.join(E.work, "target-" + name.replace(".", "_"))
+            os.mkdir(target, 0o755)
+            with open(os.path.join(target, "keep"), "w") as f:
+                f.write(E.secret)
+        job = plat.create_on("rb-n1", "rba", token=tenants["rba"], flavor="cpu-small")
+        old = link + "-old-" + secrets.token_hex(3)
+        res = rx(job, f"mv {link} {old} 2>&1 && ln -s {target} {link} && readlink {link}")
+        state[name] = {"job": job, "target": target, "planted": res.out.strip() == target,
+                       "plant": res, "before": snapshot(target)}
+    for s in state.values():
+        assert s["job"].action("pause").status == 202
+    for s in state.values():
+        s["job"].wait_stage("PAUSED")
+        s["paused"] = snapshot(s["target"])
+    for s in state.values():
+        assert s["job"].action("resume").status == 202
+    for s in state.values():
+        wait_until(lambda j=s["job"]: j.inspect()["stage"] in ("RUNNING", "ERROR") and
+                   (j.inspect().get("run") or {}).get("generation", 0) >= 2, 20, 0.1)
+        s["resumed_stage"] = s["job"].inspect()["stage"]
+        s["resume"] = snapshot(s["target"])
+    for s in state.values():
+        if s["resumed_stage"] == "RUNNING":
+            assert s["job"].action("move", {"node": "rb-n2"}).status == 202
+    for s in state.values():
+        if s["resumed_stage"] == "RUNNING":
+            wait_until(lambda j=s["job"]: j.inspect()["stage"] in ("RUNNING", "ERROR") and
+                       (j.inspect().get("run") or {}).get("node") == "rb-n2", 25, 0.1)
+        s["moved_stage"] = s["job"].inspect()["stage"]
+        s["move"] = snapshot(s["target"])
+    yield state
+    for s in state.values():
+        s["job"].action("cancel")
+
+
+@pytest.mark.parametrize("stage", ["resume", "move"])
+@pytest.mark.parametrize("name", list(PLANT))
+def test_symlink_in_root_on_lifecycle(symlinked, name, stage):
+    s = symlinked[name]
+    assert s["planted"], f"control: the link could not be planted in the run's root: {s['plant']}"
+    assert s["before"] and any(x[0] != "." for x in s["before"]), "control: the target exists"
+    assert s["paused"] == s["before"], "ATTACK: pausing changed the host target"
+    assert s[stage] == s["before"], \
+        f"ATTACK: {stage} followed the tenant's {PLANT[name]} link and changed the host: " \
+        f"{s['before']} -> {s[stage]} (stages {s['resumed_stage']}/{s['moved_stage']})"
+
+
+# ---- pool hosts: a job kind, not a tenant's env var -----------------------------------------
+
+@pytest.mark.parametrize("body", [
+    {"env": {"SBX_HOST_MODE": "1"}}, {"secrets_": {"SBX_HOST_MODE": "1"}},
+    {"mode": "pool", "command": ["/bin/sh", "-c", "id"]}, {"mode": "bogus"},
+    {"env": {"SBX_HOST_MODE": "1"}, "command": ["/bin/sh"]}],
+    ids=["env-host-mode", "secret-host-mode", "pool-with-command", "unknown-mode",
+         "env-host-mode-with-command"])
+def test_pool_privileges_from_tenant_input(plat, tenants, body):
+    b = dict(body)
+    sec = {"SBX_TOKEN": secrets.token_hex(16)}
+    sec.update(b.pop("secrets_", {}))
+    b["secrets"] = sec
+    r = plat.request("POST", "/v1/jobs/rba", b, token=tenants["rba"])
+    if r.status == 201:
+        plat.request("POST", f"/v1/jobs/rba/{r.json()['id']}/cancel", {})
+    assert 400 <= r.status < 500, f"ATTACK: the platform took {body}: {r}"
+    # control: the same request without the privileged part is taken
+    ok = {"secrets": {"SBX_TOKEN": secrets.token_hex(16)}, "flavor": "cpu-small"}
+    r = plat.request("POST", "/v1/jobs/rba", ok, token=tenants["rba"])
+    assert r.status == 201, r
+    plat.request("POST", f"/v1/jobs/rba/{r.json()['id']}/cancel", {})
+
+
+def host_pids_with(text):
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+def cgroups_of(pid):
+    with open(f"/proc/{pid}/cgroup") as f:
+        return {l.split(":")[1]: l.split(":", 2)[2].strip() for l in f if l.strip()}
+
+
+def test_pool_sandbox_cgroups_nest_in_the_run(pool):
+    a, _ = pool.sandboxes
+    tag = "1000." + str(secrets.randbelow(10 ** 6))
+    a.start(["sleep", tag])
+    pids = wait_until(lambda: host_pids_with("sleep\0" + tag), 5)
+    assert pids, "control: the host sees the sandbox's process"
+    run = cgroups_of(run_pid(pool))
+    sb = cgroups_of(pids[0])
+    for ctrl in ("memory", "pids"):
+        key = next((k for k in run if ctrl in k.split(",")), None)
+        assert key and run[key] not in ("", "/"), f"control: the run has a {ctrl} cgroup: {run}"
+        assert sb[key].startswith(run[key].rstrip("/") + "/"), \
+            f"ATTACK: the sandbox's {ctrl} cgroup {sb[key]} is outside the run's {run[key]}"
+
+
+def test_pool_sandbox_cgroup_escape(pool):
+    a, _ = pool.sandboxes
+    tag = "1000." + str(secrets.randbelow(10 ** 6))
+    res = a.exec("python3 -c '\n"
+                 "import os, subprocess\n"
+                 "p = subprocess.Popen([\"sleep\", \"" + tag + "\"])\n"
+                 "out = []\n"
+                 "for line in open(\"/proc/self/cgroup\"):\n"
+                 "    _, ctrl, path = line.strip().split(\":\", 2)\n"
+                 "    for c in (ctrl.split(\",\") + [\"\"]):\n"
+                 "        for d in (\"/sys/fs/cgroup/\" + c, \"/sys/fs/cgroup/\" + c + "
+                 "os.path.dirname(path)):\n"
+                 "            try:\n"
+                 "                open(d + \"/cgroup.procs\", \"w\").write(str(p.pid))\n"
+                 "                out.append(\"ok \" + d)\n"
+                 "            except OSError as e:\n"
+                 "                out.append(e.errno)\n"
+                 "print(out)\n' &")
+    pids = wait_until(lambda: host_pids_with("sleep\0" + tag), 5)
+    assert pids, f"control: the sandbox's process runs ({res})"
+    run = cgroups_of(run_pid(pool))
+    sb = cgroups_of(pids[0])
+    for key in run:
+        if run[key] not in ("", "/"):
+            assert sb[key].startswith(run[key].rstrip("/") + "/"), \
+                f"ATTACK: escaped the run's cgroup: {sb[key]} ({res.out})"
+    assert "ok" not in res.out, f"ATTACK: the sandbox moved a process between cgroups: {res}"
+
+
+def test_pool_sandbox_uid_from_the_runs_block(pool):
+    a, _ = pool.sandboxes
+    res = a.exec("touch owned && id -u")
+    assert res.code == 0, res
+    st = os.stat(in_run(pool, os.path.join(a.home, "owned")))  # control: the file is there
+    base = host_uids(run_pid(pool))[0]
+    assert base != 0, "ATTACK: the pool host runs as host root"
+    assert base < st.st_uid < base + 65536, \
+        f"ATTACK: the sandbox's uid {st.st_uid} is outside the run's block {base}+65536"
+
+
+def _heartbeat_size(a, name):
+    r = a.exec(f"wc -c < {name} 2>/dev/null || echo 0")
+    return int(r.out.strip() or 0)
+
+
+def test_pool_setsid_descendant_survives_timeout(pool):
+    a, _ = pool.sandboxes
+    hb = rand("hb-")
+    a.exec(f"setsid sh -c 'while :; do echo x >> {hb}; sleep 0.1; done' </dev/null "
+           f">/dev/null 2>&1 & sleep 30", timeout=1)
+    time.sleep(1)
+    s1 = _heartbeat_size(a, hb)
+    time.sleep(1.5)
+    s2 = _heartbeat_size(a, hb)
+    assert s1 > 0, "control: the descendant was running"
+    assert s1 == s2, f"ATTACK: a setsid() descendant outlived the command's timeout ({s1}->{s2})"
+
+
+def test_pool_setsid_descendant_survives_kill(pool):
+    a, _ = pool.sandboxes
+    hb = rand("hb-")
+    j = a.start(["sh", "-c", f"setsid sh -c 'while :; do echo x >> {hb}; sleep 0.1; done' "
+                 f"</dev/null >/dev/null 2>&1 & sleep 300"])
+    assert wait_until(lambda: _heartbeat_size(a, hb) > 0, 5), "control: the descendant runs"
+    r = a.proxy("POST", f"/processes/{j['id']}/signal", {"signal": "KILL"})
+    assert r.status == 200, r
+    time.sleep(1)
+    s1 = _heartbeat_size(a, hb)
+    time.sleep(1.5)
+    s2 = _heartbeat_size(a, hb)
+    assert s1 == s2, f"ATTACK: a setsid() descendant outlived a kill ({s1}->{s2})"
