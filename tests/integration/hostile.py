@@ -858,6 +858,16 @@ for _kind, _expr in (("tcp4", "tcp('127.0.0.1', C['sibling']['tcp'], M)"),
         f"def probe(C):\n    M = (C['who'] + '-{_kind}\\n').encode()\n    return {_expr}\n",
         where=("pool",), control="sibling", refused=lambda r, E: not str(r).startswith("ok"),
         works=lambda c, E: c.startswith("ok:TENANT-" + E.sibling_secret))
+# -- the pool host's own network namespace: a listener there (started by the host's root in
+# that namespace: where the pool host's agent would listen) --
+for _kind, _expr in (("tcp4", "tcp('127.0.0.1', C['poolhost']['tcp'], M)"),
+                     ("tcp6", "tcp('::1', C['poolhost']['tcp'], M)"),
+                     ("udp4", "udp('127.0.0.1', C['poolhost']['udp'], M)"),
+                     ("abstract", "unix('\\0' + C['poolhost']['abs'], M)")):
+    add(f"pool-host-port-{_kind}",
+        f"def probe(C):\n    M = (C['who'] + '-{_kind}\\n').encode()\n    return {_expr}\n",
+        where=("pool",), control="poolhost", refused=lambda r, E: not str(r).startswith("ok"),
+        works=lambda c, E: c.startswith("ok:TENANT-" + E.poolhost_secret))
 add("pool-sandbox-own-netns", """
 def probe(C):
     names = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])

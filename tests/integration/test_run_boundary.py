@@ -58,6 +58,7 @@ class Env:
         self.host_netns = os.readlink("/proc/self/ns/net")
         self.sibling_netns = None
         self.sibling_errors = None
+        self.poolhost_secret = secrets.token_hex(12)
 
     def canary_saw(self, tag):
         with open(self.canary_log) as f:
@@ -239,6 +240,7 @@ def base_ctx(plat, E, victim, who):
         "victim_paths": [victim.node().root_path(victim.id, "/srv/secret"),
                          f"/proc/{run_pid(victim)}/root/srv/secret"],
         "sibling": getattr(E, "sibling_ports", None),
+        "poolhost": getattr(E, "poolhost_ports", None),
     }
 
 
@@ -394,8 +396,41 @@ def sibling(pool, E):
     return b
 
 
+def setns_net(path):
+    def enter():
+        fd = os.open(path, os.O_RDONLY)
+        if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:
+            raise OSError(ctypes.get_errno(), "setns " + path)
+        os.close(fd)
+    return enter
+
+
 @pytest.fixture(scope="module")
-def pool_results(plat, E, host, victim, pool, sibling):
+def poolhost_services(pool, E):
+    """Services in the pool host run's own network namespace (root of the host started them
+    there): what a sandbox must not reach."""
+    E.poolhost_ports = {"tcp": free_port(), "udp": free_port(), "abs": rand("sbx-ph-abs-")}
+    s = E.poolhost_ports
+    ready = os.path.join(E.work, "poolhost-ready")
+    p = subprocess.Popen([PY, "-c", hostile.TENANT_SERVICES, str(s["tcp"]), str(s["udp"]),
+                          s["abs"], E.poolhost_secret, ready],
+                         preexec_fn=setns_net(f"/proc/{run_pid(pool)}/ns/net"))
+    assert wait_until(lambda: os.path.exists(ready), 10), "the pool host's services started"
+    yield s
+    p.kill()
+    p.wait()
+
+
+@pytest.fixture(scope="module")
+def poolhost_results(plat, E, host, victim, pool, poolhost_services):
+    ctx = base_ctx(plat, E, victim, "poolhost")
+    ctx["netns"] = f"/proc/{run_pid(pool)}/ns/net"
+    ctx["probes"] = probes_for([c for c in hostile.CASES if c.control == "poolhost"])
+    return run_batch_on_host(ctx, E.work)
+
+
+@pytest.fixture(scope="module")
+def pool_results(plat, E, host, victim, pool, sibling, poolhost_services):
     a, _ = pool.sandboxes
     ctx = base_ctx(plat, E, victim, "pool")
     ctx["probes"] = probes_for(POOL)
