@@ -79,9 +79,37 @@ def E():
     return Env()
 
 
+# Images whose own root holds a hostile link (a tenant may name any image a node offers).
+IMAGE_LINKS = ["tmp", ".sbx", "run", "etc", "dev", "proc", "sys", "root"]
+
+
+def image_name(link):
+    return "hostile-" + link.strip(".")
+
+
 @pytest.fixture(scope="module")
-def plat():
-    p = Platform(nodes=("rb-n1", "rb-n2"))
+def image_targets():
+    from test_platform_images import make_layer, write_layout
+    base = f"/tmp/{rand()}"
+    os.mkdir(base, 0o755)
+    images = os.path.join(base, "images")
+    os.mkdir(images, 0o700)
+    targets = {}
+    for link in IMAGE_LINKS:
+        t = os.path.join(base, "target-" + link.strip("."))
+        os.mkdir(t, 0o755)
+        with open(os.path.join(t, "keep"), "w") as f:
+            f.write("keep\n")
+        targets[link] = t
+        write_layout(images, image_name(link), [make_layer([("./", None),
+                                                           (link, ("symlink", t))])])
+    yield images, targets
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def plat(image_targets):
+    p = Platform(nodes=("rb-n1", "rb-n2"), images={"rb-n1": image_targets[0]})
     yield p
     p.stop()
 
@@ -967,3 +995,43 @@ def test_release_agent_runs_tenant_script_as_host_root(E, host, attacker):
     os.unlink(marker)
     assert "MOUNTED" not in r.out and not seen, f"ATTACK: release_agent reachable: {r}"
     assert "REFUSED" in r.out, r
+
+
+@pytest.fixture(scope="module")
+def hostile_images(plat, tenants, image_targets):
+    images, targets = image_targets
+    state = {}
+    for link in IMAGE_LINKS:
+        before = snapshot(targets[link])
+        job = plat.create("rba", wait=False, token=tenants["rba"], flavor="cpu-small",
+                          image=image_name(link))
+        state[link] = {"job": job, "before": before}
+    for link, s in state.items():
+        wait_until(lambda j=s["job"]: j.inspect()["stage"] in ("RUNNING", "ERROR"), 20, 0.1)
+        s["stage"] = s["job"].inspect()["stage"]
+        s["after"] = snapshot(targets[link])
+        if s["stage"] == "RUNNING":  # and the run's own view: the link, not the host's dir
+            s["inside"] = rx(s["job"], f"readlink /{link}; ls /{link}/ 2>&1").out
+    yield state
+    for s in state.values():
+        s["job"].action("cancel")
+
+
+@pytest.mark.parametrize("link", IMAGE_LINKS)
+def test_image_with_hostile_link_at_install(image_targets, hostile_images, link):
+    """The image's own root holds /<link> -> a host directory: installing the run must not
+    change that directory (the node works beneath the run's root, never through its links)."""
+    images, targets = image_targets
+    links = [os.path.join(d, "rootfs", link)
+             for d in (os.path.join(images, ".rootfs", x)
+                       for x in os.listdir(os.path.join(images, ".rootfs")))
+             if os.path.islink(os.path.join(d, "rootfs", link))]
+    assert any(os.readlink(x) == targets[link] for x in links), \
+        "control: the node unpacked the image with its link"
+    s = hostile_images[link]
+    assert s["stage"] in ("RUNNING", "ERROR"), f"the job neither ran nor failed: {s['stage']}"
+    assert s["after"] == s["before"], \
+        f"ATTACK: installing an image with /{link} -> {targets[link]} changed the host: " \
+        f"{s['before']} -> {s['after']} (stage {s['stage']})"
+    assert "keep" not in s.get("inside", ""), \
+        f"ATTACK: the run sees the host directory through its image's /{link}: {s['inside']}"
