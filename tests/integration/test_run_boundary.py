@@ -1035,3 +1035,65 @@ def test_image_with_hostile_link_at_install(image_targets, hostile_images, link)
         f"{s['before']} -> {s['after']} (stage {s['stage']})"
     assert "keep" not in s.get("inside", ""), \
         f"ATTACK: the run sees the host directory through its image's /{link}: {s['inside']}"
+
+
+# ---- disk: the flavor's limit, sparse files, the log's cap ------------------------------------
+
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def disk_job(plat, tenants):
+    j = plat.create_on("rb-n1", "rba", token=tenants["rba"], flavor="cpu-small")
+    yield j
+    j.cancel()
+
+
+def test_disk_fallocate_beyond_the_flavor(disk_job):
+    """One call asks for more than the flavor's 4 GiB disk: ENOSPC inside; the host's file
+    system (which has the room: the control) gives the run no more than its limit."""
+    st = os.statvfs(disk_job.node().state)
+    assert st.f_bavail * st.f_frsize > 6 * GiB, "control: the host could hold 6 GiB"
+    free0 = st.f_bavail * st.f_frsize
+    res = rx(disk_job, "python3 -c '\n"
+                       "import os\n"
+                       "fd = os.open(\"/root/small\", os.O_CREAT | os.O_WRONLY, 0o600)\n"
+                       "os.posix_fallocate(fd, 0, 64 << 20)\n"
+                       "print(\"small ok\")\n"
+                       "fd = os.open(\"/root/big\", os.O_CREAT | os.O_WRONLY, 0o600)\n"
+                       "try:\n"
+                       "    os.posix_fallocate(fd, 0, 6 << 30)\n"
+                       "    print(\"BIG OK\")\n"
+                       "except OSError as e:\n"
+                       "    print(\"big\", e.errno)\n"
+                       "os.unlink(\"/root/big\")\n"
+                       "os.unlink(\"/root/small\")\n'", secs=60)
+    used = free0 - os.statvfs(disk_job.node().state).f_bavail * os.statvfs(
+        disk_job.node().state).f_frsize
+    assert "small ok" in res.out, f"control: the run can allocate within its disk: {res}"
+    assert "BIG OK" not in res.out and "big 28" in res.out, f"ATTACK: no disk limit: {res}"
+    assert used < 5 * GiB, f"ATTACK: the run took {used >> 20} MiB of the host's disk"
+
+
+def test_sparse_file_stays_sparse_across_move(disk_job):
+    rsh(disk_job, "truncate -s 3G /root/sparse && printf x >> /root/sparse")
+    gen = disk_job.inspect()["run"]["generation"]
+    assert disk_job.action("move", {"node": "rb-n2"}).status == 202
+    disk_job.wait_stage("RUNNING", generation=gen + 1, node="rb-n2", timeout=60)
+    st = os.stat(in_run(disk_job, "/root/sparse"))
+    assert st.st_size == 3 * GiB + 1, "control: the file arrived whole on the new node"
+    assert st.st_blocks * 512 < 16 << 20, \
+        f"ATTACK: a move made a sparse file cost {st.st_blocks * 512 >> 20} MiB"
+
+
+def test_log_flood_is_capped(disk_job):
+    """The run writes 48 MiB into its pid 1's output (the node's fifo, through /proc/1/fd/1):
+    refused, or the node's log of it stays at the 16 MiB cap; the run stays usable."""
+    log = os.path.join(disk_job.node().run_dir(disk_job.id), "log")
+    with open(log, "rb") as f:
+        assert b"listening" in f.read(), "control: the node logs the agent's output"
+    res = rx(disk_job, "head -c 50331648 /dev/zero | tr '\\0' x > /proc/1/fd/1", secs=30)
+    size = os.path.getsize(log)
+    assert res.code != 0 or size > 1 << 20, f"the flood neither failed nor arrived: {res}"
+    assert size <= (16 << 20) + (1 << 20), f"ATTACK: the run filled its log to {size} bytes"
+    assert rx(disk_job, "echo alive").out == "alive\n", "the run hangs after the flood"
