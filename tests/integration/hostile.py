@@ -609,6 +609,39 @@ def probe(C):
     return r
 """, refused=denied, works=lambda c, E: c == "ok")
 
+# Namespaces of the run are the host's to make: a dedicated run makes none, a pool host only
+# the ones the agent needs for sandboxes (never from a sandbox).
+for _ns, _flag in (("mount", 0x20000), ("net", 0x40000000), ("uts", 0x4000000),
+                   ("ipc", 0x8000000), ("pid", 0x20000000), ("cgroup", 0x2000000)):
+    add(f"unshare-new{_ns}", ret(f"sc(272, {_flag})"), refused=denied,
+        works=lambda c, E: c == "ok")
+add("no-new-privs", """
+def probe(C):
+    for l in open("/proc/self/status"):
+        if l.startswith("NoNewPrivs:"):
+            return int(l.split()[1])
+""", refused=lambda r, E: r == 1, works=lambda c, E: c == 0)
+add("sethostname", ret("attempt(lambda: socket.sethostname(socket.gethostname()))"),
+    refused=denied, works=lambda c, E: c == "ok")
+add("ip-link-set-mtu", """
+def probe(C):
+    import fcntl
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ifr = bytearray(struct.pack("16si20x", b"lo", 0))
+    try:
+        fcntl.ioctl(s, 0x8921, ifr)          # SIOCGIFMTU
+        fcntl.ioctl(s, 0x8922, ifr)          # SIOCSIFMTU: the same MTU (no change if it works)
+        return "ok"
+    except OSError as e:
+        return en(e.errno)
+""", refused=denied, works=lambda c, E: c == "ok")
+add("umount-a-proc-mask", """
+def probe(C):
+    r = sc(166, b"/proc/keys", 2)
+    return [r, read_file("/proc/keys")]
+""", refused=lambda r, E: r[0] in DENIED and E.key_desc not in r[1],
+    works=lambda c, E: E.key_desc in c, host_src=ret("read_file('/proc/keys')"))
+
 
 def _mount_probe(fstype, source, opts="None", flags=0):
     return f"""

@@ -552,6 +552,9 @@ def test_setuid_file_made_in_run_is_not_host_root(attacker):
     st = os.stat(in_run(attacker, name))
     assert st.st_mode & stat.S_ISUID, "the setuid bit is there on the host"
     assert st.st_uid != 0, "ATTACK: a setuid-root binary of the host was made from a run"
+    # and inside, an unprivileged user running it stays unprivileged (nosuid, NO_NEW_PRIVS)
+    res = rx(attacker, f"setpriv --reuid=65534 --regid=65534 --clear-groups {name} -u")
+    assert res.out.strip() == "65534", f"ATTACK: a setuid binary raised a user in the run: {res}"
 
 
 def test_runs_get_disjoint_id_blocks(attacker, victim):
