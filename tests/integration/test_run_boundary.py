@@ -107,9 +107,19 @@ def image_targets():
     shutil.rmtree(base, ignore_errors=True)
 
 
+# The platform's own default image (scripts/build-image.sh; scripts/test.sh builds it first).
+IMAGES = os.environ.get("SBX_IMAGES", "/var/lib/sbx/images")
+
+
 @pytest.fixture(scope="module")
 def plat(image_targets):
-    p = Platform(nodes=("rb-n1", "rb-n2"), images={"rb-n1": image_targets[0]})
+    """rb-n1 and rb-n2 offer the default image (debian, the platform's own default here too);
+    rb-img offers only the hostile images."""
+    assert os.path.exists(os.path.join(IMAGES, "debian", "index.json")), \
+        f"no default image in {IMAGES}: run scripts/build-image.sh"
+    p = Platform(nodes=("rb-n1", "rb-n2", "rb-img"),
+                 images={"rb-n1": IMAGES, "rb-n2": IMAGES, "rb-img": image_targets[0]},
+                 default_image="debian")
     yield p
     p.stop()
 
@@ -245,13 +255,35 @@ def victim(plat, tenants, E, host):
 
 @pytest.fixture(scope="module")
 def attacker(plat, tenants):
+    """The attacker's run, in the platform's default image (no image named)."""
     j = plat.create_on("rb-n1", "rba", token=tenants["rba"], flavor="cpu-basic")
+    assert j.inspect()["image"] == "debian"
     yield j
     j.cancel()
 
 
+@pytest.fixture(scope="module")
+def attacker_host_image(plat, tenants):
+    """The same attacks from a run in the `host` image (only an admin may name it; the code in
+    the run is no less hostile for that)."""
+    j = plat.create_on("rb-n1", "rba", flavor="cpu-basic", image="host")
+    yield j
+    j.cancel()
+
+
+def test_tenant_cannot_name_the_host_image(plat, tenants):
+    body = {"image": "host", "flavor": "cpu-small", "secrets": {"SBX_TOKEN": "x" * 32}}
+    r = plat.request("POST", "/v1/jobs/rba", body, token=tenants["rba"])
+    if r.status == 201:
+        plat.request("POST", f"/v1/jobs/rba/{r.json()['id']}/cancel", {})
+    assert 400 <= r.status < 500, f"ATTACK: a tenant runs in the node's own programs: {r}"
+    r = plat.request("POST", "/v1/jobs/rba", body)  # control: an admin may
+    assert r.status == 201, r
+    plat.request("POST", f"/v1/jobs/rba/{r.json()['id']}/cancel", {})
+
+
 def base_ctx(plat, E, victim, who):
-    n1, n2 = plat.nodes
+    n1, n2 = plat.node("rb-n1"), plat.node("rb-n2")
     with open(os.path.join(n1.state, "node.token")) as f:
         E.node_token = f.read().strip()
     E.admin = plat.admin
@@ -331,6 +363,13 @@ def ded_results(plat, E, host, victim, attacker):
     ctx = base_ctx(plat, E, victim, "ded")
     ctx["probes"] = probes_for(DED)
     return run_batch_in_job(attacker, ctx)
+
+
+@pytest.fixture(scope="module")
+def dedhost_results(plat, E, host, victim, attacker_host_image):
+    ctx = base_ctx(plat, E, victim, "dedhost")
+    ctx["probes"] = probes_for(DED)
+    return run_batch_in_job(attacker_host_image, ctx)
 
 
 @pytest.fixture(scope="module")
@@ -498,6 +537,12 @@ def check(case, who, results, control, E):
 def test_dedicated(case, request, E, ded_results):
     control = request.getfixturevalue(f"{case.control}_results")
     check(case, "ded", ded_results, control, E)
+
+
+@pytest.mark.parametrize("case", DED, ids=str)
+def test_dedicated_host_image(case, request, E, dedhost_results):
+    control = request.getfixturevalue(f"{case.control}_results")
+    check(case, "dedhost", dedhost_results, control, E)
 
 
 @pytest.mark.parametrize("case", POOL, ids=str)
@@ -1013,8 +1058,12 @@ def hostile_images(plat, tenants, image_targets):
         wait_until(lambda j=s["job"]: j.inspect()["stage"] in ("RUNNING", "ERROR"), 20, 0.1)
         s["stage"] = s["job"].inspect()["stage"]
         s["after"] = snapshot(targets[link])
-        if s["stage"] == "RUNNING":  # and the run's own view: the link, not the host's dir
-            s["inside"] = rx(s["job"], f"readlink /{link}; ls /{link}/ 2>&1").out
+        if s["stage"] == "RUNNING":  # and the run's own view (through the agent's file API:
+            # the image holds no shell): the link leads nowhere, not to the host's directory
+            r = s["job"].read_file(f"/{link}/keep")
+            s["inside"] = r.text if r.status == 200 else ""
+            w = s["job"].proxy("PUT", AGENT_PORT, "/v1/files/write?path=/own-file", b"own\n")
+            s["own"] = s["job"].read_file("/own-file").text if w.status == 200 else ""
     yield state
     for s in state.values():
         s["job"].action("cancel")
@@ -1036,6 +1085,8 @@ def test_image_with_hostile_link_at_install(image_targets, hostile_images, link)
     assert s["after"] == s["before"], \
         f"ATTACK: installing an image with /{link} -> {targets[link]} changed the host: " \
         f"{s['before']} -> {s['after']} (stage {s['stage']})"
+    if s["stage"] == "RUNNING":
+        assert s["own"] == "own\n", "control: the run's file API reads the run's own files"
     assert "keep" not in s.get("inside", ""), \
         f"ATTACK: the run sees the host directory through its image's /{link}: {s['inside']}"
 
