@@ -642,6 +642,19 @@ def probe(C):
 """, refused=lambda r, E: r[0] in DENIED and E.key_desc not in r[1],
     works=lambda c, E: E.key_desc in c, host_src=ret("read_file('/proc/keys')"))
 
+add("setxattr-trusted-overlay", """
+def probe(C):
+    p = scratch() + "/sbx-hostile-xattr-%d" % os.getpid()
+    os.mkdir(p)
+    try:
+        os.setxattr(p, "trusted.overlay.opaque", b"y")
+        return "ok"
+    except OSError as e:
+        return en(e.errno)
+    finally:
+        os.rmdir(p)
+""", refused=lambda r, E: r != "ok", works=lambda c, E: c == "ok")
+
 
 def _mount_probe(fstype, source, opts="None", flags=0):
     return f"""
