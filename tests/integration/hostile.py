@@ -925,3 +925,19 @@ def probe(C):
 """, where=("pool",), control="sibling",
     refused=lambda r, E: r[1] == ["lo"] and r[0] != E.host_netns,
     works=lambda c, E: c[1] == ["lo"] and c[0] != E.host_netns)
+
+
+# -- an egress run (network "egress", an allow-list asking for everything): still never the
+# host, its loopback, metadata, the platform or another run. Reused cases plus these two; the
+# outside server of the test (EXT_IP, reached over a veth) is the egress path's own control --
+EGRESS_REUSED = ["host-canary-tcp4", "host-canary-tcp6", "host-canary-udp4", "host-canary-udp6",
+                 "host-canary-abstract", "control-api", "node-ingress-same-node",
+                 "node-ingress-other-node", "other-tenant-tcp4", "other-tenant-tcp6",
+                 "other-tenant-udp4", "ip-link-set-mtu", "unshare-newnet", "sethostname"]
+_GET = "b'GET / HTTP/1.0\\r\\n\\r\\n'"
+add("egress-host-own-address", ret(f"tcp(C['egress']['host_ip'], 8090, {_GET})"),
+    where=("egress",), works=lambda c, E: "port 8090" in c)
+add("egress-metadata-ipv4", ret(f"tcp('169.254.169.254', 80, {_GET}, timeout=2)"),
+    where=("egress",), works=lambda c, E: c.startswith("ok"))
+# not an attack: the egress path's own positive control (an allowed outside server answers)
+EGRESS_CONTROL = ret(f"tcp(C['egress']['ext_ip'], 8080, {_GET})")

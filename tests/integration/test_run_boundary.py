@@ -31,6 +31,9 @@ import pytest
 import hostile
 from conftest import free_port, wait_until
 from sbxplatform import AGENT_PORT, Platform
+# `outside`: a network namespace behind a veth with a server (EXT_IP) standing for the public
+# internet and a canary on the host's own end (HOST_IP:8090), shared with the egress suite.
+from test_platform_egress import EXT_IP, HOST_IP, outside  # noqa: F401 (a fixture)
 
 PY = sys.executable
 RUNNER_IN_RUN = "/tmp/sbx-hostile-runner.py"
@@ -301,6 +304,7 @@ def base_ctx(plat, E, victim, who):
                          f"/proc/{run_pid(victim)}/root/srv/secret"],
         "sibling": getattr(E, "sibling_ports", None),
         "poolhost": getattr(E, "poolhost_ports", None),
+        "egress": getattr(E, "egress", None),
     }
 
 
@@ -355,6 +359,7 @@ def run_batch_on_host(ctx, work):
 
 
 DED = [c for c in hostile.CASES if "ded" in c.where]
+HOST_CONTROLLED = [c for c in hostile.CASES if c.control == "host"]
 POOL = [c for c in hostile.CASES if "pool" in c.where]
 
 
@@ -373,8 +378,9 @@ def dedhost_results(plat, E, host, victim, attacker_host_image):
 
 
 @pytest.fixture(scope="module")
-def host_results(plat, E, host, victim):
-    cases = [c for c in hostile.CASES if c.control == "host"]
+def host_results(plat, E, host, victim, outside):
+    cases = HOST_CONTROLLED
+    E.egress = {"host_ip": HOST_IP, "ext_ip": EXT_IP}
     ctx = base_ctx(plat, E, victim, "host")
     ctx["probes"] = probes_for(cases, host_side=True)
     return run_batch_on_host(ctx, E.work)
@@ -531,6 +537,42 @@ def check(case, who, results, control, E):
         f"ATTACK SUCCEEDED from the {who} run: {r['r']!r} (control: {c['r']!r})"
     if case.after:
         case.after(E, who)
+
+
+EGRESS = [c for c in hostile.CASES if c.id in hostile.EGRESS_REUSED or "egress" in c.where]
+
+
+@pytest.fixture(scope="module")
+def egress_attacker(plat, tenants, outside, E):
+    """A run with network "egress" whose allow-list asks for everything."""
+    E.egress = {"host_ip": HOST_IP, "ext_ip": EXT_IP}
+    j = plat.create_on("rb-n1", "rba", token=tenants["rba"], flavor="cpu-basic",
+                       network="egress", egress_allow=["0.0.0.0/0", "::/0"])
+    ctl = "python3 -c 'import urllib.request as u; print(u.urlopen(\"http://%s:8080/\", " \
+          "timeout=3).read().decode())'" % EXT_IP
+    wait_until(lambda: "port 8080" in rx(j, ctl).out, 15, 0.3)
+    yield j
+    j.cancel()
+
+
+@pytest.fixture(scope="module")
+def egress_results(plat, E, host, victim, egress_attacker):
+    ctx = base_ctx(plat, E, victim, "egress")
+    ctx["probes"] = probes_for(EGRESS)
+    ctx["probes"]["egress-control"] = hostile.EGRESS_CONTROL
+    return run_batch_in_job(egress_attacker, ctx)
+
+
+def test_egress_run_reaches_what_its_list_allows(egress_results):
+    """The control of every egress case: the run's way out works (the outside server)."""
+    r = egress_results["egress-control"]
+    assert "port 8080" in str(r.get("r")), f"the egress run cannot reach the outside: {r}"
+
+
+@pytest.mark.parametrize("case", EGRESS, ids=str)
+def test_egress(case, request, E, egress_results):
+    control = request.getfixturevalue(f"{case.control}_results")
+    check(case, "egress", egress_results, control, E)
 
 
 @pytest.mark.parametrize("case", DED, ids=str)
