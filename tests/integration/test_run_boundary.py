@@ -31,9 +31,24 @@ import pytest
 import hostile
 from conftest import free_port, wait_until
 from sbxplatform import AGENT_PORT, Platform
-# `outside`: a network namespace behind a veth with a server (EXT_IP) standing for the public
-# internet and a canary on the host's own end (HOST_IP:8090), shared with the egress suite.
-from test_platform_egress import EXT_IP, HOST_IP, outside  # noqa: F401 (a fixture)
+
+# The outside world of an egress run: a network namespace of this test behind a veth, with a
+# server (EXT_IP:8080) standing for the public internet, and a canary on the host's own end of
+# the veth (HOST_IP:8090). Its own range: test_platform_egress.py uses 10.199.x.
+EG_NET = f"10.198.{secrets.randbelow(200) + 20}"
+HOST_IP, EXT_IP = f"{EG_NET}.1", f"{EG_NET}.2"
+HTTP_PORT_SERVER = r'''
+import http.server, socketserver, sys, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("port %d" % self.server.server_address[1]).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+socketserver.TCPServer.allow_reuse_address = True
+s = socketserver.TCPServer((sys.argv[1], int(sys.argv[2])), H)
+s.serve_forever()
+'''
 
 PY = sys.executable
 RUNNER_IN_RUN = "/tmp/sbx-hostile-runner.py"
@@ -80,6 +95,48 @@ class Env:
 @pytest.fixture(scope="module")
 def E():
     return Env()
+
+
+def ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def outside():
+    ns = rand("sbxt-hb-")[:15]
+    hv, nv = f"sbxhb{secrets.token_hex(2)}", f"sbxnb{secrets.token_hex(2)}"
+    ip("netns", "add", ns)
+    procs = []
+    try:
+        ip("link", "add", hv, "type", "veth", "peer", "name", nv, "netns", ns)
+        ip("addr", "add", f"{HOST_IP}/30", "dev", hv)
+        ip("link", "set", hv, "up")
+        ip("-n", ns, "addr", "add", f"{EXT_IP}/30", "dev", nv)
+        ip("-n", ns, "link", "set", nv, "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, PY, "-c", HTTP_PORT_SERVER,
+                                       EXT_IP, "8080"]))
+        procs.append(subprocess.Popen([PY, "-c", HTTP_PORT_SERVER, HOST_IP, "8090"]))
+        for addr, port in ((EXT_IP, 8080), (HOST_IP, 8090)):
+            assert wait_until(lambda a=addr, p=port: f"port {p}" in host_get(a, p), 10), \
+                f"control: the host reaches {addr}:{port}"
+        yield ns
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        ip("link", "del", hv, check=False)
+        ip("netns", "del", ns, check=False)
+
+
+def host_get(addr, port):
+    import socket
+    try:
+        with socket.create_connection((addr, port), timeout=2) as s:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            return s.recv(300).decode(errors="replace")
+    except OSError as e:
+        return repr(e)
 
 
 # Images whose own root holds a hostile link (a tenant may name any image a node offers).
