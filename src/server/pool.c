@@ -216,6 +216,9 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         p->have_netns = true;
         p->netns_warm[p->n_netns_warm++] = nfd;
         netns_refill(srv->loop, &p->netns_refill);
+        /* A sandbox's TCP ports are its own now (nothing else shares its loopback): a service
+         * may listen on them. Landlock keeps refusing TCP bind where sandboxes share one. */
+        p->ll.handled_net = 0;
     } else
         log_warn("cannot make network namespaces: pooled sandboxes share the host's network");
     *ret = p;

@@ -32,6 +32,14 @@ CAPMINT_BIN = os.path.join(BUILD, "tests", "capmint")
 AGENT_BIN = next((p for p in (os.path.join(BUILD, "sbx-server-static"),
                               os.path.join(BUILD, "sbx-server")) if os.path.exists(p)),
                  os.path.join(BUILD, "sbx-server-static"))
+# Nodes that serve images run a static agent: a run in an image has the image's libraries, not
+# the host's (the ASan build's dynamic agent would not start there). In the ASan stage that is
+# the regular build's static agent (scripts/test.sh builds build/ first), or SBX_STATIC_AGENT.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IMAGE_AGENT_BIN = next((p for p in (os.environ.get("SBX_STATIC_AGENT"),
+                                    os.path.join(BUILD, "sbx-server-static"),
+                                    os.path.join(_ROOT, "build", "sbx-server-static"))
+                        if p and os.path.exists(p)), AGENT_BIN)
 
 AGENT_PORT = 49983
 _ADMIN = object()  # default token: the platform's admin token
@@ -189,7 +197,7 @@ class Node:
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
                                 f"127.0.0.1:{control_port}"] + how +
-                         ["--name", name, "--agent", AGENT_BIN,
+                         ["--name", name, "--agent", IMAGE_AGENT_BIN if images else AGENT_BIN,
                           "--id-range", f"{self.id_start}:{self.id_count}",
                           "--images", self.images],
                          os.path.join(platform.dir, f"{name}.log"))

@@ -273,20 +273,44 @@ def test_write_dev_kmsg(pair):
     assert "rc=0" not in r.out and "null-ok" in r.out, r
 
 
+TCP_LISTENER = """
+import socket, sys
+fam = getattr(socket, sys.argv[1])
+s = socket.socket(fam)
+s.bind((sys.argv[2], 0))
+s.listen(8)
+open(sys.argv[3] + ".port", "w").write(str(s.getsockname()[1]))
+while True:
+    c, _ = s.accept()
+    c.sendall(b"from-B")
+    c.close()
+"""
+
+
 @pytest.mark.parametrize("family,addr", [("AF_INET", "127.0.0.1"), ("AF_INET6", "::1")])
-def test_tcp_bind_refused(pair, family, addr):
-    a, _ = pair
+def test_a_tcp_listener_is_the_sandboxs_own(pair, family, addr):
+    """A sandbox has a network namespace of its own: it may bind and listen on TCP there, and
+    neither a sibling nor the host's namespace reaches that port."""
+    a, b = pair
+    mark = b.home + "/tcp-" + family
+    proc = b.start(["python3", "-c", TCP_LISTENER, family, addr, mark])
+    assert wait_until(lambda: os.path.exists(mark + ".port"), 5)
+    port = int(open(mark + ".port").read())
     res = py_attempts(a, f"""
-def tcp():
-    with socket.socket(socket.{family}) as s:
-        s.bind(("{addr}", 0))
-def unix():
-    with socket.socket(socket.AF_UNIX) as s:
-        s.bind(os.environ["HOME"] + "/u.sock")
-        s.listen()
-print(json.dumps({{"tcp": attempt(tcp), "unix": attempt(unix)}}))
+def sib():
+    with socket.create_connection(("{addr}", {port}), timeout=2) as c:
+        c.recv(10)
+print(json.dumps({{"sib": attempt(sib)}}))
 """)
-    assert res == {"tcp": "EACCES", "unix": "ok"}
+    assert res == {"sib": "ECONNREFUSED"}, res  # A's loopback is its own
+    with pytest.raises(OSError):
+        socket.create_connection((addr, port), timeout=2).close()  # not the host's either
+    # positive control: inside B's network namespace the listener answers
+    code = (f"import socket; c=socket.create_connection(('{addr}', {port}), timeout=2); "
+            "print(c.recv(10).decode())")
+    r = subprocess.run(["nsenter", f"--net=/proc/{proc['pid']}/ns/net", "python3", "-c", code],
+                       capture_output=True, text=True, timeout=10)
+    assert r.stdout.strip() == "from-B", r
 
 
 ABSTRACT_LISTENER = """
