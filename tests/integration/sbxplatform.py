@@ -162,7 +162,7 @@ class Proc:
 
 
 class Node:
-    def __init__(self, platform, name, control_port, port=None):
+    def __init__(self, platform, name, control_port, port=None, agent=None):
         self.platform = platform
         self.name = name
         self.port = port or free_port()
@@ -170,7 +170,7 @@ class Node:
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
                                 f"127.0.0.1:{control_port}", "--join-token-file",
-                                platform.join_token_file, "--name", name, "--agent", AGENT_BIN],
+                                platform.join_token_file, "--name", name, "--agent", agent or AGENT_BIN],
                          os.path.join(platform.dir, f"{name}.log"))
 
     def log(self):
@@ -348,7 +348,7 @@ class Platform:
     controls > 1 starts more control processes on the same state directory (one SQLite store),
     each with its own port; nodes register with the first."""
 
-    def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None):
+    def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, agent=None):
         self.dir = tempfile.mkdtemp(prefix="sbxp-")  # short: unix socket paths live below
         os.chmod(self.dir, 0o700)
         self.ctl_state = os.path.join(self.dir, "ctl")
@@ -366,7 +366,7 @@ class Platform:
             with open(self.token_file) as f:
                 self.admin = f.read().strip()
             for name in nodes:
-                self.nodes.append(Node(self, name, self.control.port))
+                self.nodes.append(Node(self, name, self.control.port, agent=agent))
             self.wait_nodes_live()
         except BaseException:
             self.stop(check=False)

@@ -385,6 +385,28 @@ def test_confinement_state_inside(pair):
     assert f["NoNewPrivs"] == ["1"] and f["Seccomp"] == ["2"]
 
 
+def test_supplementary_groups_are_dropped(make_host_server):
+    """The server under test runs with supplementary groups of its own, so that a sandbox
+    keeping them (setgroups skipped) can be seen; a sandbox has none of them."""
+    host = make_host_server(popen_kw={"extra_groups": [4242, 4243]})
+
+    def groups(status_text):
+        line = [l for l in status_text.splitlines() if l.startswith("Groups:")][0]
+        return line.split()[1:]
+    with open(f"/proc/{host.proc.pid}/status") as f:
+        mine = groups(f.read())
+    assert {"4242", "4243"} <= set(mine), f"positive control: the server's groups are {mine}"
+    sb = host.sandbox()
+    try:
+        r = sb.run("cat /proc/self/status")
+        assert r.code == 0, r
+        inside = groups(r.out)
+        assert inside in ([], [str(sb.uid)]), \
+            f"setgroups: the sandbox kept the server's supplementary groups: {inside}"
+    finally:
+        sb.delete()
+
+
 # ---- the file API through planted symlinks -------------------------------------------------
 
 @pytest.fixture

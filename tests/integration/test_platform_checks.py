@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: MIT
+"""Each of the node's checks on its own, end to end (one sbx-control, real sbx-nodes, real
+requests), so that removing any one of them fails a test here without the unit tests:
+
+- capabilities: a forged proxy capability; a capability for another exposed port; an HTTP
+  capability used for a WebSocket upgrade; a capability naming another node, generation,
+  activation or instance of the sandbox's run;
+- management: a manage capability for another node (must not install, which would stop the
+  current run), for another sandbox, or for a run other than the installed one;
+- the bridge: a listener with the right pid and start time running another executable (the
+  run's process execs in place after the node identified it), and a listener in another
+  process of the run (same executable, same socket, another pid).
+
+Every refusal is paired with a positive control: the right request, sent the same way, works."""
+import os
+import secrets
+import stat
+import tempfile
+
+import pytest
+
+from conftest import wait_until
+from sbxplatform import AGENT_PORT, Platform
+
+
+@pytest.fixture(scope="module")
+def plat():
+    p = Platform(nodes=("ck-a", "ck-b"))
+    yield p
+    p.stop()
+
+
+def refused(r, status, verdict, reason, what):
+    assert r.status == status, f"{what}: expected {status} {verdict}/{reason}, got {r}"
+    assert r.headers.get("x-sbx-verdict") == verdict, f"{what}: {r}"
+    j = r.json()
+    assert (j.get("verdict"), j.get("reason")) == (verdict, reason), f"{what}: {j}"
+
+
+@pytest.fixture(scope="module")
+def served(plat):
+    """A job on ck-a exposing the agent, 8080 (a Python HTTP server) and 8081 (nothing)."""
+    job = plat.create_on("ck-a", flavor="cpu-small-nonet",
+                         expose=[{"port": AGENT_PORT, "protocol": "http"},
+                                 {"port": 8080, "protocol": "http"},
+                                 {"port": 8081, "protocol": "http"}])
+    job.sh("mkdir -p /srv && echo hello-8080 > /srv/index.txt")
+    job.start_process("exec python3 -m http.server 8080 --bind 127.0.0.1 --directory /srv "
+                      ">/srv/log 2>&1")
+    assert wait_until(lambda: job.proxy("GET", 8080, "/index.txt").status == 200, 15, 0.1)
+    yield job
+    job.cancel()
+
+
+def server_log(job):
+    return job.sh("cat /srv/log")
+
+
+def get_8080(job, cap, port=8080, headers=None):
+    q = secrets.token_hex(4)
+    h = {"X-Sandbox-Token": job.token}
+    h.update(headers or {})
+    node = job.node()
+    return node.request("GET", node.ports_path(job.id, port, f"/index.txt?{q}"), cap,
+                        headers=h), q
+
+
+def positive_8080(job):
+    r, q = get_8080(job, job.mint("proxy", port=8080, protocol="http"))
+    assert r.status == 200 and r.body == b"hello-8080\n", r
+    assert wait_until(lambda: q in server_log(job), 5)
+
+
+# ---- capabilities -----------------------------------------------------------------------------
+
+def test_forged_proxy_capability_is_refused(served):
+    forged = served.mint("proxy", port=8080, protocol="http", forge=True)
+    r, q = get_8080(served, forged)
+    refused(r, 403, "Deny", "signature", "signature check of a forged proxy capability")
+    positive_8080(served)
+    assert q not in server_log(served), "a forged proxy capability reached the service"
+
+
+def test_capability_for_another_exposed_port_is_refused(served):
+    """8081 is exposed too: only the comparison of the capability's port with the request's
+    port stops a capability for 8081 from reaching 8080."""
+    r, q = get_8080(served, served.mint("proxy", port=8081, protocol="http"))
+    refused(r, 403, "Deny", "port", "port check: a capability for port 8081 used on 8080")
+    positive_8080(served)
+    assert q not in server_log(served), "a capability for port 8081 reached port 8080"
+
+
+def test_http_capability_cannot_upgrade_to_websocket(served):
+    cap = served.mint("proxy", port=8080, protocol="http")
+    r, q = get_8080(served, cap, headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                                          "Sec-WebSocket-Version": "13",
+                                          "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    refused(r, 403, "Deny", "protocol",
+            "protocol check: an http capability used for a websocket upgrade")
+    positive_8080(served)
+    assert q not in server_log(served), "an http capability carried a websocket upgrade"
+
+
+@pytest.mark.parametrize("field", ["node", "generation", "activation", "instance"])
+def test_capability_for_another_incarnation_is_refused(plat, served, field):
+    run = served.run()
+    other = {"node": "ck-b", "generation": run["generation"] + 1,
+             "activation": "a-other" + secrets.token_hex(3),
+             "instance": "i-other" + secrets.token_hex(3)}[field]
+    cap = plat.mint(dict(run, **{field: other}), "exec")
+    node = served.node()
+    marker = f"/root/other-{field}"
+    r, _ = node.exec(served, f"touch {marker}", cap)
+    refused(r, 409, "RefreshRoute", "stale_run",
+            f"run identity check: a capability naming another {field}")
+    assert not os.path.exists(node.root_path(served.id, marker))
+    r, res = node.exec(served, "echo right-run", plat.mint(run, "exec"))  # positive control
+    assert r.status == 200 and res.out == "right-run\n", (r, res)
+
+
+# ---- management -------------------------------------------------------------------------------
+
+def test_manage_capability_checks(plat):
+    job = plat.create_on("ck-a")
+    other = plat.create()
+    node = plat.node("ck-a")
+    run = job.run()
+    nxt = dict(run, generation=run["generation"] + 1, activation="a-mg" + secrets.token_hex(3),
+               instance="i-mg" + secrets.token_hex(3))
+    body = {"secrets": {"SBX_TOKEN": job.token}}
+    try:
+        # a manage capability for node ck-b must not install on ck-a (stopping the current run)
+        r = node.request("PUT", f"/v1/runs/{job.id}", plat.mint(dict(nxt, node="ck-b"), "manage"),
+                         body)
+        refused(r, 409, "RefreshRoute", "stale_run",
+                "manage node check: a capability for another node installed here")
+        # ... nor pause it
+        r = node.request("POST", f"/v1/runs/{job.id}/pause",
+                         plat.mint(dict(run, node="ck-b"), "manage"))
+        refused(r, 409, "RefreshRoute", "stale_run",
+                "manage node check: a capability for another node paused the run here")
+        # another sandbox's manage capability, on this sandbox's route
+        r = node.request("POST", f"/v1/runs/{job.id}/pause", plat.mint(other.run(), "manage"))
+        refused(r, 403, "Deny", "sandbox",
+                "manage sandbox check: another sandbox's capability paused this run")
+        # a manage capability for a run that is not the installed one
+        r = node.request("POST", f"/v1/runs/{job.id}/pause", plat.mint(nxt, "manage"))
+        refused(r, 409, "RefreshRoute", "stale_run",
+                "manage target check: a capability for another run paused the installed one")
+        assert job.sh("echo still-running") == "still-running\n", \
+            "a refused management request stopped the run"
+        assert job.run()["generation"] == run["generation"]
+        # positive control: the right capability pauses the run
+        r = node.request("POST", f"/v1/runs/{job.id}/pause", plat.mint(run, "manage"))
+        assert r.status == 200, r
+        assert r.json()["run"]["state"] != "running", r.json()
+    finally:
+        job.cancel()
+        other.cancel()
+
+
+# ---- the bridge -------------------------------------------------------------------------------
+
+# The agents below stand in for sbx-server as the node's --agent. Each listens on the bridge
+# socket it inherits (fd 3) in a way the node must refuse; the node's refusal message shows
+# how far its checks got (the socket, then pid, then start time, then the executable).
+LISTEN = ("import socket, time\n"
+          "s = socket.socket(fileno=3)\n"
+          "s.listen(16)\n"
+          "while True:\n"
+          "    c, _ = s.accept()\n"
+          "    c.close()\n")
+
+# The run's process is /bin/sh when the node identifies it, then execs python3 in place: same
+# pid, same start time, same socket, another executable.
+EXEC_IN_PLACE = "#!/bin/sh\nsleep 2\nexec /usr/bin/python3 -c '%s'\n" % LISTEN
+
+# The run's process (python3) forks; the child (same executable) listens: another pid.
+OTHER_PID = ("#!/usr/bin/python3\n"
+             "import os, time\n"
+             "time.sleep(1)\n"
+             "if os.fork() == 0:\n"
+             + "".join("    " + line + "\n" for line in LISTEN.splitlines()) +
+             "os.wait()\n")
+
+
+def impostor_platform(script, name):
+    d = tempfile.mkdtemp(prefix="sbx-agent-")
+    os.chmod(d, 0o755)
+    path = os.path.join(d, "sbx-server")
+    with open(path, "w") as f:
+        f.write(script)
+    os.chmod(path, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    return Platform(nodes=(name,), agent=path), d
+
+
+@pytest.mark.parametrize("case,script,message", [
+    ("exe", EXEC_IN_PLACE, "bridge peer runs another executable"),
+    ("pid", OTHER_PID, "bridge peer is not the process started for this activation"),
+], ids=["exe", "pid"])
+def test_bridge_refuses_an_impostor_listener(case, script, message):
+    p, d = impostor_platform(script, f"im-{case}")
+    try:
+        job = p.create(wait=False)
+        node = p.node(f"im-{case}")
+        seen = wait_until(lambda: message in node.log(), 25, 0.2)
+        assert seen, (f"bridge {case} check: the node never refused the impostor listener "
+                      f"with {message!r}; its log:\n" + node.log()[-3000:])
+        j = job.inspect()
+        assert not ((j.get("run") or {}).get("state") == "running" and
+                    j.get("stage") == "RUNNING"), f"bridge {case} check: the run is served: {j}"
+    finally:
+        p.stop(check=False)
+        with os.scandir(d) as it:
+            for e in it:
+                os.unlink(e.path)
+        os.rmdir(d)
+
+
+def test_bridge_positive_control(plat):
+    """The same node code with the real agent passes every bridge check."""
+    job = plat.create_on("ck-b")
+    try:
+        assert job.sh("echo bridged") == "bridged\n"
+    finally:
+        job.cancel()
