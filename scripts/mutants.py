@@ -152,6 +152,24 @@ def run_tests(m, log):
     return failed, timed_out, "\n".join(failed_out)
 
 
+def baseline(sel):
+    """Every distinct test command of the selection on the unmutated build: each must pass, or
+    a mutant 'killed' by it would prove nothing."""
+    specs = sorted({spec for m in sel for spec in m["tests"]})
+    log = os.path.join(LOGS, "baseline-tests.log")
+    open(log, "w").close()
+    bad = []
+    for spec in specs:
+        failed, _, _ = run_tests({"id": "baseline", "tests": [spec]}, log)
+        if failed:
+            bad.append(spec)
+    for spec in bad:
+        print(f"baseline FAILED (unmutated tree): {spec}")
+    print(f"baseline: {len(specs) - len(bad)}/{len(specs)} test commands pass unmutated",
+          flush=True)
+    return not bad
+
+
 def run_one(m):
     log = os.path.join(LOGS, m["id"] + ".log")
     with open(log, "w") as f:
@@ -197,6 +215,9 @@ def main():
                     help="only check that every original text occurs exactly once (no build)")
     ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutants")
     ap.add_argument("--quick", action="store_true", help="the fixed sample (quick = true)")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="a full run first runs every mapped test on the unmutated tree "
+                         "(each must pass); skip that (--quick, --only, --changed never do it)")
     ap.add_argument("--changed", nargs="?", const="main", metavar="REF",
                     help="the mutants whose file differs from REF (default main)")
     args = ap.parse_args()
@@ -240,6 +261,9 @@ def main():
     sync_scratch()
     if not configure() or not build(os.path.join(LOGS, "baseline-build.log")):
         sys.exit("mutants: the unmutated tree does not build (see build-mutants/logs/)")
+    full = not (args.only or args.quick or args.changed)
+    if full and not args.no_baseline and not baseline(sel):
+        sys.exit("mutants: mapped tests fail on the unmutated tree; fix them first")
     results = []
     for m in sel:
         t = time.monotonic()

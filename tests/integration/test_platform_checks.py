@@ -159,6 +159,27 @@ def test_manage_capability_checks(plat):
         other.cancel()
 
 
+def test_dot_names_are_not_runs(plat):
+    """A run's sandbox names a directory under the node's state: ".", ".." or a dot file are
+    refused as routes (404) even with a valid management capability naming them."""
+    job = plat.create_on("ck-a")
+    node = plat.node("ck-a")
+    run = job.run()
+    try:
+        for name in ("..", ".", ".hidden"):
+            cap = plat.mint(dict(run, sandbox=name), "manage")
+            r = node.request("PUT", f"/v1/runs/{name}", cap, {"secrets": {"SBX_TOKEN": "x" * 32}})
+            assert r.status == 404, f"dot name check: PUT /v1/runs/{name} -> {r}"
+        assert job.sh("echo intact") == "intact\n"
+        # positive control: the same request for the job's own name is routed (installing the
+        # installed run again answers with it)
+        r = node.request("PUT", f"/v1/runs/{job.id}", plat.mint(run, "manage"),
+                         {"secrets": {"SBX_TOKEN": job.token}})
+        assert r.status == 200 and r.json()["run"]["run"]["sandbox"] == job.id, r
+    finally:
+        job.cancel()
+
+
 # ---- the bridge -------------------------------------------------------------------------------
 
 # The agents below stand in for sbx-server as the node's --agent. Each listens on the bridge

@@ -244,6 +244,30 @@ def test_write_outside_home(pair, where):
     assert r.out.endswith("y\n"), r  # positive control: the same write in the home works
 
 
+def test_write_world_writable_file_outside_home(pair):
+    """A file outside every home that ordinary permissions let anyone write (0666): only
+    Landlock stands between the sandbox and it, and it refuses the write."""
+    a, _ = pair
+    path = os.path.join("/tmp", rand_name("sbx-ww-"))
+    with open(path, "w") as f:
+        f.write("orig\n")
+    os.chmod(path, 0o666)
+    try:
+        r = a.run(f"echo planted >> {path}; echo rc=$?")
+        assert "rc=0" not in r.out, \
+            f"Landlock write check: the sandbox wrote a 0666 file outside its home: {r}"
+        with open(path) as f:
+            assert f.read() == "orig\n", "Landlock write check: the file outside the home changed"
+        # positive control: the sandbox's uid, unconfined, may write it (permissions allow it)
+        w = subprocess.run(["setpriv", f"--reuid={a.uid}", f"--regid={a.uid}", "--clear-groups",
+                            "sh", "-c", f"echo ok >> {path}"], capture_output=True)
+        assert w.returncode == 0, w
+        with open(path) as f:
+            assert f.read() == "orig\nok\n"
+    finally:
+        os.unlink(path)
+
+
 def test_posix_shm_refused(pair):
     a, _ = pair
     res = py_attempts(a, """
