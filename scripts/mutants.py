@@ -52,10 +52,19 @@ def load(path=TABLE):
 
 
 def tree_files():
-    """Tracked and untracked-but-not-ignored files of the real tree (what a commit would hold)."""
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                         check=True, capture_output=True).stdout.decode()
-    return sorted(f for f in out.split("\0") if f and os.path.isfile(os.path.join(ROOT, f)))
+    """Tracked and untracked-but-not-ignored files of the real tree (what a commit would hold);
+    outside a git checkout, every file but build outputs."""
+    r = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                       capture_output=True)
+    if r.returncode == 0:
+        names = r.stdout.decode().split("\0")
+    else:
+        names = []
+        for dirpath, dirnames, filenames in os.walk(ROOT):
+            dirnames[:] = [d for d in dirnames
+                           if not (d.startswith("build") or d in (".git", "__pycache__"))]
+            names += [os.path.relpath(os.path.join(dirpath, f), ROOT) for f in filenames]
+    return sorted(f for f in names if f and os.path.isfile(os.path.join(ROOT, f)))
 
 
 def sync_scratch():
