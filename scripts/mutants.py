@@ -217,7 +217,12 @@ def run_one(m):
 
 
 def changed_files(ref):
-    r = subprocess.run(["git", "diff", "--name-only", ref], cwd=ROOT, capture_output=True)
+    """Files this branch (and its working tree) changed since it left ref."""
+    b = subprocess.run(["git", "merge-base", ref, "HEAD"], cwd=ROOT, capture_output=True)
+    if b.returncode != 0:
+        sys.exit(f"git merge-base {ref} HEAD failed: {b.stderr.decode().strip()}")
+    base = b.stdout.decode().strip()
+    r = subprocess.run(["git", "diff", "--name-only", base], cwd=ROOT, capture_output=True)
     if r.returncode != 0:
         sys.exit(f"git diff {ref} failed: {r.stderr.decode().strip()}")
     return set(r.stdout.decode().split())
@@ -234,7 +239,8 @@ def main():
                     help="a full run first runs every mapped test on the unmutated tree "
                          "(each must pass); skip that (--quick, --only, --changed never do it)")
     ap.add_argument("--changed", nargs="?", const="main", metavar="REF",
-                    help="the mutants whose file differs from REF (default main)")
+                    help="the mutants whose file this branch changed since it left REF "
+                         "(default main)")
     args = ap.parse_args()
 
     mutants = load()

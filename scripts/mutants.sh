@@ -6,9 +6,10 @@
 #
 #   bash scripts/mutants.sh                 every mutant (prints killed/total and the survivors)
 #   bash scripts/mutants.sh --quick         the fixed sample CI runs (quick = true)
-#   bash scripts/mutants.sh --changed [REF] the mutants whose file differs from REF (main)
+#   bash scripts/mutants.sh --changed [REF] the mutants whose file this branch changed (vs main)
 #   bash scripts/mutants.sh --only ID...    these mutants
 #   bash scripts/mutants.sh --list          list them
+#   bash scripts/mutants.sh --check         no build: does every original text still apply?
 #
 # MUTANTS_NINJA_JOBS limits the build's parallelism. Needs root (the tests do) and a configured
 # toolchain (scripts/setup.sh). Exit status: 0 only when every selected mutant is killed.
