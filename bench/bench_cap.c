@@ -22,6 +22,8 @@
 #include "common/strutil.h"
 
 #define TARGET_US 60.0
+/* the request the capability names (method, target digest and an empty body's digest) */
+#define BENCH_TARGET "/v1/runs/sbx-01HZX3K9Q4M8N2P7R5T6V8W0YZ/ports/8080/app/socket?room=42"
 #define COMPARE_BATCH 256 /* cap_compare takes tens of ns: time it in batches */
 #define NOW INT64_C(1700000000)
 
@@ -92,6 +94,8 @@ static int setup(fixture_t *f)
     c->proto = CAP_PROTO_WEBSOCKET;
     c->iat = NOW;
     c->exp = NOW + CAP_LIFETIME_S;
+    if (cap_bind_request(c, "GET", 3, BENCH_TARGET, strlen(BENCH_TARGET), "", 0) < 0)
+        return -EINVAL;
     f->installed = c->run;
     f->expose[0] = (cap_expose_t){ 3000, CAP_PROTO_HTTP };
     f->expose[1] = (cap_expose_t){ 5173, CAP_PROTO_HTTP };
@@ -115,6 +119,10 @@ static cap_request_t request(const fixture_t *f)
 {
     return (cap_request_t){
         .sandbox = f->cap.run.sandbox,
+        .method = "GET",
+        .method_len = 3,
+        .target = BENCH_TARGET,
+        .target_len = strlen(BENCH_TARGET),
         .purpose = CAP_PROXY,
         .port = 8080,
         .proto = CAP_PROTO_WEBSOCKET,

@@ -275,11 +275,22 @@ static int create_job(bench_t *b)
 
 /* ---- capabilities ------------------------------------------------------------------------ */
 
+/* The node's request target of the bench's exec, as the edge proxy forwards it. */
+static void exec_target(const bench_t *b, char *out, size_t cap)
+{
+    (void)snprintf(out, cap, "/v1/runs/%s/ports/%u/v1/exec", b->job, CAP_AGENT_PORT);
+}
+
 static cap_t exec_cap(const bench_t *b)
 {
-    /* what the edge proxy would ask for: the same purpose function over the same request */
-    return (cap_t){ .run = b->run,
-                    .access = cap_purpose_of(SV("POST"), CAP_AGENT_PORT, SV("/v1/exec")) };
+    /* what the edge proxy would ask for: the same purpose function over the same request,
+     * bound to it (method, target and the buffered body) */
+    cap_t c = { .run = b->run,
+                .access = cap_purpose_of(SV("POST"), CAP_AGENT_PORT, SV("/v1/exec")) };
+    char target[256];
+    exec_target(b, target, sizeof target);
+    (void)cap_bind_request(&c, "POST", 4, target, strlen(target), EXEC_BODY, strlen(EXEC_BODY));
+    return c;
 }
 
 /* Mint a fresh exec capability with the control plane's current signer (keys re-read: a
@@ -299,7 +310,7 @@ static int mint(bench_t *b)
     b->wire_len = (size_t)r;
     b->minted_ns = now_ns();
     char target[256], hdr[CAP_WIRE_MAX + 512];
-    (void)snprintf(target, sizeof target, "/v1/runs/%s/ports/%u/v1/exec", b->job, CAP_AGENT_PORT);
+    exec_target(b, target, sizeof target);
     (void)snprintf(hdr, sizeof hdr, "X-Sandbox-Token: %s\r\nX-Sbx-Capability: %s\r\n", b->token,
                    b->wire);
     variant_t *v = &b->v[V_NODE];
@@ -365,11 +376,17 @@ static int bench_cap_cost(bench_t *b, double *ret_p50_us)
     uint8_t payload[CAP_PAYLOAD_MAX], sig[crypto_sign_BYTES];
     size_t plen;
     if (mint(b) < 0 || split_wire(b->wire, b->wire_len, payload, &plen, sig) < 0) {
-        fail(b, "minted capability is not v1.<payload>.<signature>");
+        fail(b, "minted capability is not v2.<payload>.<signature>");
         return -EINVAL;
     }
     cap_expose_t expose = { CAP_AGENT_PORT, CAP_PROTO_HTTP };
+    char target[256];
+    exec_target(b, target, sizeof target);
     cap_request_t rq = { .sandbox = b->run.sandbox,
+                         .method = "POST",
+                         .method_len = 4,
+                         .target = target,
+                         .target_len = strlen(target),
                          .purpose = exec_cap(b).access,
                          .installed = &b->run,
                          .expose = &expose,

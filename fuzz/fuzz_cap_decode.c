@@ -57,12 +57,23 @@ static void check_same_cap(const cap_t *a, const cap_t *b)
     CHECK(na > 0 && na == nb && memcmp(pa, pb, (size_t)na) == 0);
 }
 
-static void check_compare_allows_own_run(const cap_t *c)
+/* The comparator allows a capability for its own run and request (the target's digest is
+ * replaced by that of a fixed target: the decoded one has no known preimage), and refuses the
+ * same request under the decoded digest (unless it happens to be that one). */
+static void check_compare_allows_own_run(const cap_t *decoded)
 {
+    static const char target[] = "/v1/runs/fuzz/ports/1/x?y";
+    cap_t own = *decoded;
+    const cap_t *c = &own;
+    cap_digest(target, sizeof target - 1, own.target);
     uint32_t purpose = c->access & -c->access; /* lowest granted bit */
     cap_expose_t ex = { c->port, c->proto };
     cap_request_t rq = {
         .sandbox = c->run.sandbox,
+        .method = c->method,
+        .method_len = strlen(c->method),
+        .target = target,
+        .target_len = sizeof target - 1,
         .purpose = purpose,
         .port = purpose == CAP_PROXY ? c->port : 0,
         .proto = purpose == CAP_PROXY ? c->proto : CAP_PROTO_NONE,
@@ -74,6 +85,11 @@ static void check_compare_allows_own_run(const cap_t *c)
     CHECK(cap_compare(c, &rq, &r) == CAP_ALLOW && r == CAP_OK);
     rq.installed = NULL;
     CHECK(cap_compare(c, &rq, &r) == CAP_REFRESH_ROUTE && r == CAP_E_NO_RUN);
+    rq.installed = &c->run;
+    if (memcmp(decoded->target, own.target, CAP_DIGEST_BYTES) != 0)
+        CHECK(cap_compare(decoded, &rq, &r) == CAP_DENY && r == CAP_E_REQUEST);
+    rq.method_len = 0; /* another method */
+    CHECK(cap_compare(c, &rq, &r) == CAP_DENY && r == CAP_E_REQUEST);
 }
 
 static void check_payload(const uint8_t *data, size_t size)

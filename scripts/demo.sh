@@ -3,6 +3,7 @@
 # loopback (one sbx-control on its SQLite store, one sbx-node) and drive it through the edge
 # proxy as a client would: a dedicated sandbox and a pool host with sandboxes, each running
 # commands with streamed output; then pause and resume (a new generation, files kept).
+# SBX_DEMO_KEEP=1 keeps the temporary directory (logs, state) for a look afterwards.
 # The client here is curl (+ python3 for JSON fields) until the CLI issue brings `sbx`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    [ -n "${SBX_DEMO_KEEP:-}" ] && echo "kept $WORK" >&2 && return
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -46,9 +48,9 @@ api "$C/v1/nodes"; echo
 # A sandbox's token is derived, never stored by the client: HMAC-SHA256(API token, nonce).
 derive() { python3 -c 'import hmac,hashlib,sys
 print(hmac.new(sys.argv[1].encode(), ("sbx-sandbox:"+sys.argv[2]).encode(), hashlib.sha256).hexdigest())' "$TOKEN" "$1"; }
-create_job() { # labels-json env-json nonce
-    api -X POST "$C/v1/jobs/demo" -d "{\"flavor\":\"cpu-small\",\"labels\":$1,\"env\":$2,
-        \"secrets\":{\"SBX_TOKEN\":\"$(derive "$3")\"}}" | field id
+create_job() { # mode labels-json env-json nonce
+    api -X POST "$C/v1/jobs/demo" -d "{\"flavor\":\"cpu-small\",\"mode\":\"$1\",\"labels\":$2,
+        \"env\":$3,\"secrets\":{\"SBX_TOKEN\":\"$(derive "$4")\"}}" | field id
 }
 wait_stage() { # id stage
     for _ in $(seq 150); do
@@ -61,23 +63,23 @@ wait_stage() { # id stage
     return 1
 }
 
-say "a dedicated sandbox: one job, its own run (namespaces, cgroup, own root)"
+say "a dedicated sandbox: one job, its own run (user, network and other namespaces, cgroup, own root)"
 N1=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-J1=$(create_job "{\"sbx-sandbox\":\"1\",\"sbx-sandbox-mode\":\"dedicated\",\"sbx-sandbox-nonce\":\"$N1\"}" '{}' "$N1")
+J1=$(create_job dedicated "{\"sbx-sandbox\":\"1\",\"sbx-sandbox-mode\":\"dedicated\",\"sbx-sandbox-nonce\":\"$N1\"}" '{}' "$N1")
 wait_stage "$J1" RUNNING
 api "$C/v1/jobs/demo/$J1" | python3 -m json.tool | sed -n '1,200p' | grep -E '"(id|stage|generation|node|activation|state)"'
 P1="$C/v1/jobs/demo/$J1/proxy/49983"
 T1=$(derive "$N1")
 say "exec through control -> node -> run, output streamed live (NDJSON)"
 api -N -H "X-Sandbox-Token: $T1" "$P1/v1/exec" \
-    -d '{"cmd":"for i in 1 2 3; do echo step $i; sleep 0.3; done; echo pid $$ on $(hostname); id"}'
+    -d '{"cmd":"for i in 1 2 3; do echo step $i; sleep 0.3; done; echo pid $$ on $(hostname); id; cat /proc/self/uid_map"}'
 api -H "X-Sandbox-Token: $T1" -X PUT --data-binary 'kept across generations' \
     "$P1/v1/files/write?path=/root/note.txt"; echo
 
-say "a pool host: one job packing light sandboxes (uid + home + Landlock each)"
+say "a pool host (mode \"pool\"): one job packing light sandboxes (uid + home + Landlock each)"
 N2=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-J2=$(create_job "{\"sbx-sandbox\":\"1\",\"sbx-sandbox-mode\":\"pool\",\"sbx-sandbox-pool\":\"demo\",\"sbx-sandbox-nonce\":\"$N2\"}" \
-    '{"SBX_HOST_MODE":"1","SBX_CAPACITY":"32"}' "$N2")
+J2=$(create_job pool "{\"sbx-sandbox\":\"1\",\"sbx-sandbox-mode\":\"pool\",\"sbx-sandbox-pool\":\"demo\",\"sbx-sandbox-nonce\":\"$N2\"}" \
+    '{"SBX_CAPACITY":"32"}' "$N2")
 wait_stage "$J2" RUNNING
 P2="$C/v1/jobs/demo/$J2/proxy/49983"
 SB=$(api -H "X-Sandbox-Token: $(derive "$N2")" -X POST "$P2/v1/sandboxes" -d '{"count":3}')

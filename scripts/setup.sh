@@ -10,6 +10,7 @@ PACKAGES=(
     libsodium-dev libjansson-dev libseccomp-dev libcap-dev libsqlite3-dev sqlite3 musl-tools
     python3 python3-pytest python3-websockets
     curl iproute2 procps
+    libarchive-dev debootstrap
 )
 
 missing=()

@@ -100,6 +100,7 @@ stage_mutants_quick() { bash scripts/mutants.sh --quick; }
 stage_bench_smoke() { bash scripts/bench.sh --quick; }
 stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
 stage_bench_platform_smoke() { bash scripts/bench-platform.sh --quick; }
+stage_bench_boundary_smoke() { build/bench/bench-boundary --quick; }
 
 # name : time limit (s) : stage it needs
 STAGES=(
@@ -122,6 +123,7 @@ STAGES=(
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"
     "bench_platform_smoke:300:build"
+    "bench_boundary_smoke:120:build"
 )
 
 if [[ "${1:-}" == --stage ]]; then

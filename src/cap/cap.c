@@ -2,11 +2,12 @@
 /* Run-bound capabilities (cap.h): the canonical payload, Ed25519 signing and verification, the
  * node's comparison and the control plane's key rotation policy.
  *
- * Payload, version 1 (all integers big-endian, strings as a u8 length and that many bytes,
+ * Payload, version 2 (all integers big-endian, strings as a u8 length and that many bytes,
  * no terminator):
  *
- *   "SBXC" 0x01  kid  sandbox  generation:u64  node  substrate  activation  instance
- *   access:u32  port:u16  proto:u8  iat:i64  exp:i64
+ *   "SBXC" 0x02  kid  sandbox  generation:u64  node  substrate  activation  instance
+ *   access:u32  port:u16  proto:u8  iat:i64  exp:i64  method  target:32  flags:u8
+ *   [body:32 if flags & 1]  [nonce:16 if flags & 2]
  *
  * Decoding accepts exactly what encoding produces: the same validation runs on both sides and
  * the decoder refuses trailing bytes, so decode(p) succeeds iff encode(decode(p)) == p. The
@@ -21,8 +22,8 @@
 
 #define CAP_MAGIC "SBXC"
 #define CAP_MAGIC_LEN 4
-#define CAP_VERSION 1
-#define CAP_WIRE_PREFIX "v1."
+#define CAP_VERSION 2
+#define CAP_WIRE_PREFIX "v2."
 #define CAP_WIRE_PREFIX_LEN 3
 #define CAP_SIG_BYTES 64
 #define CAP_B64_VARIANT sodium_base64_VARIANT_URLSAFE_NO_PADDING
@@ -34,8 +35,12 @@ _Static_assert(CAP_SIG_BYTES == crypto_sign_BYTES, "Ed25519 signature size");
 _Static_assert(CAP_PK_BYTES == crypto_sign_PUBLICKEYBYTES, "Ed25519 public key size");
 _Static_assert(CAP_SK_BYTES == crypto_sign_SECRETKEYBYTES, "Ed25519 secret key size");
 _Static_assert(CAP_ID_MAX - 1 <= UINT8_MAX && CAP_KID_MAX - 1 <= UINT8_MAX, "u8 lengths");
-/* magic, version, kid, five ids, generation, access, port, proto, iat, exp */
-_Static_assert(CAP_MAGIC_LEN + 1 + CAP_KID_MAX + 5 * CAP_ID_MAX + 8 + 4 + 2 + 1 + 8 + 8 <=
+#define CAP_FLAG_BODY 1u
+#define CAP_FLAG_NONCE 2u
+/* magic, version, kid, five ids, generation, access, port, proto, iat, exp, method, target,
+ * flags, body, nonce */
+_Static_assert(CAP_MAGIC_LEN + 1 + CAP_KID_MAX + 5 * CAP_ID_MAX + 8 + 4 + 2 + 1 + 8 + 8 +
+                       CAP_METHOD_MAX + CAP_DIGEST_BYTES + 1 + CAP_DIGEST_BYTES + CAP_NONCE_BYTES <=
                    CAP_PAYLOAD_MAX,
                "the largest payload fits CAP_PAYLOAD_MAX");
 _Static_assert(CAP_WIRE_PREFIX_LEN + CAP_PAYLOAD_B64_MAX + CAP_SIG_B64_LEN + 1 <= CAP_WIRE_MAX,
@@ -76,10 +81,26 @@ static bool run_valid(const cap_run_t *r)
            cap_id_valid(r->substrate) && cap_id_valid(r->activation) && cap_id_valid(r->instance);
 }
 
+static bool method_valid(const char *s, size_t n)
+{
+    if (n == 0 || n >= CAP_METHOD_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 'A' || s[i] > 'Z')
+            return false;
+    return true;
+}
+
 /* Everything cap_encode requires of a capability (and so everything cap_decode checks). */
 static bool cap_valid(const cap_t *c)
 {
     if (!kid_valid(c->kid) || !run_valid(&c->run))
+        return false;
+    if (!method_valid(c->method, strnlen(c->method, CAP_METHOD_MAX)))
+        return false;
+    /* manage: the body and a single-use id, always; the id with nothing else */
+    bool manage = (c->access & CAP_MANAGE) != 0;
+    if (c->has_nonce != manage || (manage && !c->has_body))
         return false;
     if (c->access == 0 || (c->access & ~(uint32_t)CAP_ACCESS_ALL) != 0)
         return false;
@@ -145,6 +166,13 @@ int cap_encode(const cap_t *c, uint8_t *out, size_t cap)
     put_be(&w, (uint64_t)c->proto, 1);
     put_be(&w, (uint64_t)c->iat, 8);
     put_be(&w, (uint64_t)c->exp, 8);
+    put_str(&w, c->method, CAP_METHOD_MAX);
+    put(&w, c->target, CAP_DIGEST_BYTES);
+    put_be(&w, (c->has_body ? CAP_FLAG_BODY : 0) | (c->has_nonce ? CAP_FLAG_NONCE : 0), 1);
+    if (c->has_body)
+        put(&w, c->body, CAP_DIGEST_BYTES);
+    if (c->has_nonce)
+        put(&w, c->nonce, CAP_NONCE_BYTES);
     if (w.overflow)
         return -ENOBUFS;
     return (int)w.len;
@@ -220,6 +248,19 @@ int cap_decode(const uint8_t *p, size_t len, cap_t *ret)
     uint64_t proto = get_be(&r, 1);
     c.iat = (int64_t)get_be(&r, 8);
     c.exp = (int64_t)get_be(&r, 8);
+    get_str(&r, c.method, CAP_METHOD_MAX);
+    const uint8_t *d = take(&r, CAP_DIGEST_BYTES);
+    if (d)
+        memcpy(c.target, d, CAP_DIGEST_BYTES);
+    uint64_t flags = get_be(&r, 1);
+    if (flags & ~(uint64_t)(CAP_FLAG_BODY | CAP_FLAG_NONCE))
+        return -EINVAL;
+    c.has_body = (flags & CAP_FLAG_BODY) != 0;
+    c.has_nonce = (flags & CAP_FLAG_NONCE) != 0;
+    if (c.has_body && (d = take(&r, CAP_DIGEST_BYTES)))
+        memcpy(c.body, d, CAP_DIGEST_BYTES);
+    if (c.has_nonce && (d = take(&r, CAP_NONCE_BYTES)))
+        memcpy(c.nonce, d, CAP_NONCE_BYTES);
     if (r.bad || r.off != r.len || proto > CAP_PROTO_MAX)
         return -EINVAL;
     c.proto = (cap_proto_t)proto;
@@ -329,6 +370,9 @@ const char *cap_reason_str(cap_reason_t r)
     case CAP_E_PROTOCOL: return "protocol";
     case CAP_E_STALE_RUN: return "stale_run";
     case CAP_E_NO_RUN: return "no_run";
+    case CAP_E_REQUEST: return "request";
+    case CAP_E_BODY: return "body";
+    case CAP_E_REPLAY: return "replay";
     }
     return "unknown";
 }
@@ -338,7 +382,7 @@ const char *cap_reason_str(cap_reason_t r)
  * trailing bits, so each byte string has exactly one accepted text. */
 static bool b64_decode_strict(const char *s, size_t n, uint8_t *out, size_t max, size_t *ret)
 {
-    char again[CAP_PAYLOAD_B64_MAX];
+    char again[sodium_base64_ENCODED_LEN(CAP_WIRE_MAX, CAP_B64_VARIANT)]; /* payloads, key sets */
     size_t len = 0;
     if (n == 0 || n >= sizeof again)
         return false;
@@ -433,6 +477,15 @@ cap_verdict_t cap_compare(const cap_t *c, const cap_request_t *rq, cap_reason_t 
     if (!c || !rq || !rq->sandbox || !id_eq(c->run.sandbox, rq->sandbox))
         return verdict(CAP_DENY, CAP_E_SANDBOX, ret_reason);
 
+    /* the one request it was issued for: method, then the target's digest */
+    uint8_t td[CAP_DIGEST_BYTES];
+    if (!rq->method || !rq->target || rq->method_len != strnlen(c->method, CAP_METHOD_MAX) ||
+        memcmp(rq->method, c->method, rq->method_len) != 0)
+        return verdict(CAP_DENY, CAP_E_REQUEST, ret_reason);
+    cap_digest(rq->target, rq->target_len, td);
+    if (sodium_memcmp(td, c->target, sizeof td) != 0)
+        return verdict(CAP_DENY, CAP_E_REQUEST, ret_reason);
+
     uint32_t purpose = rq->purpose;
     bool one_bit = purpose != 0 && (purpose & (purpose - 1)) == 0 &&
                    (purpose & ~(uint32_t)CAP_ACCESS_ALL) == 0;
@@ -464,6 +517,162 @@ cap_verdict_t cap_compare(const cap_t *c, const cap_request_t *rq, cap_reason_t 
         return verdict(CAP_DENY, port_seen ? CAP_E_PROTOCOL : CAP_E_PORT, ret_reason);
     }
     return verdict(CAP_ALLOW, CAP_OK, ret_reason);
+}
+
+/* ---- request binding ------------------------------------------------------------------------ */
+
+void cap_digest(const void *p, size_t n, uint8_t out[CAP_DIGEST_BYTES])
+{
+    _Static_assert(CAP_DIGEST_BYTES == crypto_hash_sha256_BYTES, "SHA-256 size");
+    crypto_hash_sha256(out, p ? p : (const void *)"", p ? n : 0);
+}
+
+int cap_bind_request(cap_t *c, const char *method, size_t method_len, const char *target,
+                     size_t target_len, const void *body, size_t body_len)
+{
+    if (!c || !method || !target || !method_valid(method, method_len))
+        return -EINVAL;
+    if (sodium_ready() < 0)
+        return -EIO;
+    memset(c->method, 0, sizeof c->method);
+    memcpy(c->method, method, method_len);
+    cap_digest(target, target_len, c->target);
+    c->has_body = body != NULL;
+    memset(c->body, 0, sizeof c->body);
+    if (body)
+        cap_digest(body, body_len, c->body);
+    c->has_nonce = (c->access & CAP_MANAGE) != 0;
+    memset(c->nonce, 0, sizeof c->nonce);
+    if (c->has_nonce)
+        randombytes_buf(c->nonce, sizeof c->nonce);
+    return 0;
+}
+
+bool cap_body_matches(const cap_t *c, const void *body, size_t n)
+{
+    uint8_t d[CAP_DIGEST_BYTES];
+    if (!c || !c->has_body)
+        return false;
+    cap_digest(body, n, d);
+    return sodium_memcmp(d, c->body, sizeof d) == 0;
+}
+
+/* ---- single-use ids ------------------------------------------------------------------------ */
+
+cap_reason_t cap_replay_use(cap_replay_t *t, const cap_t *c, int64_t now)
+{
+    if (!t || !c || !c->has_nonce)
+        return CAP_E_MALFORMED;
+    size_t k = 0;
+    bool seen = false;
+    /* drop the expired ones while looking (compacting in place) */
+    for (size_t i = 0; i < t->n && i < CAP_REPLAY_SLOTS; i++) {
+        if (now >= t->slots[i].until)
+            continue;
+        if (sodium_memcmp(t->slots[i].nonce, c->nonce, CAP_NONCE_BYTES) == 0)
+            seen = true;
+        t->slots[k++] = t->slots[i];
+    }
+    t->n = k;
+    if (seen || t->n >= CAP_REPLAY_SLOTS)
+        return CAP_E_REPLAY;
+    memcpy(t->slots[t->n].nonce, c->nonce, CAP_NONCE_BYTES);
+    t->slots[t->n].until = c->exp <= INT64_MAX - CAP_SKEW_S ? c->exp + CAP_SKEW_S : INT64_MAX;
+    t->n++;
+    return CAP_OK;
+}
+
+/* ---- signed key sets ----------------------------------------------------------------------- */
+
+#define KS_MAGIC "SBXK"
+#define KS_VERSION 1
+#define KS_PAYLOAD_MAX (CAP_MAGIC_LEN + 1 + 8 + 1 + CAP_KEYSET_MAX * (CAP_KID_MAX + CAP_PK_BYTES))
+_Static_assert(sodium_base64_ENCODED_LEN(KS_PAYLOAD_MAX, CAP_B64_VARIANT) + 1 + CAP_SIG_B64_LEN <=
+                   CAP_KEYSET_WIRE_MAX,
+               "the largest signed key set fits CAP_KEYSET_WIRE_MAX");
+
+static int keyset_encode(uint64_t version, const cap_pubkey_t *keys, size_t n, uint8_t *out,
+                         size_t cap)
+{
+    cap_keyset_t tmp; /* validates ids: distinct, well formed */
+    if (n == 0 || !keys || cap_keyset_set(&tmp, keys, n) < 0)
+        return -EINVAL;
+    wr_t w = { .p = out, .cap = cap };
+    put(&w, KS_MAGIC, CAP_MAGIC_LEN);
+    put_be(&w, KS_VERSION, 1);
+    put_be(&w, version, 8);
+    put_be(&w, n, 1);
+    for (size_t i = 0; i < n; i++) {
+        put_str(&w, keys[i].kid, CAP_KID_MAX);
+        put(&w, keys[i].pk, CAP_PK_BYTES);
+    }
+    return w.overflow ? -ENOBUFS : (int)w.len;
+}
+
+int cap_keyset_sign(const cap_identity_t *id, uint64_t version, const cap_pubkey_t *keys, size_t n,
+                    char *out, size_t cap)
+{
+    uint8_t payload[KS_PAYLOAD_MAX], sig[CAP_SIG_BYTES];
+    if (!id || !out)
+        return -EINVAL;
+    if (sodium_ready() < 0)
+        return -EIO;
+    int len = keyset_encode(version, keys, n, payload, sizeof payload);
+    if (len < 0)
+        return len;
+    size_t b64p = sodium_base64_ENCODED_LEN((size_t)len, CAP_B64_VARIANT) - 1;
+    size_t total = b64p + 1 + CAP_SIG_B64_LEN;
+    if (total + 1 > cap)
+        return -ENOBUFS;
+    if (crypto_sign_detached(sig, NULL, payload, (size_t)len, id->sk) != 0)
+        return -EIO;
+    sodium_bin2base64(out, b64p + 1, payload, (size_t)len, CAP_B64_VARIANT);
+    out[b64p] = '.';
+    sodium_bin2base64(out + b64p + 1, CAP_SIG_B64_LEN + 1, sig, sizeof sig, CAP_B64_VARIANT);
+    return (int)total;
+}
+
+int cap_keyset_open(const uint8_t pk[CAP_PK_BYTES], const char *wire, size_t len,
+                    uint64_t *ret_version, cap_keyset_t *ret)
+{
+    uint8_t payload[KS_PAYLOAD_MAX], sig[CAP_SIG_BYTES];
+    size_t n = 0, sn = 0;
+    if (!pk || !wire || len >= CAP_KEYSET_WIRE_MAX) /* it and a NUL fit CAP_KEYSET_WIRE_MAX */
+        return -EBADMSG;
+    const char *dot = memchr(wire, '.', len);
+    if (!dot)
+        return -EBADMSG;
+    size_t plen = (size_t)(dot - wire), slen = len - plen - 1;
+    if (slen != CAP_SIG_B64_LEN || !b64_decode_strict(wire, plen, payload, sizeof payload, &n) ||
+        !b64_decode_strict(dot + 1, slen, sig, sizeof sig, &sn) || sn != sizeof sig)
+        return -EBADMSG;
+    if (sodium_ready() < 0 || crypto_sign_verify_detached(sig, payload, n, pk) != 0)
+        return -EPERM;
+    /* signed by the pinned identity: now decode it, strictly */
+    rd_t r = { .p = payload, .len = n };
+    const uint8_t *magic = take(&r, CAP_MAGIC_LEN);
+    if (!magic || memcmp(magic, KS_MAGIC, CAP_MAGIC_LEN) != 0 || get_be(&r, 1) != KS_VERSION)
+        return -EBADMSG;
+    uint64_t version = get_be(&r, 8);
+    size_t count = (size_t)get_be(&r, 1);
+    if (r.bad || count == 0 || count > CAP_KEYSET_MAX)
+        return -EBADMSG;
+    cap_pubkey_t keys[CAP_KEYSET_MAX];
+    memset(keys, 0, sizeof keys);
+    for (size_t i = 0; i < count; i++) {
+        get_str(&r, keys[i].kid, CAP_KID_MAX);
+        const uint8_t *k = take(&r, CAP_PK_BYTES);
+        if (k)
+            memcpy(keys[i].pk, k, CAP_PK_BYTES);
+    }
+    cap_keyset_t ks;
+    if (r.bad || r.off != r.len || cap_keyset_set(&ks, keys, count) < 0)
+        return -EBADMSG;
+    if (ret_version)
+        *ret_version = version;
+    if (ret)
+        *ret = ks;
+    return 0;
 }
 
 /* ---- signing keys over time ---------------------------------------------------------------- */

@@ -5,7 +5,11 @@
  * may do (access bits, and for the port gateway a port and protocol), and when it was issued
  * and expires. It is encoded in a versioned canonical byte format (docs/capabilities.md) and
  * signed with Ed25519 over exactly those bytes; on the wire it travels as
- * "v1.<base64url(payload)>.<base64url(signature)>" in the X-Sbx-Capability header.
+ * "v2.<base64url(payload)>.<base64url(signature)>" in the X-Sbx-Capability header.
+ *
+ * Version 2 binds the request it authorizes: its method and the SHA-256 of its target (the
+ * path and query the node receives), optionally the SHA-256 of its body, and for `manage`
+ * capabilities a single-use id (the node keeps used ids until they expire: cap_replay_t).
  *
  * The node's decision has three outcomes (cap_compare): ALLOW; REFRESH_ROUTE when the
  * capability is for the same sandbox but another incarnation than the installed one (the
@@ -22,7 +26,10 @@
 #define CAP_LIFETIME_S 120  /* issued capabilities live this long */
 #define CAP_SKEW_S 15       /* clock skew tolerated on iat and exp */
 #define CAP_PAYLOAD_MAX 512 /* encoded payload bytes, at most */
-#define CAP_WIRE_MAX 1024   /* "v1." + base64url(payload) + "." + base64url(signature) */
+#define CAP_WIRE_MAX 1024   /* "v2." + base64url(payload) + "." + base64url(signature) */
+#define CAP_METHOD_MAX 16   /* request methods: 1..15 bytes of [A-Z] */
+#define CAP_DIGEST_BYTES 32 /* SHA-256 */
+#define CAP_NONCE_BYTES 16  /* the single-use id of a manage capability (128 random bits) */
 
 /* What a capability allows. One request needs exactly one purpose bit; a capability may
  * carry several (the control plane issues the narrowest one it can). */
@@ -62,7 +69,24 @@ typedef struct {
     uint16_t port;     /* CAP_PROXY: 1..65535; otherwise 0 */
     cap_proto_t proto; /* CAP_PROXY: HTTP or WEBSOCKET; otherwise NONE */
     int64_t iat, exp;  /* unix seconds, iat < exp, exp - iat <= CAP_LIFETIME_S */
+    /* The request it authorizes (every capability names one). */
+    char method[CAP_METHOD_MAX];      /* "GET", "POST", ... */
+    uint8_t target[CAP_DIGEST_BYTES]; /* SHA-256 of the request target (path + query) */
+    bool has_body;                    /* required with CAP_MANAGE */
+    uint8_t body[CAP_DIGEST_BYTES];   /* SHA-256 of the request body (has_body) */
+    bool has_nonce;                   /* exactly with CAP_MANAGE */
+    uint8_t nonce[CAP_NONCE_BYTES];   /* single-use id (has_nonce) */
 } cap_t;
+
+/* SHA-256 of n bytes. */
+void cap_digest(const void *p, size_t n, uint8_t out[CAP_DIGEST_BYTES]);
+/* Bind c to one request: method, target digest, and the body digest when body is not NULL
+ * (body_len bytes; an empty body is a digest too). A manage capability also gets a fresh
+ * single-use id. -EINVAL for a method outside [A-Z]{1,15}. */
+int cap_bind_request(cap_t *c, const char *method, size_t method_len, const char *target,
+                     size_t target_len, const void *body, size_t body_len);
+/* Whether body (n bytes) is the one c names (false when c names none). Constant time. */
+bool cap_body_matches(const cap_t *c, const void *body, size_t n);
 
 /* ---- encoding ------------------------------------------------------------------------------ */
 
@@ -121,9 +145,13 @@ typedef enum {
     CAP_E_PROTOCOL,    /* protocol differs from the request's, or the run does not expose it */
     CAP_E_STALE_RUN,   /* same sandbox, another incarnation (-> REFRESH_ROUTE) */
     CAP_E_NO_RUN,      /* no run of this sandbox is installed here (-> REFRESH_ROUTE) */
+    CAP_E_REQUEST,     /* another method or target than the capability names */
+    CAP_E_BODY,        /* another body than the capability names (or none named) */
+    CAP_E_REPLAY,      /* a single-use capability seen before (or the table is full) */
 } cap_reason_t;
 /* "ok", "malformed", "unknown_key", "signature", "not_yet", "expired", "sandbox", "purpose",
- * "port", "protocol", "stale_run", "no_run" ("unknown" for a value outside the enum). */
+ * "port", "protocol", "stale_run", "no_run", "request", "body", "replay" ("unknown" for a
+ * value outside the enum). */
 const char *cap_reason_str(cap_reason_t r);
 
 /* Parse the wire form and verify its signature with ks, then check iat/exp against now (unix
@@ -144,7 +172,11 @@ typedef struct {
 
 /* What the node knows about the request and the run installed for the addressed sandbox. */
 typedef struct {
-    const char *sandbox;        /* the sandbox the request addresses (from the path) */
+    const char *sandbox; /* the sandbox the request addresses (from the path) */
+    const char *method;  /* the request's method (method_len bytes) */
+    size_t method_len;
+    const char *target; /* the request target as received (target_len bytes) */
+    size_t target_len;
     uint32_t purpose;           /* exactly one CAP_* bit: what the request does */
     uint16_t port;              /* CAP_PROXY requests: the port addressed, else 0 */
     cap_proto_t proto;          /* CAP_PROXY requests: the protocol used, else NONE */
@@ -154,7 +186,7 @@ typedef struct {
 } cap_request_t;
 
 /* Compare a verified capability with the request and the installed run, in this order:
- * sandbox (DENY), purpose (DENY), port/protocol named by the capability vs the request (DENY),
+ * sandbox (DENY), method and target (DENY, request), purpose (DENY), port/protocol named by the capability vs the request (DENY),
  * installed run missing (REFRESH_ROUTE, no_run) or different in any identity field
  * (REFRESH_ROUTE, stale_run), port/protocol not exposed by the installed run (DENY).
  * *ret_reason (ret_reason may be NULL) is CAP_OK with ALLOW, else the reason named above. */
@@ -164,6 +196,47 @@ cap_verdict_t cap_compare(const cap_t *c, const cap_request_t *rq, cap_reason_t 
 bool cap_run_equal(const cap_run_t *a, const cap_run_t *b);
 /* Validate an id string for the run fields ([A-Za-z0-9._:-], 1..CAP_ID_MAX-1 bytes). */
 bool cap_id_valid(const char *s);
+
+/* ---- single-use ids ------------------------------------------------------------------------ */
+
+/* The ids of single-use capabilities seen, each kept until its capability expires (exp +
+ * CAP_SKEW_S). Bounded: when every slot holds an unexpired id, new ones are refused (fail
+ * closed) rather than an old one forgotten. */
+#define CAP_REPLAY_SLOTS 4096
+typedef struct {
+    uint8_t nonce[CAP_NONCE_BYTES];
+    int64_t until;
+} cap_replay_slot_t;
+typedef struct {
+    cap_replay_slot_t slots[CAP_REPLAY_SLOTS];
+    size_t n;
+} cap_replay_t;
+
+/* Record c's id: CAP_OK the first time; CAP_E_REPLAY when it was seen and has not expired, or
+ * when the table is full of unexpired ids; CAP_E_MALFORMED when c carries no id. */
+cap_reason_t cap_replay_use(cap_replay_t *t, const cap_t *c, int64_t now);
+
+/* ---- signed key sets (control identity -> nodes) ------------------------------------------- */
+
+/* The verification key set a node receives is signed by the control plane's long-term
+ * identity key (Ed25519), which the node pinned at join, and carries a version that only goes
+ * up. Wire: "<base64url(payload)>.<base64url(signature)>", payload
+ *   "SBXK" 0x01 version:u64 n:u8 (kid pk:32)*n     (kid as in capabilities) */
+#define CAP_KEYSET_WIRE_MAX 1024
+typedef struct {
+    uint8_t pk[CAP_PK_BYTES];
+    uint8_t sk[CAP_SK_BYTES];
+} cap_identity_t;
+
+/* Sign version + keys (1..CAP_KEYSET_MAX, distinct valid ids) with id. Returns the length
+ * written (NUL-terminated) or -EINVAL / -ENOBUFS / -EIO. */
+int cap_keyset_sign(const cap_identity_t *id, uint64_t version, const cap_pubkey_t *keys, size_t n,
+                    char *out, size_t cap);
+/* Verify a signed key set against the pinned identity public key. 0 with *ret_version and *ret;
+ * -EBADMSG when malformed (not canonical, or len >= CAP_KEYSET_WIRE_MAX), -EPERM when the
+ * signature does not verify. */
+int cap_keyset_open(const uint8_t pk[CAP_PK_BYTES], const char *wire, size_t len,
+                    uint64_t *ret_version, cap_keyset_t *ret);
 
 /* ---- signing keys over time (the control plane's rotation policy) -------------------------- */
 

@@ -103,24 +103,54 @@ int auth_bootstrap(control_t *ctl)
         }
         log_info("created the admin token: %s (mode 0600)", ctl->cfg.admin_token_file);
     }
-    /* The join token nodes register with: its hash in the store, the token in the state dir. */
-    store_kv_t kv;
-    char path[PATH_MAX + 32];
+    /* The join material nodes register with: the join token (its hash in the store) and the
+     * control plane's identity public key, which the node pins, as one string in the state
+     * dir: "sbxjoin1.<token>.<base64url identity public key>". */
+    char path[PATH_MAX + 32], pk[64], text[256] = "", tok[64] = "", hash[65];
     (void)snprintf(path, sizeof path, "%s/node-join.token", ctl->cfg.state_dir);
-    if (store_get(ctl->store, "meta/join-token", &kv) == 0 && access(path, R_OK) == 0) {
-        store_kv_clear(&kv);
-        return 0;
-    }
-    char hex[41], tok[64], hash[65];
-    random_hex(hex, 20);
-    (void)snprintf(tok, sizeof tok, "sbxjoin_%s", hex);
-    auth_token_hash(tok, hash);
-    r = store_cas(ctl->store, "meta/join-token", hash, strlen(hash), STORE_REV_ANY, NULL);
-    if (r >= 0)
-        r = write_secret(path, tok);
-    sodium_memzero(tok, sizeof tok);
+    r = identity_pk_b64(&ctl->identity, pk, sizeof pk);
     if (r < 0)
-        log_error("cannot create the node join token: %s", strerror(-r));
+        return r;
+    FILE *f = fopen(path, "re");
+    if (f) {
+        size_t k = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[k] = 0;
+        text[strcspn(text, "\r\n")] = 0;
+    }
+    /* an existing token (this format, or the bare token of before) stays valid */
+    const char *t = strncmp(text, "sbxjoin1.", 9) == 0 ? text + 9 : text;
+    size_t tl = strcspn(t, ".");
+    if (tl > 0 && tl < sizeof tok) {
+        memcpy(tok, t, tl);
+        tok[tl] = 0;
+    }
+    store_kv_t kv;
+    bool keep = false;
+    if (tok[0] && store_get(ctl->store, "meta/join-token", &kv) == 0) {
+        auth_token_hash(tok, hash);
+        keep = kv.value_len == 64 && memcmp(kv.value, hash, 64) == 0;
+        store_kv_clear(&kv);
+    }
+    if (!keep) {
+        char hex[41];
+        random_hex(hex, 20);
+        (void)snprintf(tok, sizeof tok, "sbxjoin_%s", hex);
+        auth_token_hash(tok, hash);
+        r = store_cas(ctl->store, "meta/join-token", hash, strlen(hash), STORE_REV_ANY, NULL);
+        if (r < 0) {
+            log_error("cannot create the node join token: %s", strerror(-r));
+            return r;
+        }
+    }
+    char want[256];
+    (void)snprintf(want, sizeof want, "sbxjoin1.%s.%s", tok, pk);
+    r = streq(want, text) ? 0 : write_secret(path, want);
+    sodium_memzero(tok, sizeof tok);
+    sodium_memzero(text, sizeof text);
+    sodium_memzero(want, sizeof want);
+    if (r < 0)
+        log_error("cannot write the node join material %s: %s", path, strerror(-r));
     return r;
 }
 
@@ -207,6 +237,14 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
     return principal_allowed(c, &pr, ns, need, ret);
 }
 
+/* A token's id: "t-" and the first 16 hex digits of its hash (what the store is keyed by; the
+ * hash is no secret). Shown at creation and in the listing; DELETE /v1/tokens/{id} revokes. */
+#define TOKEN_ID_LEN 18
+static void token_id(const char *hash, char out[TOKEN_ID_LEN + 1])
+{
+    (void)snprintf(out, TOKEN_ID_LEN + 1, "t-%.16s", hash);
+}
+
 static void tokens_create_done(conn_t *c)
 {
     control_t *ctl = c->srv->app;
@@ -228,9 +266,12 @@ static void tokens_create_done(conn_t *c)
         conn_respond_errno(c, r, "token");
         return;
     }
+    char hash[65], id[TOKEN_ID_LEN + 1];
+    auth_token_hash(tok, hash);
+    token_id(hash, id);
     conn_respond_json(c, 201,
-                      json_pack("{s:s,s:s,s:s,s:s}", "token", tok, "principal", p, "namespace", ns,
-                                "role", role));
+                      json_pack("{s:s,s:s,s:s,s:s,s:s}", "token", tok, "id", id, "principal", p,
+                                "namespace", ns, "role", role));
     sodium_memzero(tok, sizeof tok);
     json_decref(b);
 }
@@ -240,4 +281,72 @@ void route_tokens_create(control_t *ctl, conn_t *c)
     if (!auth_check(ctl, c, "", ROLE_ADMIN, NULL))
         return;
     conn_collect_body(c, 4096, tokens_create_done);
+}
+
+void route_tokens_list(control_t *ctl, conn_t *c)
+{
+    if (!auth_check(ctl, c, "", ROLE_ADMIN, NULL))
+        return;
+    store_kv_t *kvs;
+    size_t n;
+    if (store_list(ctl->store, "tokens/", &kvs, &n) < 0) {
+        conn_respond_error(c, 500, "store");
+        return;
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < n; i++) {
+        json_t *j = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        char id[TOKEN_ID_LEN + 1];
+        if (!j || strlen(kvs[i].key) != 7 + 64) {
+            json_decref(j);
+            continue;
+        }
+        token_id(kvs[i].key + 7, id);
+        json_object_set_new(j, "id", json_string(id));
+        json_array_append_new(arr, j);
+    }
+    store_kv_free(kvs, n);
+    conn_respond_json(c, 200, arr);
+}
+
+/* Revoke: the record goes from the store; every control process re-reads a token it verified
+ * within CTL_TOKEN_CACHE_MS, this one forgets it at once. */
+void route_tokens_delete(control_t *ctl, conn_t *c, sv_t id)
+{
+    if (!auth_check(ctl, c, "", ROLE_ADMIN, NULL))
+        return;
+    bool hex = id.len == TOKEN_ID_LEN && memcmp(id.p, "t-", 2) == 0;
+    for (size_t i = 2; hex && i < id.len; i++)
+        hex = (id.p[i] >= '0' && id.p[i] <= '9') || (id.p[i] >= 'a' && id.p[i] <= 'f');
+    if (!hex) {
+        conn_respond_error(c, 404, "no such token (ids are t-<16 hex>)");
+        return;
+    }
+    char prefix[32];
+    (void)snprintf(prefix, sizeof prefix, "tokens/%.16s", id.p + 2);
+    store_kv_t *kvs;
+    size_t n;
+    if (store_list(ctl->store, prefix, &kvs, &n) < 0) {
+        conn_respond_error(c, 500, "store");
+        return;
+    }
+    if (n != 1) {
+        store_kv_free(kvs, n);
+        conn_respond_error(c, n == 0 ? 404 : 409, n == 0 ? "no such token" : "ambiguous id");
+        return;
+    }
+    char hash[65] = "";
+    if (strlen(kvs[0].key) == 7 + 64)
+        memcpy(hash, kvs[0].key + 7, 65);
+    int r = store_del(ctl->store, kvs[0].key, kvs[0].rev);
+    store_kv_free(kvs, n);
+    if (r < 0) {
+        conn_respond_errno(c, r, "revoke");
+        return;
+    }
+    for (size_t i = 0; i < CTL_TOKEN_CACHE_SLOTS; i++)
+        if (streq(ctl->tokens[i].hash, hash))
+            ctl->tokens[i].expires_ms = 0;
+    log_info("token %.*s revoked", (int)id.len, id.p);
+    conn_respond_json(c, 200, json_pack("{s:s%,s:b}", "id", id.p, id.len, "revoked", 1));
 }

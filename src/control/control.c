@@ -24,7 +24,18 @@ static void keys_tick(loop_t *l, timer_t_ *t)
     if (keys_load(ctl->store, &kr) >= 0)
         ctl->keys = kr;
     sodium_memzero(&kr, sizeof kr);
-    (void)timer_arm(l, t, 1000);
+    /* the signed key set nodes receive (re-signed only when its version changes) */
+    char wire[CAP_KEYSET_WIRE_MAX];
+    uint64_t version = 0;
+    int r = keys_signed_set(ctl->store, &ctl->keys, &ctl->identity, (int64_t)time(NULL), wire,
+                            sizeof wire, &version);
+    if (r >= 0) {
+        memcpy(ctl->keyset_wire, wire, (size_t)r + 1);
+        ctl->keyset_version = version;
+    } else
+        log_warn("cannot sign the key set: %s", strerror(-r));
+    if (l)
+        (void)timer_arm(l, t, 1000);
 }
 
 static void rotate_done(conn_t *c)
@@ -72,6 +83,14 @@ static void control_dispatch(conn_t *c)
         route_tokens_create(ctl, c);
         return;
     }
+    if (sv_eq(path, SV("/v1/tokens")) && sv_eq(c->req.method, SV("GET"))) {
+        route_tokens_list(ctl, c);
+        return;
+    }
+    if (sv_has_prefix(path, SV("/v1/tokens/")) && sv_eq(c->req.method, SV("DELETE"))) {
+        route_tokens_delete(ctl, c, sv_make(path.p + 11, path.len - 11));
+        return;
+    }
     if (sv_eq(path, SV("/v1/admin/keys/rotate")) && sv_eq(c->req.method, SV("POST"))) {
         if (auth_check(ctl, c, "", ROLE_ADMIN, NULL))
             conn_collect_body(c, 1024, rotate_done);
@@ -97,11 +116,18 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         log_error("store %s: %s", path, strerror(-r));
         return r;
     }
+    r = identity_load_or_create(cfg->state_dir, &ctl->identity);
+    if (r < 0) {
+        log_error("identity key in %s: %s", cfg->state_dir, strerror(-r));
+        return r;
+    }
     r = auth_bootstrap(ctl);
     if (r >= 0)
         r = keys_ensure(ctl->store, cfg->publish_delay_ms);
     if (r >= 0)
-        r = keys_load(ctl->store, &ctl->keys);
+        keys_tick(NULL, &ctl->keys_t); /* the key ring and the signed set */
+    if (r >= 0 && !ctl->keyset_wire[0])
+        r = -ENOKEY;
     if (r >= 0)
         r = routecache_init(&ctl->routes, 100000);
     if (r < 0)
@@ -127,6 +153,7 @@ void control_done(control_t *ctl)
     store_close(ctl->store);
     ctl->store = NULL;
     sodium_memzero(&ctl->keys, sizeof ctl->keys);
+    sodium_memzero(&ctl->identity, sizeof ctl->identity);
     pthread_mutex_destroy(&ctl->rec_lock);
     pthread_cond_destroy(&ctl->rec_cond);
 }

@@ -59,9 +59,10 @@ typedef struct {
 } keyring_t;
 
 /* Recently verified API tokens (by hash), so that the edge proxy does not read the store for
- * every request. An entry lives CTL_TOKEN_CACHE_MS. */
+ * every request. An entry lives CTL_TOKEN_CACHE_MS: a token revoked on any control process
+ * (DELETE /v1/tokens/{id}) is refused by every other one within that time. */
 #define CTL_TOKEN_CACHE_SLOTS 256
-#define CTL_TOKEN_CACHE_MS 5000
+#define CTL_TOKEN_CACHE_MS 800
 typedef struct {
     char hash[65];
     principal_t p;
@@ -70,6 +71,9 @@ typedef struct {
 
 typedef struct control {
     server_t srv;
+    cap_identity_t identity;               /* the long-term identity nodes pin at join */
+    char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* the current key set, signed by identity */
+    uint64_t keyset_version;
     token_cache_t tokens[CTL_TOKEN_CACHE_SLOTS];
     control_config_t cfg;
     store_t *store; /* the loop thread's handle */
@@ -99,12 +103,20 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
 void auth_token_hash(const char *token, char out[65]);
 int random_hex(char *out, size_t nbytes); /* 2*nbytes hex chars + NUL */
 void route_tokens_create(control_t *ctl, conn_t *c);
+void route_tokens_list(control_t *ctl, conn_t *c);
+void route_tokens_delete(control_t *ctl, conn_t *c, sv_t id); /* id: t-<16 hex> */
 
 /* keys.c: signing keys in the store, rotation */
 int keys_load(store_t *st, keyring_t *kr);
 int keys_ensure(store_t *st, uint64_t publish_delay_ms);
 int keys_rotate(store_t *st, uint64_t publish_delay_ms);
-json_t *keys_verify_set_json(const keyring_t *kr, int64_t now_s);
+/* The identity key in <state>/identity.key (made, 0600, when absent). */
+int identity_load_or_create(const char *state_dir, cap_identity_t *ret);
+int identity_pk_b64(const cap_identity_t *id, char *out, size_t cap);
+/* The verification key set at now_s, signed by id with its version (meta/keyset in the store,
+ * bumped when the set changes). Returns the wire length or -errno. */
+int keys_signed_set(store_t *st, const keyring_t *kr, const cap_identity_t *id, int64_t now_s,
+                    char *out, size_t cap, uint64_t *ret_version);
 /* Sign c with the current signer (c->iat/exp set here: now, now + CAP_LIFETIME_S). */
 int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
 
@@ -121,8 +133,17 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
 
 /* nodes.c */
 void route_nodes(control_t *ctl, conn_t *c, sv_t rest);
+/* Whether a live node reports image `name` ("host" is every node's). */
+bool image_on_live_node(store_t *st, const char *name);
+/* Whether a node record's "images" ([{name, digest, size}]) holds `name` ("host": yes). */
+bool node_rec_has_image(json_t *rec, const char *name);
 
 /* edge.c */
+/* The role a request through the edge needs on its namespace: read for reading files (GET/HEAD
+ * of the agent's /v1/files...) and GET/HEAD of the agent's other routes that are no exec, file
+ * or process route (health, listings on pool hosts); write for everything else: exec, process
+ * control, file writes, any method to any other port of the run. */
+role_t edge_role_needed(sv_t method, uint16_t port, sv_t path);
 void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint16_t port,
                 sv_t rest);
 

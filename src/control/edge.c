@@ -110,6 +110,29 @@ static int route_from_store(control_t *ctl, const char *ns, const char *job, rou
     return 0;
 }
 
+/* The agent's read-only routes besides files: its health, and on pool hosts the sandbox
+ * listing and one sandbox's record (not its proxy or any route below it). */
+static bool agent_read_route(sv_t path)
+{
+    static const char pre[] = "/v1/sandboxes/";
+    if (sv_eq(path, SV("/health")) || sv_eq(path, SV("/v1/sandboxes")))
+        return true;
+    if (path.len <= sizeof pre - 1 || memcmp(path.p, pre, sizeof pre - 1) != 0)
+        return false;
+    return memchr(path.p + sizeof pre - 1, '/', path.len - (sizeof pre - 1)) == NULL;
+}
+
+role_t edge_role_needed(sv_t method, uint16_t port, sv_t path)
+{
+    bool read = sv_eq(method, SV("GET")) || sv_eq(method, SV("HEAD"));
+    switch (cap_purpose_of(method, port, path)) {
+    case CAP_FILES_READ: return ROLE_READ;
+    case CAP_PROXY:
+        return port == CAP_AGENT_PORT && read && agent_read_route(path) ? ROLE_READ : ROLE_WRITE;
+    default: return ROLE_WRITE; /* exec, processes, file writes */
+    }
+}
+
 static int connect_node(const route_t *rt, int *ret_fd)
 {
     struct sockaddr_storage ss = { 0 };
@@ -155,17 +178,26 @@ static int build_request(edge_t *e)
         cap.port = e->port;
         cap.proto = proto;
     }
+    char target[HTTP_MAX_HEAD + 128];
+    int tl = snprintf(target, sizeof target, "/v1/runs/%s/ports/%u%s", e->job, e->port, e->rest);
+    if (tl < 0 || (size_t)tl >= sizeof target)
+        return -E2BIG;
+    /* the capability names this request: method, target, and the body when it is buffered */
+    bool body = e->replayable && c->body.len > 0;
+    int r = cap_bind_request(&cap, rq->method.p, rq->method.len, target, (size_t)tl,
+                             !e->replayable ? NULL
+                             : body         ? buf_head(&c->body)
+                                            : "",
+                             body ? c->body.len : 0);
+    if (r < 0)
+        return r;
     char wire[CAP_WIRE_MAX + 64];
-    int r = keys_sign(&e->ctl->keys, &cap, wire, sizeof wire);
+    r = keys_sign(&e->ctl->keys, &cap, wire, sizeof wire);
     if (r < 0)
         return r;
     char extra[sizeof wire + 160];
     (void)snprintf(extra, sizeof extra, "X-Sbx-Capability: %s\r\nX-Forwarded-For: %s\r\n", wire,
                    c->peer);
-    char target[HTTP_MAX_HEAD + 128];
-    int tl = snprintf(target, sizeof target, "/v1/runs/%s/ports/%u%s", e->job, e->port, e->rest);
-    if (tl < 0 || (size_t)tl >= sizeof target)
-        return -E2BIG;
     static const char *const drop[] = { "authorization", "x-sbx-capability", "x-forwarded-for",
                                         NULL };
     buf_free(&e->out);

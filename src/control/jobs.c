@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "control.h"
+#include "node/image.h"
 
 #define JOB_BODY_MAX (256 * 1024)
 #define LABELS_MAX 64
@@ -46,7 +47,8 @@ static const char *check_env(json_t *o, const char *what)
     if (!json_is_object(o) || json_object_size(o) > 256)
         return what;
     json_object_foreach(o, k, v) {
-        if (!env_name_ok(k) || streq(k, "SBX_LISTEN") || !str_clean(v, 64 * 1024))
+        if (!env_name_ok(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE") ||
+            !str_clean(v, 64 * 1024))
             return what;
     }
     return NULL;
@@ -105,24 +107,23 @@ static json_t *flavor_limits(const char *name)
 {
     static const struct {
         const char *name;
-        int mem_mb, pids, cpu_milli;
-    } f[] = { { "cpu-small", 512, 256, 500 },
-              { "cpu-basic", 2048, 1024, 1000 },
-              { "cpu-large", 8192, 4096, 2000 } };
+        int mem_mb, pids, cpu_milli, disk_mb;
+    } f[] = { { "cpu-small", 512, 256, 500, 4096 },
+              { "cpu-basic", 2048, 1024, 1000, 16384 },
+              { "cpu-large", 8192, 4096, 2000, 65536 } };
     char base[32];
-    bool nonet = false;
     size_t n = strlen(name);
     if (n >= sizeof base)
         return NULL;
     memcpy(base, name, n + 1);
-    if (n > 6 && streq(base + n - 6, "-nonet")) {
-        nonet = true;
+    /* the old "-nonet" suffix is accepted: every run has only loopback now */
+    if (n > 6 && streq(base + n - 6, "-nonet"))
         base[n - 6] = 0;
-    }
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (streq(f[i].name, base))
-            return json_pack("{s:s,s:i,s:i,s:i,s:b}", "name", name, "memory_mb", f[i].mem_mb,
-                             "pids", f[i].pids, "cpu_milli", f[i].cpu_milli, "network", !nonet);
+            return json_pack("{s:s,s:i,s:i,s:i,s:i}", "name", name, "memory_mb", f[i].mem_mb,
+                             "pids", f[i].pids, "cpu_milli", f[i].cpu_milli, "disk_mb",
+                             f[i].disk_mb);
     return NULL;
 }
 
@@ -130,19 +131,30 @@ static json_t *flavor_limits(const char *name)
 static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_secrets)
 {
     const char *image = "host", *substrate = "process", *flavor = "cpu-basic";
+    const char *mode = "dedicated", *network = "none";
     json_t *command = NULL, *env = NULL, *secrets = NULL, *labels = NULL, *expose = NULL;
     json_int_t timeout = 0;
     const char *e;
     if (!json_is_object(b) ||
-        json_unpack(b, "{s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image, "substrate",
-                    &substrate, "flavor", &flavor, "command", &command, "env", &env, "secrets",
-                    &secrets, "labels", &labels, "expose", &expose, "timeout", &timeout) < 0)
-        return "expected {image, substrate, flavor, command, env, secrets, labels, expose, "
-               "timeout} (unknown fields are refused)";
+        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image,
+                    "substrate", &substrate, "flavor", &flavor, "mode", &mode, "network", &network,
+                    "command", &command, "env", &env, "secrets", &secrets, "labels", &labels,
+                    "expose", &expose, "timeout", &timeout) < 0)
+        return "expected {image, substrate, flavor, mode, network, command, env, secrets, "
+               "labels, expose, timeout} (unknown fields are refused)";
     if (!streq(substrate, "process"))
         return "substrate: only \"process\" is available on this platform";
-    if (!streq(image, "host"))
-        return "image: only \"host\" (the node's /usr and /etc, read-only) is available";
+    if (!streq(mode, "dedicated") && !streq(mode, "pool"))
+        return "mode: \"dedicated\" (one sandbox) or \"pool\" (a pool host)";
+    if (streq(mode, "pool") && json_array_size(command) > 0)
+        return "command: a pool job runs the platform's agent; it takes no command";
+    if (streq(network, "egress"))
+        return "network: \"egress\" is not available on this platform yet (runs have loopback "
+               "only)";
+    if (!streq(network, "none"))
+        return "network: \"none\" (loopback only, the default) or \"egress\"";
+    if (!streq(image, "host") && !image_name_valid(image))
+        return "image: \"host\" or an image name ([a-z0-9][a-z0-9._-]*, at most 63 bytes)";
     json_t *fl = flavor_limits(flavor);
     if (!fl)
         return "flavor: one of cpu-small, cpu-basic, cpu-large (optionally with -nonet)";
@@ -158,8 +170,10 @@ static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_se
             return "command: an array of strings";
         }
     }
-    if ((e = check_env(env, "env: names [A-Za-z_][A-Za-z0-9_]*, string values")) ||
-        (e = check_env(secrets, "secrets: names [A-Za-z_][A-Za-z0-9_]*, string values")) ||
+    if ((e = check_env(env, "env: names [A-Za-z_][A-Za-z0-9_]*, string values (SBX_LISTEN and "
+                            "SBX_HOST_MODE are the platform's: a pool host is mode \"pool\")")) ||
+        (e = check_env(secrets, "secrets: names [A-Za-z_][A-Za-z0-9_]*, string values (not "
+                                "SBX_LISTEN or SBX_HOST_MODE)")) ||
         (e = check_labels(labels, secrets)) || (expose && (e = check_expose(expose))) ||
         (timeout < 0 || timeout > 7 * 86400 ? (e = "timeout: 0..604800 seconds") : NULL)) {
         json_decref(fl);
@@ -174,13 +188,14 @@ static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_se
         }
     }
     /* "o" steals a reference: the request's values get one more, defaults are new */
-    json_t *job = json_pack(
-        "{s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image, "substrate", substrate, "flavor", fl,
-        "command", command ? json_incref(command) : json_array(), "env",
-        env ? json_incref(env) : json_object(), "labels",
-        labels ? json_incref(labels) : json_object(), "expose",
-        expose ? json_incref(expose) : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
-        "timeout", timeout);
+    json_t *job = json_pack("{s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image,
+                            "substrate", substrate, "mode", mode, "network", network, "flavor", fl,
+                            "command", command ? json_incref(command) : json_array(), "env",
+                            env ? json_incref(env) : json_object(), "labels",
+                            labels ? json_incref(labels) : json_object(), "expose",
+                            expose ? json_incref(expose)
+                                   : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
+                            "timeout", timeout);
     if (!job)
         return "out of memory";
     *ret_job = job;
@@ -226,6 +241,15 @@ static void create_done(conn_t *c)
     json_decref(b);
     if (e) {
         conn_respond_error(c, 400, "create: %s", e);
+        return;
+    }
+    /* An image no live node has verified cannot run anywhere: say so now rather than leave the
+     * job waiting for placement. */
+    const char *image = json_string_value(json_object_get(job, "image"));
+    if (!image_on_live_node(ctl->store, image)) {
+        conn_respond_error(c, 400, "create: image %s: not available on any node", image);
+        json_decref(job);
+        json_decref(sec);
         return;
     }
     char id[25], key[128];
@@ -445,7 +469,8 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
             return;
         }
         sv_t prest = slash ? sv_make(slash, (size_t)(num.p + num.len - slash)) : SV("");
-        if (!auth_check(ctl, c, ns, ROLE_READ, NULL))
+        /* the role the request's purpose needs (docs/platform.md: read vs write) */
+        if (!auth_check(ctl, c, ns, edge_role_needed(c->req.method, (uint16_t)port, prest), NULL))
             return;
         edge_proxy(ctl, c, ns, id, (uint16_t)port, prest);
         return;

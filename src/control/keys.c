@@ -4,10 +4,13 @@
  * capability signed with it arrives; the key it replaces stays in the verification set until
  * every capability it signed has expired (cap_rotation_verify_set). Signing keys live in the
  * store because every control replica signs; nodes only ever receive public keys. */
+#include <fcntl.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "common/log.h"
 #include "control.h"
 
 static int b64(const uint8_t *p, size_t n, char *out, size_t cap)
@@ -140,19 +143,6 @@ int keys_rotate(store_t *st, uint64_t publish_delay_ms)
     return key_new(st, now, activate);
 }
 
-json_t *keys_verify_set_json(const keyring_t *kr, int64_t now_s)
-{
-    cap_pubkey_t pub[CAP_KEYSET_MAX];
-    size_t n = cap_rotation_verify_set(kr->recs, kr->n, now_s, pub, CAP_KEYSET_MAX);
-    json_t *arr = json_array();
-    for (size_t i = 0; arr && i < n; i++) {
-        char pk[64];
-        b64(pub[i].pk, CAP_PK_BYTES, pk, sizeof pk);
-        json_array_append_new(arr, json_pack("{s:s,s:s}", "kid", pub[i].kid, "pk", pk));
-    }
-    return arr;
-}
-
 int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap)
 {
     int64_t now = (int64_t)time(NULL);
@@ -162,4 +152,134 @@ int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap)
     c->iat = now;
     c->exp = now + CAP_LIFETIME_S;
     return cap_sign(&k->key, c, out, cap);
+}
+
+/* ---- the control plane's identity and the signed key set ------------------------------------ */
+
+/* <state>/identity.key: base64url of the Ed25519 secret key (seed || public key), 0600, made
+ * by the first control process that starts on this state directory (O_EXCL: replicas sharing
+ * the directory all read the one that won). */
+static int identity_read(const char *path, cap_identity_t *ret)
+{
+    char text[256];
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return negative_errno();
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return negative_errno();
+    if ((st.st_mode & 077) != 0 || !S_ISREG(st.st_mode)) {
+        log_error("%s: the identity key must be a regular file of mode 0600", path);
+        return -EPERM;
+    }
+    ssize_t k = read(fd, text, sizeof text - 1);
+    if (k <= 0)
+        return k < 0 ? negative_errno() : -ENODATA;
+    while (k > 0 && (text[k - 1] == '\n' || text[k - 1] == ' '))
+        k--;
+    text[k] = 0;
+    cap_identity_t id;
+    int r = unb64(text, id.sk, CAP_SK_BYTES);
+    sodium_memzero(text, sizeof text);
+    if (r < 0)
+        return -ENODATA;
+    memcpy(id.pk, id.sk + 32, CAP_PK_BYTES); /* libsodium: sk = seed || pk */
+    *ret = id;
+    sodium_memzero(&id, sizeof id);
+    return 0;
+}
+
+int identity_load_or_create(const char *state_dir, cap_identity_t *ret)
+{
+    char path[PATH_MAX + 32];
+    (void)snprintf(path, sizeof path, "%s/identity.key", state_dir);
+    int r = identity_read(path, ret);
+    if (r != -ENOENT) {
+        for (int i = 0; r == -ENODATA && i < 50; i++) { /* another replica is writing it */
+            struct timespec ts = { 0, 20 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+            r = identity_read(path, ret);
+        }
+        return r;
+    }
+    cap_identity_t id;
+    if (sodium_init() < 0 || crypto_sign_keypair(id.pk, id.sk) != 0)
+        return -EIO;
+    char text[160];
+    b64(id.sk, CAP_SK_BYTES, text, sizeof text);
+    size_t len = strlen(text);
+    text[len++] = '\n';
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        sodium_memzero(text, sizeof text);
+        sodium_memzero(&id, sizeof id);
+        return errno == EEXIST ? identity_load_or_create(state_dir, ret) : negative_errno();
+    }
+    r = write(fd, text, len) == (ssize_t)len && fsync(fd) == 0 ? 0 : -EIO;
+    safe_close(fd);
+    sodium_memzero(text, sizeof text);
+    if (r == 0) {
+        *ret = id;
+        log_info("created the control plane's identity key %s (mode 0600)", path);
+    }
+    sodium_memzero(&id, sizeof id);
+    return r;
+}
+
+int identity_pk_b64(const cap_identity_t *id, char *out, size_t cap)
+{
+    return b64(id->pk, CAP_PK_BYTES, out, cap);
+}
+
+/* The key set version (store key meta/keyset: {"version": N, "kids": "k1,k2"}): bumped by
+ * compare-and-swap whenever the set nodes must hold changes (a rotation publishes a key, a
+ * retired key's last capability expires), so it only ever goes up, and every control process
+ * that agrees on the set signs the very same bytes for it. */
+int keys_signed_set(store_t *st, const keyring_t *kr, const cap_identity_t *id, int64_t now_s,
+                    char *out, size_t cap, uint64_t *ret_version)
+{
+    cap_pubkey_t pub[CAP_KEYSET_MAX];
+    size_t n = cap_rotation_verify_set(kr->recs, kr->n, now_s, pub, CAP_KEYSET_MAX);
+    if (n == 0)
+        return -ENOKEY;
+    char kids[CAP_KEYSET_MAX * CAP_KID_MAX + 8] = "";
+    size_t kl = 0;
+    for (size_t i = 0; i < n; i++) { /* ids are < CAP_KID_MAX: it fits */
+        int w = snprintf(kids + kl, sizeof kids - kl, "%s%s", i ? "," : "", pub[i].kid);
+        if (w < 0 || (size_t)w >= sizeof kids - kl)
+            return -ENOBUFS;
+        kl += (size_t)w;
+    }
+    for (int attempt = 0; attempt < 8; attempt++) {
+        store_kv_t kv;
+        uint64_t version = 0;
+        int64_t rev = STORE_REV_ABSENT;
+        const char *have = "";
+        json_t *j = NULL;
+        if (store_get(st, "meta/keyset", &kv) == 0) {
+            j = json_loadb(kv.value, kv.value_len, 0, NULL);
+            rev = kv.rev;
+            store_kv_clear(&kv);
+            json_int_t v = json_integer_value(json_object_get(j, "version"));
+            version = v > 0 ? (uint64_t)v : 0;
+            const char *k = json_string_value(json_object_get(j, "kids"));
+            have = k ? k : "";
+        }
+        bool same = version > 0 && streq(have, kids);
+        json_decref(j);
+        if (same) {
+            *ret_version = version;
+            return cap_keyset_sign(id, version, pub, n, out, cap);
+        }
+        json_t *nj = json_pack("{s:I,s:s}", "version", (json_int_t)(version + 1), "kids", kids);
+        char *v = nj ? json_dumps(nj, JSON_COMPACT) : NULL;
+        json_decref(nj);
+        int r = v ? store_cas(st, "meta/keyset", v, strlen(v), rev, NULL) : -ENOMEM;
+        free(v);
+        if (r < 0 && r != -ESTALE && r != -EEXIST)
+            return r;
+        if (r >= 0)
+            log_info("key set version %llu: %s", (unsigned long long)(version + 1), kids);
+    }
+    return -EAGAIN;
 }

@@ -11,6 +11,9 @@
 
 #include "common/log.h"
 #include "control.h"
+#include "node/image.h"
+
+#define NODE_IMAGES_MAX 256
 
 static bool bearer_hash(conn_t *c, char out[65])
 {
@@ -31,10 +34,74 @@ static bool hash_eq(const char *a, const char *b)
     return strlen(a) == 64 && strlen(b) == 64 && sodium_memcmp(a, b, 64) == 0;
 }
 
+/* A node's image report, checked: [{name, digest, size}], at most NODE_IMAGES_MAX. A new
+ * reference, or NULL when it does not parse. */
+static json_t *images_from_report(json_t *v)
+{
+    json_t *out = json_array(), *e;
+    size_t i;
+    if (!out || !json_is_array(v) || json_array_size(v) > NODE_IMAGES_MAX) {
+        json_decref(out);
+        return NULL;
+    }
+    json_array_foreach(v, i, e) {
+        const char *name, *digest;
+        json_int_t size;
+        if (json_unpack(e, "{s:s,s:s,s:I}", "name", &name, "digest", &digest, "size", &size) < 0 ||
+            !image_name_valid(name) || strlen(digest) != 71 || memcmp(digest, "sha256:", 7) != 0 ||
+            size < 0) {
+            json_decref(out);
+            return NULL;
+        }
+        json_array_append_new(
+            out, json_pack("{s:s,s:s,s:I}", "name", name, "digest", digest, "size", size));
+    }
+    return out;
+}
+
+bool node_rec_has_image(json_t *rec, const char *name)
+{
+    size_t i;
+    json_t *e;
+    if (streq(name, "host"))
+        return true;
+    json_array_foreach(json_object_get(rec, "images"), i, e) {
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (n && streq(n, name))
+            return true;
+    }
+    return false;
+}
+
+bool image_on_live_node(store_t *st, const char *name)
+{
+    store_kv_t *kvs;
+    size_t n;
+    bool found = false;
+    if (streq(name, "host"))
+        return true;
+    if (store_list(st, "nodes/", &kvs, &n) < 0)
+        return false;
+    int64_t now = wall_ms();
+    for (size_t i = 0; i < n && !found; i++) {
+        json_t *j = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        json_int_t seen = json_integer_value(json_object_get(j, "last_seen_ms"));
+        found = j && now - seen < CTL_NODE_LIVE_MS && node_rec_has_image(j, name);
+        json_decref(j);
+    }
+    store_kv_free(kvs, n);
+    return found;
+}
+
+/* The key set goes out signed by the control plane's identity (nodes refuse anything else). */
 static void respond_keys(control_t *ctl, conn_t *c, int status, const char *token)
 {
-    json_t *j = json_pack("{s:o,s:i}", "keys", keys_verify_set_json(&ctl->keys, time(NULL)),
-                          "heartbeat_ms", 1000);
+    if (!ctl->keyset_wire[0]) {
+        conn_respond_error(c, 503, "no signed key set yet");
+        return;
+    }
+    json_t *j = json_pack("{s:s,s:I,s:i}", "keyset", ctl->keyset_wire, "keyset_version",
+                          (json_int_t)ctl->keyset_version, "heartbeat_ms", 1000);
     if (j && token)
         json_object_set_new(j, "node_token", json_string(token));
     conn_respond_json(c, status, j);
@@ -61,12 +128,17 @@ static void register_done(conn_t *c)
     char host[64];
     uint64_t port;
     const char *colon;
-    if (json_unpack(b, "{s:s,s:s,s?I}", "name", &name, "url", &url, "capacity", &capacity) < 0 ||
-        !cap_id_valid(name) || !(colon = strrchr(url, ':')) ||
-        (size_t)(colon - url) >= sizeof host || parse_u64_str(colon + 1, 65535, &port) < 0 ||
-        capacity < 1) {
+    json_t *images = NULL;
+    if (json_unpack(b, "{s:s,s:s,s?I,s?o}", "name", &name, "url", &url, "capacity", &capacity,
+                    "images", &images) < 0 ||
+        (images && !(images = images_from_report(images))) || !cap_id_valid(name) ||
+        !(colon = strrchr(url, ':')) || (size_t)(colon - url) >= sizeof host ||
+        parse_u64_str(colon + 1, 65535, &port) < 0 || capacity < 1) {
+        json_decref(images);
         json_decref(b);
-        conn_respond_error(c, 400, "register: expected {name, url: \"ip:port\", capacity}");
+        conn_respond_error(c, 400,
+                           "register: expected {name, url: \"ip:port\", capacity, images: "
+                           "[{name, digest, size}]}");
         return;
     }
     memcpy(host, url, (size_t)(colon - url));
@@ -98,6 +170,7 @@ static void register_done(conn_t *c)
         json_decref(o);
         store_kv_clear(&old);
         if (!same) {
+            json_decref(images);
             json_decref(b);
             conn_respond_error(c, 409,
                                "register: the name is registered to another node "
@@ -110,6 +183,11 @@ static void register_done(conn_t *c)
                   (json_int_t)port, "capacity", capacity, "token_hash", thash, "last_seen_ms",
                   /* live (placeable) from its first heartbeat, once it holds the keys */
                   (json_int_t)0, "registered_ms", (json_int_t)wall_ms());
+    /* the images the node verified: what jobs may name (GET /v1/nodes shows them) */
+    if (rec)
+        json_object_set_new(rec, "images", images ? images : json_array());
+    else
+        json_decref(images);
     log_info("node %s registered at %s:%llu", name, host, (unsigned long long)port);
     json_decref(b);
     char *v = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
@@ -184,13 +262,18 @@ static void heartbeat_done(conn_t *c, const char *name)
         conn_respond_error(c, 401, "heartbeat: wrong node token");
         return;
     }
+    json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, NULL);
+    json_t *images = images_from_report(json_object_get(b, "images"));
+    if (images)
+        json_object_set_new(rec, "images", images);
+    else if (json_object_get(b, "images"))
+        log_warn("node %s: its image report does not parse; keeping the last one", name);
     json_object_set_new(rec, "last_seen_ms", json_integer(wall_ms()));
     char *v = json_dumps(rec, JSON_COMPACT);
     json_decref(rec);
     if (v)
         (void)store_cas(ctl->store, key, v, strlen(v), rev, NULL);
     free(v);
-    json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, NULL);
     size_t i;
     json_t *rep;
     json_array_foreach(json_object_get(b, "runs"), i, rep)

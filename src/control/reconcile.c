@@ -30,6 +30,7 @@ typedef struct {
     uint16_t port;
     int64_t capacity, load;
     bool live;
+    bool has_image; /* reports the job's image */
 } node_info_t;
 
 /* ---- node calls ------------------------------------------------------------------------------ */
@@ -46,13 +47,22 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
 {
     cap_t cap = { .run = *run, .access = CAP_MANAGE };
     char wire[CAP_WIRE_MAX + 64], hdr[CAP_WIRE_MAX + 128], target[160];
-    int r = keys_sign(&rc->kr, &cap, wire, sizeof wire);
-    if (r < 0)
-        return r;
-    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\nContent-Type: application/json\r\n",
-                   wire);
     (void)snprintf(target, sizeof target, "/v1/runs/%s%s", run->sandbox, suffix);
     char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    /* single-use, for exactly this method, target and body */
+    int r = cap_bind_request(&cap, method, strlen(method), target, strlen(target), b ? b : "",
+                             b ? strlen(b) : 0);
+    if (r >= 0)
+        r = keys_sign(&rc->kr, &cap, wire, sizeof wire);
+    if (r < 0) {
+        if (b) {
+            sodium_memzero(b, strlen(b));
+            free(b);
+        }
+        return r;
+    }
+    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\nContent-Type: application/json\r\n",
+                   wire);
     httpc_request_t rq;
     httpc_request_init(&rq);
     rq.host = host;
@@ -121,7 +131,7 @@ static void job_patch(rec_t *rc, const char *ns, const char *id, const job_patch
     }
 }
 
-static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max)
+static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max, const char *image)
 {
     store_kv_t *kvs;
     size_t n, k = 0;
@@ -138,7 +148,8 @@ static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max)
             node_info_t *ni = &out[k++];
             *ni = (node_info_t){ .port = (uint16_t)port,
                                  .capacity = cap,
-                                 .live = now - seen < CTL_NODE_LIVE_MS };
+                                 .live = now - seen < CTL_NODE_LIVE_MS,
+                                 .has_image = node_rec_has_image(j, image) };
             memcpy(ni->name, name, strlen(name) + 1);
             memcpy(ni->host, host, strlen(host) + 1);
         }
@@ -162,16 +173,16 @@ static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max)
     return k;
 }
 
-/* Placement: a live node with room; the preferred one if it qualifies, never `avoid`; else the
- * least loaded. */
+/* Placement: a live node with room and the job's image; the preferred one if it qualifies, never
+ * `avoid`; else the least loaded. */
 static const node_info_t *place(node_info_t *nodes, size_t n, const char *prefer, const char *avoid,
                                 const char *only)
 {
     const node_info_t *best = NULL;
     for (size_t i = 0; i < n; i++) {
         const node_info_t *ni = &nodes[i];
-        if (!ni->live || ni->load >= ni->capacity || (avoid && streq(ni->name, avoid)) ||
-            (only && !streq(ni->name, only)))
+        if (!ni->live || !ni->has_image || ni->load >= ni->capacity ||
+            (avoid && streq(ni->name, avoid)) || (only && !streq(ni->name, only)))
             continue;
         if (prefer && streq(ni->name, prefer))
             return ni;
@@ -207,10 +218,14 @@ static json_t *install_body(rec_t *rc, json_t *job, const char *id, json_t *rest
         sodium_memzero(kv.value, kv.value_len);
         store_kv_clear(&kv);
     }
-    json_t *b =
-        json_pack("{s:O,s:O,s:O,s:O,s:o}", "command", json_object_get(job, "command"), "env",
-                  json_object_get(job, "env"), "expose", json_object_get(job, "expose"), "flavor",
-                  json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object());
+    /* "image": the name; the node resolves it to its verified rootfs (image_rootfs) */
+    const char *image = json_string_value(json_object_get(job, "image"));
+    json_t *b = json_pack(
+        "{s:O,s:O,s:O,s:O,s:o,s:s,s:s}", "command", json_object_get(job, "command"), "env",
+        json_object_get(job, "env"), "expose", json_object_get(job, "expose"), "flavor",
+        json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object(), "mode",
+        json_string_value(json_object_get(job, "mode")) ?: "dedicated", "image",
+        image ? image : "host");
     if (b && restore)
         json_object_set_new(b, "restore", restore);
     else
@@ -252,7 +267,10 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
                       int64_t rev, bool have_old)
 {
     node_info_t nodes[64];
-    size_t n = load_nodes(rc, nodes, 64);
+    const char *image = json_string_value(json_object_get(job, "image"));
+    if (!image)
+        image = "host";
+    size_t n = load_nodes(rc, nodes, 64, image);
     const char *move_to = json_string_value(json_object_get(job, "move_to"));
     bool move = move_to && *move_to;
     bool resume = have_old && streq(old->state, "paused");
@@ -261,7 +279,11 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
                                   move && have_old ? old->run.node : NULL,
                                   move && !streq(move_to, "*") ? move_to : NULL);
     if (!ni) {
-        job_patch(rc, ns, id, &(job_patch_t){ .message = "waiting for a live node with room" });
+        char msg[160];
+        (void)snprintf(msg, sizeof msg, "waiting for a live node with room%s%s",
+                       streq(image, "host") ? "" : " and image ",
+                       streq(image, "host") ? "" : image);
+        job_patch(rc, ns, id, &(job_patch_t){ .message = msg });
         return;
     }
     runrec_t nr = { .port = ni->port };
@@ -276,8 +298,10 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         restore = json_pack("{s:s}", "mode", "local");
     else if (resume) {
         cap_t cap = { .run = old->run, .access = CAP_STATE_READ }; /* nothing more for B */
-        char wire[CAP_WIRE_MAX + 64];
-        if (keys_sign(&rc->kr, &cap, wire, sizeof wire) >= 0)
+        char wire[CAP_WIRE_MAX + 64], st_target[128];
+        (void)snprintf(st_target, sizeof st_target, "/v1/runs/%s/state", old->run.sandbox);
+        if (cap_bind_request(&cap, "GET", 3, st_target, strlen(st_target), NULL, 0) >= 0 &&
+            keys_sign(&rc->kr, &cap, wire, sizeof wire) >= 0)
             restore = json_pack("{s:s,s:s,s:i,s:s,s:s}", "mode", "remote", "host", old->host,
                                 "port", old->port, "sandbox", id, "capability", wire);
         nr.has_prev = true; /* the old root is removed once the new run runs */

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "cgroup.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -143,4 +144,107 @@ int cgroup_count(const cgroups_t *cg, uint32_t slot)
     for (ssize_t i = 0; i < n && b[i] >= '0' && b[i] <= '9'; i++)
         v = v * 10 + (b[i] - '0');
     return v;
+}
+
+static int set_limit(int i, const char *dir, const cg_limits_t *lim)
+{
+    char p[256], val[32];
+    if (i == 0) {
+        (void)snprintf(p, sizeof p, "%s/memory.limit_in_bytes", dir);
+        (void)snprintf(val, sizeof val, "%llu", (unsigned long long)lim->mem_bytes);
+        return write_file(p, lim->mem_bytes ? val : "-1");
+    }
+    if (i == 1) {
+        (void)snprintf(p, sizeof p, "%s/pids.max", dir);
+        (void)snprintf(val, sizeof val, "%llu", (unsigned long long)lim->pids);
+        return write_file(p, lim->pids ? val : "max");
+    }
+    if (!lim->cpu_quota_us)
+        return 0;
+    (void)snprintf(p, sizeof p, "%s/cpu.cfs_period_us", dir);
+    (void)snprintf(val, sizeof val, "%llu", (unsigned long long)lim->cpu_period_us);
+    int r = write_file(p, val);
+    (void)snprintf(p, sizeof p, "%s/cpu.cfs_quota_us", dir);
+    (void)snprintf(val, sizeof val, "%llu", (unsigned long long)lim->cpu_quota_us);
+    return r < 0 ? r : write_file(p, val);
+}
+
+int cgroup_prepare_run(const cgroups_t *cg, const char *name, const cg_limits_t *lim, int64_t owner,
+                       int *fds, int nfds, char (*dirs)[192], const char **names)
+{
+    int k = 0;
+    bool have[3] = { cg->v1_memory, cg->v1_pids, cg->v1_cpu };
+    for (int i = 0; i < 3 && k < nfds - 1; i++) {
+        if (!have[i])
+            continue;
+        char *dir = dirs[k], p[256];
+        int n = snprintf(dir, 192, "%s/%s", cg->v1_root[i], name);
+        if (n < 0 || n >= 192) {
+            errno = ENAMETOOLONG;
+            goto fail;
+        }
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+            goto fail;
+        int r = set_limit(i, dir, lim);
+        if (r < 0) {
+            errno = -r;
+            goto fail;
+        }
+        if (owner >= 0) { /* delegated: the run may create and fill children, never raise its
+                           * own limits */
+            static const char *const files[] = { "", "/cgroup.procs", "/tasks" };
+            for (size_t f = 0; f < 3; f++) {
+                (void)snprintf(p, sizeof p, "%s%s", dir, files[f]);
+                if (chown(p, (uid_t)owner, (gid_t)owner) < 0)
+                    goto fail;
+            }
+        }
+        (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
+        fds[k] = open(p, O_WRONLY | O_CLOEXEC);
+        if (fds[k] < 0)
+            goto fail;
+        names[k] = v1_names[i];
+        k++;
+    }
+    fds[k] = -1;
+    names[k] = NULL;
+    return 0;
+fail:;
+    int e = errno;
+    while (k > 0) {
+        k--;
+        fds[k] = safe_close(fds[k]);
+        names[k] = NULL;
+    }
+    fds[0] = -1;
+    errno = e;
+    return -e;
+}
+
+static void rmtree_cgroup(const char *dir, int depth)
+{
+    DIR *d = depth < 16 ? opendir(dir) : NULL;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_type != DT_DIR || streq(de->d_name, ".") || streq(de->d_name, ".."))
+            continue;
+        char sub[512];
+        if (snprintf(sub, sizeof sub, "%s/%s", dir, de->d_name) < (int)sizeof sub)
+            rmtree_cgroup(sub, depth + 1);
+    }
+    if (d)
+        closedir(d);
+    (void)rmdir(dir);
+}
+
+void cgroup_remove_run(const cgroups_t *cg, const char *name)
+{
+    bool have[3] = { cg->v1_memory, cg->v1_pids, cg->v1_cpu };
+    for (int i = 0; i < 3; i++) {
+        if (!have[i])
+            continue;
+        char dir[256];
+        if (snprintf(dir, sizeof dir, "%s/%s", cg->v1_root[i], name) < (int)sizeof dir)
+            rmtree_cgroup(dir, 0);
+    }
 }

@@ -29,5 +29,14 @@ void cgroups_done(cgroups_t *cg);
 void cgroups_describe(const cgroups_t *cg, char *out, size_t cap);
 /* Prepare cgroup `slot` with limits and open its cgroup.procs files (fds, -1 terminated). */
 int cgroup_prepare(const cgroups_t *cg, uint32_t slot, const cg_limits_t *lim, int *fds, int nfds);
+/* A run's cgroups: <parent>/<name> per controller with limits; its cgroup.procs files opened
+ * into fds (-1 terminated, at most nfds - 1), its directories into dirs with the controller
+ * names beside them (NULL-terminated). owner >= 0: the directory and its cgroup.procs and
+ * tasks files are given to that host uid (gid alike), which may then create and fill child
+ * cgroups; the limit files stay root's. Returns 0 or -errno (errno set). */
+int cgroup_prepare_run(const cgroups_t *cg, const char *name, const cg_limits_t *lim, int64_t owner,
+                       int *fds, int nfds, char (*dirs)[192], const char **names);
+/* Remove a run's cgroups and everything nested in them (depth first); best effort. */
+void cgroup_remove_run(const cgroups_t *cg, const char *name);
 /* Number of processes left in the slot's cgroup (pids controller), -errno if unknown. */
 int cgroup_count(const cgroups_t *cg, uint32_t slot);

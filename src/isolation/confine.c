@@ -17,6 +17,7 @@
 enum {
     STEP_NONE,
     STEP_SETNS,
+    STEP_SETNS_NET,
     STEP_CGROUP,
     STEP_SETPGID,
     STEP_STDIO,
@@ -38,6 +39,7 @@ const char *confine_step_name(int step)
     static const char *const names[STEP_MAX] = {
         [STEP_NONE] = "none",
         [STEP_SETNS] = "setns(mount namespace)",
+        [STEP_SETNS_NET] = "setns(network namespace)",
         [STEP_CGROUP] = "join cgroup",
         [STEP_SETPGID] = "setpgid",
         [STEP_STDIO] = "dup2(stdio)",
@@ -104,6 +106,10 @@ static int confine_child(void *arg)
      * sandbox cannot see other sandboxes' processes. */
     if (spec->mntns_fd >= 0 && syscall(SYS_setns, spec->mntns_fd, CLONE_NEWNS) < 0)
         FAIL(STEP_SETNS);
+    /* As root: the sandbox's own network namespace (loopback only), so it reaches neither its
+     * siblings nor the host's listeners, and nothing it binds is reachable from them. */
+    if (spec->netns_fd >= 0 && syscall(SYS_setns, spec->netns_fd, CLONE_NEWNET) < 0)
+        FAIL(STEP_SETNS_NET);
     /* As root: join this sandbox's cgroups (aggregate memory/pids/cpu limits) before any
      * code of the sandbox runs, so nothing it starts can escape them. */
     for (int i = 0; i < CONFINE_MAX_CGROUPS && spec->cgroup_procs_fds[i] >= 0; i++)

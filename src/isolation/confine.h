@@ -22,7 +22,8 @@ typedef struct {
     /* identity */
     uint32_t uid, gid;
     /* isolation, applied in this order after the mount namespace and cgroups */
-    int mntns_fd;                              /* -1: stay in the host mount namespace */
+    int mntns_fd; /* -1: stay in the host mount namespace */
+    int netns_fd; /* the sandbox's own network namespace; -1: stay in the host's */
     int cgroup_procs_fds[CONFINE_MAX_CGROUPS]; /* cgroup.procs files to join (as root); -1 ends */
     int ruleset_fd;                            /* -1: uid-only (only with --allow-unconfined) */
     const void *seccomp;                       /* a seccomp_filter_t, or NULL */

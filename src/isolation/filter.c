@@ -69,6 +69,45 @@ static const char *const denied[] = {
     "lookup_dcookie",
 };
 
+/* Export the BPF once (children only load it); consumes ctx. */
+static int export_bpf(scmp_filter_ctx ctx, seccomp_filter_t *f)
+{
+    int fds[2];
+    if (pipe2(fds, 0) < 0) {
+        seccomp_release(ctx);
+        return negative_errno();
+    }
+    int r = seccomp_export_bpf(ctx, fds[1]);
+    close(fds[1]);
+    seccomp_release(ctx);
+    if (r < 0) {
+        close(fds[0]);
+        return r;
+    }
+    size_t cap = 4096 * sizeof(struct sock_filter), len = 0;
+    struct sock_filter *prog = malloc(cap);
+    if (!prog) {
+        close(fds[0]);
+        return -ENOMEM;
+    }
+    for (;;) {
+        ssize_t n = read(fds[0], (char *)prog + len, cap - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        if (len == cap)
+            break;
+    }
+    close(fds[0]);
+    if (len == 0 || len % sizeof(struct sock_filter) != 0) {
+        free(prog);
+        return -EIO;
+    }
+    f->prog.filter = prog;
+    f->prog.len = (unsigned short)(len / sizeof(struct sock_filter));
+    return 0;
+}
+
 int seccomp_filter_build(seccomp_filter_t *f)
 {
     *f = (seccomp_filter_t){ 0 };
@@ -102,41 +141,7 @@ int seccomp_filter_build(seccomp_filter_t *f)
         seccomp_release(ctx);
         return r;
     }
-    /* Export the BPF once; children only load it. */
-    int fds[2];
-    if (pipe2(fds, 0) < 0) {
-        seccomp_release(ctx);
-        return negative_errno();
-    }
-    r = seccomp_export_bpf(ctx, fds[1]);
-    close(fds[1]);
-    seccomp_release(ctx);
-    if (r < 0) {
-        close(fds[0]);
-        return r;
-    }
-    size_t cap = 4096 * sizeof(struct sock_filter), len = 0;
-    struct sock_filter *prog = malloc(cap);
-    if (!prog) {
-        close(fds[0]);
-        return -ENOMEM;
-    }
-    for (;;) {
-        ssize_t n = read(fds[0], (char *)prog + len, cap - len);
-        if (n <= 0)
-            break;
-        len += (size_t)n;
-        if (len == cap)
-            break;
-    }
-    close(fds[0]);
-    if (len == 0 || len % sizeof(struct sock_filter) != 0) {
-        free(prog);
-        return -EIO;
-    }
-    f->prog.filter = prog;
-    f->prog.len = (unsigned short)(len / sizeof(struct sock_filter));
-    return 0;
+    return export_bpf(ctx, f);
 }
 
 void seccomp_filter_done(seccomp_filter_t *f)
@@ -149,4 +154,428 @@ void seccomp_filter_done(seccomp_filter_t *f)
 long seccomp_filter_load_raw(const seccomp_filter_t *f)
 {
     return syscall(SYS_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &f->prog, 0, 0);
+}
+
+/* ---- the default profile of every run --------------------------------------------------- */
+
+/* What a run may call: the system calls of ordinary programs (the container default's list, in
+ * spirit). Anything not named here fails with ENOSYS, as on a kernel that lacks it, so programs
+ * fall back the way they do there; the dangerous families below fail with EPERM. */
+static const char *const run_allowed[] = {
+    "accept",
+    "accept4",
+    "access",
+    "alarm",
+    "arch_prctl",
+    "bind",
+    "brk",
+    "capget",
+    "capset",
+    "chdir",
+    "chmod",
+    "chown",
+    "chroot",
+    "clock_getres",
+    "clock_gettime",
+    "clock_nanosleep",
+    "close",
+    "close_range",
+    "connect",
+    "copy_file_range",
+    "creat",
+    "dup",
+    "dup2",
+    "dup3",
+    "epoll_create",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "epoll_wait",
+    "eventfd",
+    "eventfd2",
+    "execve",
+    "execveat",
+    "exit",
+    "exit_group",
+    "faccessat",
+    "faccessat2",
+    "fadvise64",
+    "fallocate",
+    "fanotify_mark",
+    "fchdir",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "fchown",
+    "fchownat",
+    "fcntl",
+    "fdatasync",
+    "fgetxattr",
+    "flistxattr",
+    "flock",
+    "fork",
+    "fremovexattr",
+    "fsetxattr",
+    "fstat",
+    "fstatfs",
+    "fsync",
+    "ftruncate",
+    "futex",
+    "futex_waitv",
+    "futimesat",
+    "get_mempolicy",
+    "get_robust_list",
+    "get_thread_area",
+    "getcpu",
+    "getcwd",
+    "getdents",
+    "getdents64",
+    "getegid",
+    "geteuid",
+    "getgid",
+    "getgroups",
+    "getitimer",
+    "getpeername",
+    "getpgid",
+    "getpgrp",
+    "getpid",
+    "getppid",
+    "getpriority",
+    "getrandom",
+    "getresgid",
+    "getresuid",
+    "getrlimit",
+    "getrusage",
+    "getsid",
+    "getsockname",
+    "getsockopt",
+    "gettid",
+    "gettimeofday",
+    "getuid",
+    "getxattr",
+    "inotify_add_watch",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_rm_watch",
+    "io_cancel",
+    "io_destroy",
+    "io_getevents",
+    "io_pgetevents",
+    "io_setup",
+    "io_submit",
+    "ioctl",
+    "ioprio_get",
+    "ioprio_set",
+    "kcmp",
+    "kill",
+    "landlock_add_rule",
+    "landlock_create_ruleset",
+    "landlock_restrict_self",
+    "lchown",
+    "lgetxattr",
+    "link",
+    "linkat",
+    "listen",
+    "listxattr",
+    "llistxattr",
+    "lremovexattr",
+    "lseek",
+    "lsetxattr",
+    "lstat",
+    "madvise",
+    "mbind",
+    "membarrier",
+    "memfd_create",
+    "mincore",
+    "mkdir",
+    "mkdirat",
+    "mknod",
+    "mknodat",
+    "mlock",
+    "mlock2",
+    "mlockall",
+    "mmap",
+    "mprotect",
+    "mq_getsetattr",
+    "mq_notify",
+    "mq_open",
+    "mq_timedreceive",
+    "mq_timedsend",
+    "mq_unlink",
+    "mremap",
+    "msgctl",
+    "msgget",
+    "msgrcv",
+    "msgsnd",
+    "msync",
+    "munlock",
+    "munlockall",
+    "munmap",
+    "name_to_handle_at",
+    "nanosleep",
+    "newfstatat",
+    "open",
+    "openat",
+    "openat2",
+    "pause",
+    "personality",
+    "pidfd_getfd",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pipe",
+    "pipe2",
+    "pkey_alloc",
+    "pkey_free",
+    "pkey_mprotect",
+    "poll",
+    "ppoll",
+    "prctl",
+    "pread64",
+    "preadv",
+    "preadv2",
+    "prlimit64",
+    "process_madvise",
+    "process_mrelease",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pselect6",
+    "ptrace",
+    "pwrite64",
+    "pwritev",
+    "pwritev2",
+    "read",
+    "readahead",
+    "readlink",
+    "readlinkat",
+    "readv",
+    "recvfrom",
+    "recvmmsg",
+    "recvmsg",
+    "remap_file_pages",
+    "removexattr",
+    "rename",
+    "renameat",
+    "renameat2",
+    "restart_syscall",
+    "rmdir",
+    "rseq",
+    "rt_sigaction",
+    "rt_sigpending",
+    "rt_sigprocmask",
+    "rt_sigqueueinfo",
+    "rt_sigreturn",
+    "rt_sigsuspend",
+    "rt_sigtimedwait",
+    "rt_tgsigqueueinfo",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "sched_getaffinity",
+    "sched_getattr",
+    "sched_getparam",
+    "sched_getscheduler",
+    "sched_rr_get_interval",
+    "sched_setaffinity",
+    "sched_setattr",
+    "sched_setparam",
+    "sched_setscheduler",
+    "sched_yield",
+    "seccomp",
+    "select",
+    "semctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "sendfile",
+    "sendmmsg",
+    "sendmsg",
+    "sendto",
+    "set_mempolicy",
+    "set_robust_list",
+    "set_thread_area",
+    "set_tid_address",
+    "setfsgid",
+    "setfsuid",
+    "setgid",
+    "setgroups",
+    "setitimer",
+    "setpgid",
+    "setpriority",
+    "setregid",
+    "setresgid",
+    "setresuid",
+    "setreuid",
+    "setrlimit",
+    "setsid",
+    "setsockopt",
+    "setuid",
+    "setxattr",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "shmget",
+    "shutdown",
+    "sigaltstack",
+    "signalfd",
+    "signalfd4",
+    "socket",
+    "socketpair",
+    "splice",
+    "stat",
+    "statfs",
+    "statx",
+    "symlink",
+    "symlinkat",
+    "sync",
+    "sync_file_range",
+    "syncfs",
+    "sysinfo",
+    "tee",
+    "tgkill",
+    "time",
+    "timer_create",
+    "timer_delete",
+    "timer_getoverrun",
+    "timer_gettime",
+    "timer_settime",
+    "timerfd_create",
+    "timerfd_gettime",
+    "timerfd_settime",
+    "times",
+    "tkill",
+    "truncate",
+    "umask",
+    "uname",
+    "unlink",
+    "unlinkat",
+    "utime",
+    "utimensat",
+    "utimes",
+    "vfork",
+    "vmsplice",
+    "wait4",
+    "waitid",
+    "write",
+    "writev",
+};
+
+/* Named refusals (EPERM): kernel interfaces a run never gets, whatever its capabilities inside
+ * its user namespace. */
+static const char *const run_refused[] = {
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "open_by_handle_at",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
+    "clock_settime",
+    "clock_adjtime",
+    "settimeofday",
+    "adjtimex",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "iopl",
+    "ioperm",
+    "syslog",
+    "lookup_dcookie",
+    "vhangup",
+    "sethostname",
+    "setdomainname",
+    "fanotify_init",
+    "modify_ldt",
+    "uselib",
+    "ustat",
+    "sysfs",
+    "_sysctl",
+    "nfsservctl",
+    "move_pages",
+    "memfd_secret",
+};
+
+static int add_names(scmp_filter_ctx ctx, const char *const *names, size_t n, uint32_t action)
+{
+    for (size_t i = 0; i < n; i++) {
+        int nr = seccomp_syscall_resolve_name(names[i]);
+        if (nr == __NR_SCMP_ERROR)
+            continue; /* not on this architecture */
+        int r = seccomp_rule_add(ctx, action, nr, 0);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+int seccomp_run_filter_build(seccomp_filter_t *f, bool pool_host)
+{
+    *f = (seccomp_filter_t){ 0 };
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(ENOSYS));
+    if (!ctx)
+        return -ENOMEM;
+    (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0); /* the node sets it, in order */
+    (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
+    int r = add_names(ctx, run_allowed, ELEMENTSOF(run_allowed), SCMP_ACT_ALLOW);
+    if (r >= 0)
+        r = add_names(ctx, run_refused, ELEMENTSOF(run_refused), SCMP_ACT_ERRNO(EPERM));
+    /* New namespaces: never a user namespace (the run stays in the one the node made for it).
+     * A pool host makes a network namespace per sandbox and enters it; a dedicated run makes
+     * none. clone3 hides its flags from seccomp: ENOSYS, so libc falls back to clone. */
+    const unsigned long refused_ns =
+        pool_host ? CLONE_NEWUSER
+                  : (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC |
+                     CLONE_NEWUTS | CLONE_NEWCGROUP);
+    /* (clone3 is not on the allow-list: it gets the default ENOSYS) */
+    if (r >= 0)
+        r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1,
+                             SCMP_A0(SCMP_CMP_MASKED_EQ, refused_ns, 0));
+    static const unsigned long ns_flags[] = { CLONE_NEWUSER,  CLONE_NEWNS,  CLONE_NEWPID,
+                                              CLONE_NEWNET,   CLONE_NEWIPC, CLONE_NEWUTS,
+                                              CLONE_NEWCGROUP };
+    for (size_t i = 0; i < ELEMENTSOF(ns_flags) && r >= 0; i++)
+        if (refused_ns & ns_flags[i])
+            r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                                 SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+    if (r >= 0 && pool_host) {
+        r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(unshare), 1,
+                             SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, 0));
+        if (r >= 0)
+            r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
+                                 SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+        if (r >= 0)
+            r = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(setns), 0);
+    } else if (r >= 0) {
+        r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 0);
+        if (r >= 0)
+            r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 0);
+    }
+    /* ioctl stays allowed whole: libseccomp drops a conditional refusal beside an unconditional
+     * allow, and a run shares no terminal with the host (TIOCSTI reaches only its own ptys);
+     * pooled sandboxes, which share a host, refuse TIOCSTI in their own filter. */
+    if (r < 0) {
+        seccomp_release(ctx);
+        return r;
+    }
+    return export_bpf(ctx, f);
 }

@@ -6,12 +6,16 @@
 #pragma once
 
 #include <linux/filter.h>
+#include <stdbool.h>
 
 typedef struct {
     struct sock_fprog prog;
 } seccomp_filter_t;
 
 int seccomp_filter_build(seccomp_filter_t *f);
+/* The default profile of every run (an allow-list; the rest ENOSYS, dangerous families EPERM).
+ * A pool host may also make network namespaces (never user namespaces) and enter them. */
+int seccomp_run_filter_build(seccomp_filter_t *f, bool pool_host);
 void seccomp_filter_done(seccomp_filter_t *f);
 /* Raw load (child side); NO_NEW_PRIVS must already be set. */
 long seccomp_filter_load_raw(const seccomp_filter_t *f);

@@ -15,28 +15,6 @@
 
 #define HEARTBEAT_MS 1000
 
-static int parse_keys(json_t *arr, cap_keyset_t *ks)
-{
-    cap_pubkey_t keys[CAP_KEYSET_MAX];
-    size_t n = 0, i;
-    json_t *k;
-    if (!json_is_array(arr) || json_array_size(arr) == 0 || json_array_size(arr) > CAP_KEYSET_MAX)
-        return -EINVAL;
-    json_array_foreach(arr, i, k) {
-        const char *kid, *pk;
-        size_t len;
-        if (json_unpack(k, "{s:s,s:s}", "kid", &kid, "pk", &pk) < 0 || strlen(kid) >= CAP_KID_MAX)
-            return -EINVAL;
-        memcpy(keys[n].kid, kid, strlen(kid) + 1);
-        if (sodium_base642bin(keys[n].pk, CAP_PK_BYTES, pk, strlen(pk), NULL, &len, NULL,
-                              sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
-            len != CAP_PK_BYTES)
-            return -EINVAL;
-        n++;
-    }
-    return cap_keyset_set(ks, keys, n);
-}
-
 static int call(node_t *n, const char *target, const char *bearer, const char *extra, json_t *body,
                 json_t **ret)
 {
@@ -92,22 +70,68 @@ void node_token_load(node_t *n)
     n->node_token[k > 0 ? k : 0] = 0;
 }
 
-static int apply_keys(node_t *n, json_t *j)
+int node_keyset_apply(node_t *n, const char *wire, bool persist)
 {
     cap_keyset_t ks;
-    int r = parse_keys(json_object_get(j, "keys"), &ks);
+    uint64_t version;
+    size_t len = wire ? strlen(wire) : 0;
+    int r = wire ? cap_keyset_open(n->cfg.control_pk, wire, len, &version, &ks) : -EBADMSG;
     if (r < 0)
         return r;
     pthread_mutex_lock(&n->keys_lock);
+    if (version < n->keys_version || (version == n->keys_version && !streq(wire, n->keyset_wire))) {
+        uint64_t have = n->keys_version;
+        pthread_mutex_unlock(&n->keys_lock);
+        log_warn("refused a key set of version %llu: this node holds version %llu",
+                 (unsigned long long)version, (unsigned long long)have);
+        return -ESTALE;
+    }
+    bool changed = version != n->keys_version;
     n->keys = ks;
+    n->keys_version = version;
+    memcpy(n->keyset_wire, wire, len + 1);
     pthread_mutex_unlock(&n->keys_lock);
+    if (changed) {
+        log_info("key set version %llu (%zu keys)", (unsigned long long)version, ks.n);
+        char path[PATH_MAX + 32];
+        (void)snprintf(path, sizeof path, "%s/keyset", n->cfg.state_dir);
+        if (persist && file_write_atomic(path, wire, len, 0600) < 0)
+            log_warn("cannot keep the key set in %s", path);
+    }
     return 0;
+}
+
+void node_keyset_load(node_t *n)
+{
+    char path[PATH_MAX + 32], wire[CAP_KEYSET_WIRE_MAX + 1];
+    (void)snprintf(path, sizeof path, "%s/keyset", n->cfg.state_dir);
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return;
+    ssize_t k = read(fd, wire, sizeof wire - 1);
+    if (k <= 0)
+        return;
+    wire[k] = 0;
+    int r = node_keyset_apply(n, wire, false);
+    if (r < 0)
+        log_warn("the key set kept in %s is not one the pinned control identity signed: %s", path,
+                 strerror(-r));
+}
+
+static int apply_keys(node_t *n, json_t *j)
+{
+    int r = node_keyset_apply(n, json_string_value(json_object_get(j, "keyset")), true);
+    if (r == -EPERM || r == -EBADMSG)
+        log_warn("refused the key set from %s:%u: %s", n->cfg.control_host, n->cfg.control_port,
+                 r == -EPERM ? "not signed by the pinned control identity" : "malformed");
+    return r;
 }
 
 static int do_register(node_t *n)
 {
-    json_t *body = json_pack("{s:s,s:s,s:I,s:[s]}", "name", n->cfg.name, "url", n->cfg.advertise,
-                             "capacity", (json_int_t)n->cfg.capacity, "substrates", "process");
+    json_t *body = json_pack("{s:s,s:s,s:I,s:[s],s:o}", "name", n->cfg.name, "url",
+                             n->cfg.advertise, "capacity", (json_int_t)n->cfg.capacity,
+                             "substrates", "process", "images", node_images_json(n));
     json_t *resp = NULL;
     /* our previous token proves this name is ours when the control plane knows it already */
     char extra[200] = "";
@@ -144,7 +168,8 @@ static int do_heartbeat(node_t *n)
     memcpy(token, n->node_token, sizeof token);
     json_t *runs = n->runs_report ? json_deep_copy(n->runs_report) : json_array();
     pthread_mutex_unlock(&n->keys_lock);
-    json_t *body = json_pack("{s:o}", "runs", runs ? runs : json_array());
+    json_t *body =
+        json_pack("{s:o,s:o}", "runs", runs ? runs : json_array(), "images", node_images_json(n));
     json_t *resp = NULL;
     int r = body ? call(n, target, token, NULL, body, &resp) : -ENOMEM;
     json_decref(body);

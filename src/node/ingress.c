@@ -14,7 +14,11 @@
  *   DELETE /v1/runs/{sandbox}                      retire               (manage)
  *   GET    /v1/runs/{sandbox}/state                tar of a stopped run (manage)
  *   ANY    /v1/runs/{sandbox}/ports/{port}/{rest}  forward to the run   (exec/files/... or proxy)
- */
+ *
+ * Capabilities (v2) name the request: its method and target always, its body's digest for
+ * management calls and whenever the edge buffered the body (the node then collects the body
+ * and checks it before forwarding), and management capabilities are single-use. */
+#include <sodium.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -124,19 +128,56 @@ static run_t *manage_target(node_t *n, conn_t *c, const cap_t *cap)
     return r;
 }
 
-static void route_install(node_t *n, conn_t *c, const char *sandbox)
+/* The method and target of this very request are the ones the capability names. */
+static bool request_bound(conn_t *c, const cap_t *cap)
 {
-    cap_t cap;
-    if (!manage_cap_ok(n, c, sandbox, CAP_MANAGE, &cap))
-        return;
-    install_start(n, c, &cap.run);
+    uint8_t d[CAP_DIGEST_BYTES];
+    const http_request_t *rq = &c->req;
+    if (rq->method.len != strnlen(cap->method, CAP_METHOD_MAX) ||
+        memcmp(rq->method.p, cap->method, rq->method.len) != 0)
+        return false;
+    cap_digest(rq->target.p, rq->target.len, d);
+    return sodium_memcmp(d, cap->target, sizeof d) == 0;
 }
 
-static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *op)
-{
+/* A management call waits for its body: the capability names its digest (and a single-use id),
+ * both checked before anything is done. */
+typedef struct {
     cap_t cap;
-    if (!manage_cap_ok(n, c, sandbox, streq(op, "state") ? CAP_STATE_READ : CAP_MANAGE, &cap))
+    char op[16];
+} manage_ctx_t;
+
+static void manage_ctx_free(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    free(c->hdata);
+    c->hdata = NULL;
+}
+
+static const handler_ops_t manage_ops = { .on_close = manage_ctx_free };
+
+static void manage_body_done(conn_t *c)
+{
+    node_t *n = c->srv->app;
+    manage_ctx_t *m = c->hdata;
+    cap_t cap = m->cap;
+    char op[sizeof m->op];
+    memcpy(op, m->op, sizeof op);
+    conn_set_handler(c, NULL, NULL);
+    free(m);
+    if (cap.has_body && !cap_body_matches(&cap, buf_head(&c->body), c->body.len)) {
+        node_refuse(c, CAP_DENY, CAP_E_BODY, "the capability names another body");
         return;
+    }
+    /* single use: recorded only once everything else held, so a refused call burns nothing */
+    if (cap.has_nonce && cap_replay_use(&n->replay, &cap, now_s()) != CAP_OK) {
+        node_refuse(c, CAP_DENY, CAP_E_REPLAY, "this capability was used already");
+        return;
+    }
+    if (streq(op, "install")) {
+        install_start(n, c, &cap.run);
+        return;
+    }
     run_t *r = manage_target(n, c, &cap);
     if (!r)
         return;
@@ -157,6 +198,30 @@ static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *
     }
 }
 
+static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *op)
+{
+    cap_t cap;
+    if (!manage_cap_ok(n, c, sandbox, streq(op, "state") ? CAP_STATE_READ : CAP_MANAGE, &cap))
+        return;
+    if (!request_bound(c, &cap)) {
+        node_refuse(c, CAP_DENY, CAP_E_REQUEST, "the capability names another request");
+        return;
+    }
+    if (c->req.has_transfer_encoding) {
+        node_refuse(c, CAP_DENY, CAP_E_BODY, "a management body needs a Content-Length");
+        return;
+    }
+    manage_ctx_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        conn_respond_errno(c, -ENOMEM, "manage");
+        return;
+    }
+    m->cap = cap;
+    (void)snprintf(m->op, sizeof m->op, "%s", op);
+    conn_set_handler(c, &manage_ops, m);
+    conn_collect_body(c, NODE_INSTALL_BODY_MAX, manage_body_done);
+}
+
 /* ---- forwarding (client -> control -> node -> run) ----------------------------------------- */
 
 static bool parse_ports_tail(sv_t tail, uint16_t *port, sv_t *rest)
@@ -173,6 +238,103 @@ static bool parse_ports_tail(sv_t tail, uint16_t *port, sv_t *rest)
     *port = (uint16_t)p;
     *rest = slash ? sv_make(slash, t.len - num.len) : SV("");
     return true;
+}
+
+/* Forward an allowed request over the verified bridge (with its body when it was collected to
+ * check its digest), the stream leased to the run. */
+static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool with_body)
+{
+    http_request_t *rq = &c->req;
+    const char *sandbox = r->id.sandbox;
+    /* The path inside the run: the agent's own routes, or its port proxy for other ports. */
+    const char *q = memchr(rq->target.p, '?', rq->target.len);
+    sv_t query = q ? sv_make(q, rq->target.len - (size_t)(q - rq->target.p)) : SV("");
+    char target[HTTP_MAX_HEAD];
+    int tl = port == CAP_AGENT_PORT ? snprintf(target, sizeof target, SV_FMT SV_FMT,
+                                               SV_ARG(rest.len ? rest : SV("/")), SV_ARG(query))
+                                    : snprintf(target, sizeof target, "/v1/proxy/%u" SV_FMT SV_FMT,
+                                               port, SV_ARG(rest), SV_ARG(query));
+    if (tl < 0 || (size_t)tl >= sizeof target) {
+        conn_respond_error(c, 414, "target too long");
+        return;
+    }
+    char err[256] = "";
+    int fd;
+    int rc = bridge_connect(r, &fd, err, sizeof err);
+    if (rc < 0) {
+        log_warn("run %s: bridge refused: %s", sandbox, err);
+        conn_respond_error(c, rc == -EAGAIN ? 503 : 502, "bridge: %s", err);
+        return;
+    }
+    static const char *const drop[] = { "x-sbx-capability", "authorization", NULL };
+    buf_t head;
+    rc = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, NULL, &head);
+    if (rc >= 0 && with_body && c->body.len > 0) {
+        head.max += c->body.len;
+        rc = buf_append(&head, buf_head(&c->body), c->body.len);
+    }
+    if (rc < 0) {
+        safe_close(fd);
+        buf_free(&head);
+        conn_respond_errno(c, rc, "forward");
+        return;
+    }
+    lease_t *l = run_lease_new(r);
+    if (!l) {
+        safe_close(fd);
+        buf_free(&head);
+        conn_respond_errno(c, -ENOMEM, "forward");
+        return;
+    }
+    /* The stream is leased to this run: replacing or retiring it cuts the tunnel. */
+    tunnel_t *t = proxy_tunnel_start(c, fd, &head, NULL, run_lease_on_close, l);
+    buf_free(&head);
+    if (!t)
+        run_lease_on_close(NULL, l);
+    else
+        l->tunnel = t;
+}
+
+/* A request whose capability names its body: collected (the edge buffered it too), its digest
+ * checked, and the run looked up again (it may have been replaced meanwhile). */
+typedef struct {
+    cap_t cap;
+} fwd_ctx_t;
+
+static void fwd_ctx_free(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    free(c->hdata);
+    c->hdata = NULL;
+}
+
+static const handler_ops_t fwd_ops = { .on_close = fwd_ctx_free };
+
+static void forward_body_done(conn_t *c)
+{
+    node_t *n = c->srv->app;
+    fwd_ctx_t *f = c->hdata;
+    cap_t cap = f->cap;
+    conn_set_handler(c, NULL, NULL);
+    free(f);
+    char sandbox[CAP_ID_MAX];
+    sv_t tail, rest;
+    uint16_t port;
+    if (!parse_runs_path(c->req.path, sandbox, &tail) || !parse_ports_tail(tail, &port, &rest)) {
+        conn_respond_error(c, 404, "no such route");
+        return;
+    }
+    if (!cap_body_matches(&cap, buf_head(&c->body), c->body.len)) {
+        node_refuse(c, CAP_DENY, CAP_E_BODY, "the capability names another body");
+        return;
+    }
+    run_t *r = node_find_run(n, sandbox);
+    if (!r || r->state != RUN_RUNNING || !cap_run_equal(&r->id, &cap.run)) {
+        node_refuse(c, CAP_REFRESH_ROUTE, r ? CAP_E_STALE_RUN : CAP_E_NO_RUN,
+                    "the route is stale: this node does not serve that run");
+        return;
+    }
+    forward_to_run(c, r, port, rest, true);
 }
 
 static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
@@ -203,6 +365,10 @@ static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
     uint32_t purpose = cap_purpose_of(rq->method, port, rest);
     bool is_proxy = purpose == CAP_PROXY;
     cap_request_t creq = { .sandbox = sandbox,
+                           .method = rq->method.p,
+                           .method_len = rq->method.len,
+                           .target = rq->target.p,
+                           .target_len = rq->target.len,
                            .purpose = purpose,
                            .port = is_proxy ? port : 0,
                            .proto = is_proxy ? proto : CAP_PROTO_NONE,
@@ -217,48 +383,22 @@ static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
                                            : "capability does not allow this request");
         return;
     }
-    /* The path inside the run: the agent's own routes, or its port proxy for other ports. */
-    const char *q = memchr(rq->target.p, '?', rq->target.len);
-    sv_t query = q ? sv_make(q, rq->target.len - (size_t)(q - rq->target.p)) : SV("");
-    char target[HTTP_MAX_HEAD];
-    int tl = port == CAP_AGENT_PORT ? snprintf(target, sizeof target, SV_FMT SV_FMT,
-                                               SV_ARG(rest.len ? rest : SV("/")), SV_ARG(query))
-                                    : snprintf(target, sizeof target, "/v1/proxy/%u" SV_FMT SV_FMT,
-                                               port, SV_ARG(rest), SV_ARG(query));
-    if (tl < 0 || (size_t)tl >= sizeof target) {
-        conn_respond_error(c, 414, "target too long");
+    if (!cap.has_body) { /* a streamed body (the edge did not buffer it) */
+        forward_to_run(c, r, port, rest, false);
         return;
     }
-    char err[256] = "";
-    int fd;
-    int rc = bridge_connect(r, &fd, err, sizeof err);
-    if (rc < 0) {
-        log_warn("run %s: bridge refused: %s", sandbox, err);
-        conn_respond_error(c, rc == -EAGAIN ? 503 : 502, "bridge: %s", err);
+    if (rq->has_transfer_encoding || rq->content_length > NODE_BOUND_BODY_MAX) {
+        node_refuse(c, CAP_DENY, CAP_E_BODY, "the capability names a body: send it with a length");
         return;
     }
-    static const char *const drop[] = { "x-sbx-capability", "authorization", NULL };
-    buf_t head;
-    rc = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, NULL, &head);
-    if (rc < 0) {
-        safe_close(fd);
-        conn_respond_errno(c, rc, "forward");
-        return;
-    }
-    lease_t *l = run_lease_new(r);
-    if (!l) {
-        safe_close(fd);
-        buf_free(&head);
+    fwd_ctx_t *f = calloc(1, sizeof *f);
+    if (!f) {
         conn_respond_errno(c, -ENOMEM, "forward");
         return;
     }
-    /* The stream is leased to this run: replacing or retiring it cuts the tunnel. */
-    tunnel_t *t = proxy_tunnel_start(c, fd, &head, NULL, run_lease_on_close, l);
-    buf_free(&head);
-    if (!t)
-        run_lease_on_close(NULL, l);
-    else
-        l->tunnel = t;
+    f->cap = cap;
+    conn_set_handler(c, &fwd_ops, f);
+    conn_collect_body(c, NODE_BOUND_BODY_MAX, forward_body_done);
 }
 
 static void route_health_node(node_t *n, conn_t *c)
@@ -266,10 +406,14 @@ static void route_health_node(node_t *n, conn_t *c)
     size_t running = 0;
     for (run_t *r = n->runs; r; r = r->next)
         running += r->state == RUN_RUNNING;
+    pthread_mutex_lock(&n->keys_lock);
+    uint64_t version = n->keys_version;
+    bool registered = n->registered;
+    pthread_mutex_unlock(&n->keys_lock);
     conn_respond_json(c, 200,
-                      json_pack("{s:s,s:s,s:I,s:I,s:b}", "status", "ok", "node", n->cfg.name,
+                      json_pack("{s:s,s:s,s:I,s:I,s:b,s:I}", "status", "ok", "node", n->cfg.name,
                                 "runs", (json_int_t)n->n_runs, "running", (json_int_t)running,
-                                "registered", n->registered));
+                                "registered", registered, "keyset_version", (json_int_t)version));
 }
 
 void node_dispatch(conn_t *c)
@@ -289,7 +433,7 @@ void node_dispatch(conn_t *c)
     }
     bool get = sv_eq(rq->method, SV("GET")), post = sv_eq(rq->method, SV("POST"));
     if (tail.len == 0 && sv_eq(rq->method, SV("PUT")))
-        route_install(n, c, sandbox);
+        route_manage(n, c, sandbox, "install");
     else if (tail.len == 0 && sv_eq(rq->method, SV("DELETE")))
         route_manage(n, c, sandbox, "retire");
     else if (sv_eq(tail, SV("/pause")) && post)

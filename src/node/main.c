@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <libgen.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <sys/resource.h>
 
@@ -12,9 +13,12 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sbx-node --state DIR --listen ADDR:PORT --control ADDR:PORT\n"
-               "                --join-token-file FILE [--name ID] [--advertise ADDR:PORT]\n"
-               "                [--agent PATH] [--capacity N]\n"
-               "Runs sandbox runs for sbx-control on this machine (needs root).\n");
+               "                (--join-token-file FILE | --join STRING) [--control-key B64]\n"
+               "                [--name ID] [--advertise ADDR:PORT] [--agent PATH] [--capacity N]\n"
+               "                [--id-range START:COUNT] [--images DIR]\n"
+               "Runs sandbox runs for sbx-control on this machine (needs root).\n"
+               "The join material is \"sbxjoin1.<token>.<control identity key>\" (the control\n"
+               "plane's node-join.token); a bare join token needs --control-key.\n");
 }
 
 static int parse_hostport(const char *s, char *host, size_t hcap, uint16_t *port)
@@ -52,6 +56,41 @@ static int read_token_file(const char *path, char *out, size_t cap)
     return n > 0 ? 0 : -EINVAL;
 }
 
+/* "sbxjoin1.<token>.<base64url identity public key>", or a bare token with --control-key. */
+static int parse_join(const char *text, const char *key_b64, node_config_t *cfg)
+{
+    const char *tok = text, *pk = key_b64;
+    size_t tl = strlen(text);
+    if (strncmp(text, "sbxjoin1.", 9) == 0) {
+        tok = text + 9;
+        const char *dot = strchr(tok, '.');
+        if (!dot)
+            return -EINVAL;
+        tl = (size_t)(dot - tok);
+        if (pk && !streq(pk, dot + 1)) {
+            log_error("--control-key differs from the key in the join material");
+            return -EINVAL;
+        }
+        pk = dot + 1;
+    }
+    if (!pk) {
+        log_error("the join material names no control identity key: use the control plane's "
+                  "node-join.token (sbxjoin1.…) or give --control-key");
+        return -EINVAL;
+    }
+    size_t len = 0;
+    if (tl == 0 || tl >= sizeof cfg->join_token || memchr(tok, '.', tl) ||
+        sodium_base642bin(cfg->control_pk, CAP_PK_BYTES, pk, strlen(pk), NULL, &len, NULL,
+                          sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
+        len != CAP_PK_BYTES) {
+        log_error("malformed join material or control identity key");
+        return -EINVAL;
+    }
+    memcpy(cfg->join_token, tok, tl);
+    cfg->join_token[tl] = 0;
+    return 0;
+}
+
 static int copy_str(char *dst, size_t cap, const char *src)
 {
     if (strlen(src) >= cap)
@@ -67,14 +106,19 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         { "listen", required_argument, NULL, 'l' },
         { "control", required_argument, NULL, 'c' },
         { "join-token-file", required_argument, NULL, 'j' },
+        { "join", required_argument, NULL, 'J' },
+        { "control-key", required_argument, NULL, 'K' },
         { "name", required_argument, NULL, 'n' },
         { "advertise", required_argument, NULL, 'a' },
         { "agent", required_argument, NULL, 'g' },
         { "capacity", required_argument, NULL, 'k' },
+        { "id-range", required_argument, NULL, 'i' },
+        { "images", required_argument, NULL, 'I' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     const char *listen = NULL, *advertise = NULL, *control = NULL, *tokfile = NULL;
+    const char *join = NULL, *control_key = NULL;
     int o;
     *cfg = (node_config_t){ .capacity = 64 };
     *scfg = (server_config_t){ .head_timeout_ms = 10000,
@@ -90,6 +134,8 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         case 'l': listen = optarg; break;
         case 'c': control = optarg; break;
         case 'j': tokfile = optarg; break;
+        case 'J': join = optarg; break;
+        case 'K': control_key = optarg; break;
         case 'n': r = copy_str(cfg->name, sizeof cfg->name, optarg); break;
         case 'a': advertise = optarg; break;
         case 'g': r = copy_str(cfg->agent_bin, sizeof cfg->agent_bin, optarg); break;
@@ -97,6 +143,8 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             r = parse_u64_str(optarg, 100000, &v);
             cfg->capacity = v;
             break;
+        case 'i': r = idrange_parse(optarg, &cfg->id_start, &cfg->id_count); break;
+        case 'I': r = copy_str(cfg->images_dir, sizeof cfg->images_dir, optarg); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -105,7 +153,14 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             return -EINVAL;
         }
     }
-    if (!cfg->state_dir[0] || !listen || !control || !tokfile || cfg->state_dir[0] != '/') {
+    if (!cfg->images_dir[0])
+        (void)snprintf(cfg->images_dir, sizeof cfg->images_dir, "%s", IMAGE_DEFAULT_DIR);
+    if (cfg->images_dir[0] != '/') {
+        log_error("--images takes an absolute path");
+        return -EINVAL;
+    }
+    if (!cfg->state_dir[0] || !listen || !control || !(tokfile || join) || (tokfile && join) ||
+        cfg->state_dir[0] != '/') {
         usage(stderr);
         return -EINVAL;
     }
@@ -118,9 +173,22 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
     }
     scfg->port = port;
     (void)snprintf(cfg->advertise, sizeof cfg->advertise, "%s", advertise ? advertise : listen);
-    if (read_token_file(tokfile, cfg->join_token, sizeof cfg->join_token) < 0) {
-        log_error("cannot read the join token from %s", tokfile);
+    char text[512];
+    if (tokfile && read_token_file(tokfile, text, sizeof text) < 0) {
+        log_error("cannot read the join material from %s", tokfile);
         return -EINVAL;
+    }
+    int jr = parse_join(tokfile ? text : join, control_key, cfg);
+    sodium_memzero(text, sizeof text);
+    if (jr < 0)
+        return -EINVAL;
+    /* Subordinate ids for the runs' user namespaces: --id-range, else root's entry in
+     * /etc/subuid, else a fixed range far above ordinary uids. Two nodes on one machine need
+     * ranges of their own. */
+    if (!cfg->id_count &&
+        idrange_from_subid_file("/etc/subuid", "root", &cfg->id_start, &cfg->id_count) < 0) {
+        cfg->id_start = 1000000000u;
+        cfg->id_count = 1024u * IDRANGE_BLOCK;
     }
     if (!cfg->name[0])
         (void)snprintf(cfg->name, sizeof cfg->name, "node-%u", port);
@@ -169,8 +237,9 @@ int main(int argc, char **argv)
         node_done(&node);
         return 1;
     }
-    log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s", cfg.name, scfg.bind,
-             scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin);
+    log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s, images %s", cfg.name,
+             scfg.bind, scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin,
+             cfg.images_dir);
     r = node_run(&node);
     node_done(&node);
     return r < 0 ? 1 : 0;

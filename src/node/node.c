@@ -66,9 +66,43 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
         log_error("state directory %s: %s", cfg->state_dir, strerror(-r));
         return r;
     }
+    /* the node's parent cgroups: named after the node and its state directory, so that two
+     * nodes of one name on a machine (tests) never remove each other's */
     char tag[96];
-    (void)snprintf(tag, sizeof tag, "sbx-node-%s", cfg->name);
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const char *c = cfg->state_dir; *c; c++)
+        h = (h ^ (uint8_t)*c) * 16777619u;
+    (void)snprintf(tag, sizeof tag, "sbx-node-%s-%08x", cfg->name, h);
     cgroups_init(&n->cg, tag);
+    r = idrange_init(&n->ids, cfg->id_start, cfg->id_count);
+    if (r < 0) {
+        log_error("id range %u:%u: %s", cfg->id_start, cfg->id_count, strerror(-r));
+        return r;
+    }
+    r = seccomp_run_filter_build(&n->filter_run, false);
+    if (r >= 0)
+        r = seccomp_run_filter_build(&n->filter_pool, true);
+    if (r < 0) {
+        log_error("cannot build the runs' seccomp profiles: %s", strerror(-r));
+        return r;
+    }
+    /* the dynamic linker's cache of the host programs runs see (a fresh run's /etc gets it) */
+    FILE *lc = fopen("/etc/ld.so.cache", "re");
+    if (lc) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *mem = open_memstream(&buf, &len);
+        char chunk[8192];
+        size_t k;
+        while (mem && (k = fread(chunk, 1, sizeof chunk, lc)) > 0 && len < (8u << 20))
+            (void)fwrite(chunk, 1, k, mem);
+        if (mem && fclose(mem) == 0) {
+            n->ld_cache = buf;
+            n->ld_cache_len = len;
+        } else
+            free(buf);
+        fclose(lc);
+    }
     r = server_init(&n->srv, scfg);
     if (r < 0)
         return r;
@@ -78,8 +112,13 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
      * tar and rm. Orphans go to init, not to us: nothing here would reap them. */
     n->srv.reap_registered_only = true;
     (void)prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+    /* images before registration: the first report holds what this node verified */
+    r = node_images_init(n);
+    if (r < 0 || (r = node_images_start(n)) < 0)
+        return r;
     node_load_runs(n);
     node_token_load(n);
+    node_keyset_load(n);
     report_runs(n->srv.loop, &n->report_t);
     return node_agent_start(n);
 }
@@ -89,6 +128,7 @@ int node_run(node_t *n) { return server_run(&n->srv); }
 void node_done(node_t *n)
 {
     node_agent_stop(n);
+    node_images_stop(n);
     if (n->srv.loop)
         install_abandon_all(n);
     /* A node going down stops its runs (their roots stay): nothing runs unsupervised. */
@@ -98,13 +138,18 @@ void node_done(node_t *n)
     while (n->runs) {
         run_t *r = n->runs;
         n->runs = r->next;
-        safe_close(r->stat_fd);
-        free(r);
+        /* nothing runs on it any more: a restarted node mounts it again when it needs it */
+        run_unmount_disk(r);
+        run_free(r);
     }
     if (n->srv.loop)
         timer_disarm(n->srv.loop, &n->report_t);
     server_done(&n->srv);
     cgroups_done(&n->cg);
+    idrange_done(&n->ids);
+    seccomp_filter_done(&n->filter_run);
+    seccomp_filter_done(&n->filter_pool);
+    free(n->ld_cache);
     json_decref(n->runs_report);
     pthread_mutex_destroy(&n->keys_lock);
 }

@@ -12,10 +12,15 @@
 
 #include "cap/cap.h"
 #include "isolation/cgroup.h"
+#include "isolation/filter.h"
+#include "isolation/idrange.h"
+#include "node/image.h"
 #include "server/server.h"
 
 #define NODE_MAX_EXPOSE 16
 #define NODE_INSTALL_BODY_MAX (1024 * 1024)
+#define RUN_DISK_DEFAULT_MB 4096          /* a run's disk when its flavor names none */
+#define NODE_BOUND_BODY_MAX (1024 * 1024) /* bodies whose digest a capability names, at most */
 
 typedef enum { RUN_RUNNING, RUN_PAUSED, RUN_EXITED } run_state_t;
 
@@ -38,6 +43,12 @@ struct run {
     cap_expose_t expose[NODE_MAX_EXPOSE];
     size_t n_expose;
     bool pool_host;
+    uint32_t id_base; /* the run's ids 0..65535 are host ids id_base.. (its user namespace) */
+    /* its stdout and stderr: a fifo the node reads into the log (which the run cannot reach) */
+    int out_fd, log_fd;
+    uint64_t log_bytes;
+    watcher_t out_w;
+    loop_t *out_loop; /* where out_w is watched, NULL if not */
     /* what the bridge peer must be */
     pid_t pid;
     uint64_t start_time;
@@ -61,9 +72,24 @@ typedef struct {
     char control_host[64];
     uint16_t control_port;
     char join_token[128];
+    uint8_t control_pk[CAP_PK_BYTES]; /* the control plane's identity, pinned at join */
     char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
     uint64_t capacity;
+    uint32_t id_start, id_count; /* subordinate ids for runs' user namespaces */
+    char images_dir[PATH_MAX];   /* OCI image layouts (image.h); IMAGE_DEFAULT_DIR */
 } node_config_t;
+
+/* The images this node verified and unpacked (images.c); v and bad under lock. */
+typedef struct {
+    pthread_mutex_t lock;
+    bool inited, started;
+    volatile bool stopping;
+    pthread_t thread;
+    image_t *v; /* what registration and heartbeats report */
+    size_t n;
+    image_entry_t *bad; /* what failed, and why (logged once per reason) */
+    size_t n_bad;
+} node_images_t;
 
 typedef struct node {
     server_t srv;
@@ -72,11 +98,18 @@ typedef struct node {
     size_t n_runs;
     cgroups_t cg;
     uint32_t next_slot;
+    idrange_t ids;
+    seccomp_filter_t filter_run, filter_pool; /* the runs' seccomp profiles, built once */
+    char *ld_cache; /* the host's /etc/ld.so.cache, for a fresh run's /etc */
+    size_t ld_cache_len;
     dev_t agent_dev;
     ino_t agent_ino;
     /* The verification key set: written by the control-plane thread, read by the loop. */
     pthread_mutex_t keys_lock;
     cap_keyset_t keys;
+    uint64_t keys_version;                 /* of the signed set held (0: none yet) */
+    char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* that set as signed (kept in DIR/keyset) */
+    cap_replay_t replay;                   /* single-use ids seen (the loop's) */
     bool registered;
     pthread_t agent_thread;
     bool agent_started;
@@ -85,6 +118,7 @@ typedef struct node {
     json_t *runs_report; /* what the next heartbeat reports (under keys_lock) */
     install_t *installs; /* in progress */
     timer_t_ report_t;
+    node_images_t images;
 } node_t;
 
 /* node.c */
@@ -109,16 +143,24 @@ void run_cut_leases(run_t *r);
 int run_save(const run_t *r);
 void node_load_runs(node_t *n);
 int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */
+void run_free(run_t *r);
+void run_unmount_disk(const run_t *r); /* the node is going down */
 
 /* bridge.c: connect to the run's agent and verify who answers */
 int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);
 
 /* agent.c: registration and heartbeats with sbx-control (a thread) */
 int node_agent_start(node_t *n);
-void node_token_load(node_t *n); /* before node_agent_start */
+void node_token_load(node_t *n);  /* before node_agent_start */
+void node_keyset_load(node_t *n); /* the last good signed key set, before node_agent_start */
+/* Take a signed key set (from the control plane or DIR/keyset): it must verify with the pinned
+ * identity and be no older than the one held (the same version must be the same bytes).
+ * 0 (taken or unchanged), -EPERM (another signer), -EBADMSG, -ESTALE (older or different). */
+int node_keyset_apply(node_t *n, const char *wire, bool persist);
 void node_agent_stop(node_t *n);
 
-/* install.c: installs run off the loop where they block (directories, restore, readiness) */
+/* install.c: installs run off the loop where they block (directories, restore, readiness).
+ * install_start takes the request body already collected in c->body (its digest checked). */
 void install_start(node_t *n, conn_t *c, const cap_run_t *id);
 bool install_in_progress(node_t *n, const char *sandbox);
 void install_abandon_all(node_t *n);

@@ -19,6 +19,9 @@
 #include "common/fileio.h"
 #include "common/httpc.h"
 #include "common/log.h"
+#include "common/strutil.h"
+#include "disk.h"
+#include "isolation/userns.h"
 #include "node.h"
 #include "server/proxy.h"
 #include "substrate.h"
@@ -126,12 +129,13 @@ json_t *run_json(const run_t *r)
         json_array_append_new(
             ex, json_pack("{s:i,s:s}", "port", r->expose[i].port, "protocol",
                           r->expose[i].proto == CAP_PROTO_WEBSOCKET ? "websocket" : "http"));
-    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:i,s:I}", "run",
+    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:I,s:i,s:I}", "run",
                      cap_run_to_json(&r->id), "state", state_name(r->state), "pid", (int)r->pid,
                      "start_time", (json_int_t)r->start_time, "exe_dev", (json_int_t)r->exe_dev,
                      "exe_ino", (json_int_t)r->exe_ino, "sock_ino", (json_int_t)r->sock_ino,
-                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "exit_status",
-                     r->exit_status, "leases", (json_int_t)r->n_leases);
+                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "id_base",
+                     (json_int_t)r->id_base, "exit_status", r->exit_status, "leases",
+                     (json_int_t)r->n_leases);
 }
 
 int run_save(const run_t *r)
@@ -209,7 +213,7 @@ static int strv_addf(strv_t *s, const char *k, const char *v)
 /* The run's environment: a fixed base, then the job's env, then its secrets (environment for
  * the command only: never stored in the run record, never logged). The node's own settings
  * (SBX_LISTEN) cannot be overridden. */
-static int build_env(json_t *spec, strv_t *env, const char **err)
+static int build_env(json_t *spec, bool pool_host, strv_t *env, const char **err)
 {
     static const char *const fixed[][2] = {
         { "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.sbx/bin" },
@@ -231,8 +235,9 @@ static int build_env(json_t *spec, strv_t *env, const char **err)
         }
         json_object_foreach(o, k, val) {
             if (!json_is_string(val) || strlen(json_string_value(val)) != json_string_length(val) ||
-                !env_name_ok(k) || streq(k, "SBX_LISTEN")) {
-                *err = "env and secrets: names [A-Za-z_][A-Za-z0-9_]*, string values without NUL";
+                !env_name_ok(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE")) {
+                *err = "env and secrets: names [A-Za-z_][A-Za-z0-9_]*, string values without NUL "
+                       "(SBX_LISTEN and SBX_HOST_MODE are the node's)";
                 return -EINVAL;
             }
             r = strv_addf(env, k, json_string_value(val));
@@ -240,13 +245,19 @@ static int build_env(json_t *spec, strv_t *env, const char **err)
                 break;
         }
     }
+    if (r >= 0 && pool_host) /* a pool job: the node starts the agent in host mode itself */
+        r = strv_addf(env, "SBX_HOST_MODE", "1");
     return r;
 }
 
-static int build_argv(json_t *spec, strv_t *argv, const char **err)
+static int build_argv(json_t *spec, bool pool_host, strv_t *argv, const char **err)
 {
     json_t *cmd = json_object_get(spec, "command"), *a;
     size_t i;
+    if (pool_host && json_array_size(cmd) > 0) {
+        *err = "a pool job runs the node's agent: it takes no command";
+        return -EINVAL;
+    }
     if (!cmd || json_array_size(cmd) == 0) {
         argv->v[0] = strdup("sbx-server");
         argv->v[1] = NULL;
@@ -299,10 +310,107 @@ static int make_bridge_socket(run_t *r, int *ret_fd)
     return 0;
 }
 
+/* ---- the run's output ------------------------------------------------------------------- */
+
+/* What pid 1 of a run writes to stdout and stderr goes into a fifo in the run's directory (a
+ * node-owned 0700 directory the run cannot reach), which the node copies into the run's log, up
+ * to RUN_LOG_MAX. The run holds the fifo open for reading and writing, so a node restart never
+ * hands it a SIGPIPE: its writes wait until the restarted node reads again. It can neither
+ * truncate, rewind nor grow the log past the cap. */
+#define RUN_LOG_MAX (16ULL << 20)
+
+static int output_drain(run_t *r, int rounds)
+{
+    char buf[16384];
+    while (rounds-- > 0) {
+        ssize_t n = read(r->out_fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno == EAGAIN ? -EAGAIN : negative_errno();
+        if (n == 0)
+            return 0; /* no writer left: the run is gone */
+        if (r->log_fd >= 0 && r->log_bytes < RUN_LOG_MAX) {
+            uint64_t k = MIN((uint64_t)n, RUN_LOG_MAX - r->log_bytes);
+            (void)!write(r->log_fd, buf, (size_t)k);
+            r->log_bytes += k;
+            if (r->log_bytes >= RUN_LOG_MAX) {
+                static const char cut[] = "\n[sbx-node: log limit reached; the rest is dropped]\n";
+                (void)!write(r->log_fd, cut, sizeof cut - 1);
+            }
+        }
+    }
+    return -EAGAIN;
+}
+
+static void output_close(run_t *r)
+{
+    if (r->out_fd >= 0) {
+        (void)output_drain(r, 64);
+        if (r->out_loop)
+            loop_unwatch(r->out_loop, &r->out_w);
+    }
+    r->out_fd = safe_close(r->out_fd);
+    r->log_fd = safe_close(r->log_fd);
+    r->out_loop = NULL;
+}
+
+static void on_output(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    run_t *r = w->data;
+    (void)l;
+    (void)ev;
+    int rc = output_drain(r, 16);
+    if (rc != -EAGAIN)
+        output_close(r);
+}
+
+/* Open the node's side of the run's output (create: a new fifo, and *ret_child the run's side,
+ * opened for reading and writing). */
+static int output_open(node_t *n, run_t *r, bool create, int *ret_child)
+{
+    char fifo[PATH_MAX + 8], logp[PATH_MAX + 8];
+    int rc = path_join(fifo, sizeof fifo, r->dir, "out");
+    if (rc >= 0)
+        rc = path_join(logp, sizeof logp, r->dir, "log");
+    if (rc < 0)
+        return rc;
+    if (create) {
+        (void)unlink(fifo);
+        if (mkfifo(fifo, 0600) < 0)
+            return negative_errno();
+    }
+    r->out_fd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+    if (r->out_fd < 0)
+        return negative_errno();
+    r->log_fd = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    struct stat st;
+    r->log_bytes = r->log_fd >= 0 && fstat(r->log_fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+    if (create) {
+        *ret_child = open(fifo, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (*ret_child < 0) {
+            rc = negative_errno();
+            output_close(r);
+            return rc;
+        }
+    }
+    watcher_init(&r->out_w, r->out_fd, on_output, r);
+    rc = loop_watch(n->srv.loop, &r->out_w, EPOLLIN);
+    if (rc < 0) {
+        if (create)
+            *ret_child = safe_close(*ret_child);
+        output_close(r);
+        return rc;
+    }
+    r->out_loop = n->srv.loop;
+    return 0;
+}
+
 static void run_on_exit(child_t *ch, int wstatus)
 {
     run_t *r = ch->data;
     r->pid = 0;
+    output_close(r);
     r->stat_fd = safe_close(r->stat_fd);
     r->exit_status = wstatus;
     if (r->state == RUN_RUNNING) {
@@ -338,7 +446,7 @@ int run_probe_ready(run_t *r, char *err, size_t errlen)
 }
 
 /* Fetch a paused run's root from the node that holds it, as a tar stream, into root. */
-static int restore_remote(json_t *rs, const char *root, char *err, size_t errlen)
+static int restore_remote(json_t *rs, const run_t *r, const char *root, char *err, size_t errlen)
 {
     const char *host, *cap, *sandbox;
     json_int_t port;
@@ -348,22 +456,26 @@ static int restore_remote(json_t *rs, const char *root, char *err, size_t errlen
         (void)snprintf(err, errlen, "restore: expected {host, port, sandbox, capability}");
         return -EINVAL;
     }
+    /* The archive is unpacked by tar as root of a user namespace with the new run's mapping:
+     * ownership inside the archive is relative to the run (0..65535), so it lands on this
+     * node's block; a link in the archive leads nowhere the run's own root could not write, and
+     * device nodes cannot be made. */
+    _cleanup_close_ int rootfd = open(root, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (rootfd < 0)
+        return negative_errno();
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return negative_errno();
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, pfd[0], 0);
     char *const argv[] = {
-        "/bin/tar", "-x", "--numeric-owner", "-C", (char *)root, "-f", "-", NULL
+        "/bin/tar", "-x", "--numeric-owner", "--same-permissions", "--no-overwrite-dir", "-f",
+        "-",        NULL
     };
     pid_t pid;
-    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
+    int rc = userns_spawn(r->id_base, IDRANGE_BLOCK, rootfd, pfd[0], -1, argv, &pid);
     safe_close(pfd[0]);
-    if (rc != 0) {
+    if (rc < 0) {
         safe_close(pfd[1]);
-        return -rc;
+        return rc;
     }
     char target[160], hdr[CAP_WIRE_MAX + 64];
     (void)snprintf(target, sizeof target, "/v1/runs/%s/state", sandbox);
@@ -394,10 +506,12 @@ static int restore_remote(json_t *rs, const char *root, char *err, size_t errlen
     return 0;
 }
 
-static void run_free(run_t *r)
+void run_free(run_t *r)
 {
-    if (r)
-        safe_close(r->stat_fd);
+    if (!r)
+        return;
+    output_close(r);
+    safe_close(r->stat_fd);
     free(r);
 }
 
@@ -423,10 +537,24 @@ void run_stop(node_t *n, run_t *r)
             ;
         r->pid = 0;
     }
+    output_close(r);
+    char cg[CAP_ID_MAX + 24];
+    (void)snprintf(cg, sizeof cg, "%s.%llu", r->id.sandbox, (unsigned long long)r->id.generation);
+    cgroup_remove_run(&n->cg, cg); /* empty now: pid 1 took the run's processes with it */
     r->stat_fd = safe_close(r->stat_fd);
     if (r->state == RUN_RUNNING)
         r->state = RUN_PAUSED;
     (void)run_save(r);
+}
+
+void run_unmount_disk(const run_t *r)
+{
+    char root[PATH_MAX + 8];
+    int rc = path_join(root, sizeof root, r->dir, "root");
+    if (rc >= 0)
+        rc = disk_umount(root);
+    if (rc < 0)
+        log_warn("run %s: cannot unmount its disk: %s", r->id.sandbox, strerror(-rc));
 }
 
 /* A helper process (rm, tar) the loop does not wait for: done() runs when it exits. */
@@ -435,7 +563,8 @@ struct helper {
     child_t child;
     node_t *n;
     void (*done)(helper_t *h, int wstatus);
-    conn_t *conn; /* who waits for the result, NULL once gone */
+    conn_t *conn;     /* who waits for the result, NULL once gone */
+    uint32_t id_base; /* a retired run's id block, free again once its files are gone */
     char path[PATH_MAX + 32];
 };
 
@@ -458,10 +587,21 @@ static int helper_spawn(node_t *n, helper_t *h, char *const argv[])
     return 0;
 }
 
+static void helper_adopt(node_t *n, helper_t *h, pid_t pid)
+{
+    h->n = n;
+    h->child = (child_t){ .pid = pid, .on_exit = helper_exited, .data = h };
+    server_child_add(&n->srv, &h->child);
+}
+
 static void trash_removed(helper_t *h, int wstatus)
 {
-    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0)
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+        /* the block stays taken: files of the old run may be left with its ids */
         log_warn("cannot remove %s (rm status 0x%x)", h->path, wstatus);
+        return;
+    }
+    idrange_release(&h->n->ids, h->id_base);
 }
 
 /* Stop the run and forget it; its directory is renamed away at once (a later install of the
@@ -470,17 +610,20 @@ void run_retire(node_t *n, run_t *r)
 {
     run_stop(n, r);
     run_unlink(n, r);
+    run_unmount_disk(r);
     helper_t *h = calloc(1, sizeof *h);
     char rnd[9];
     uint32_t v = randombytes_random();
     (void)snprintf(rnd, sizeof rnd, "%08x", v);
     int rc = -ENOMEM;
+    /* the trash keeps the id block in its name: a node restarted meanwhile still knows it */
     if (h &&
-        snprintf(h->path, sizeof h->path, "%s/runs/.trash-%s-%s", n->cfg.state_dir, r->id.sandbox,
-                 rnd) < (int)sizeof h->path &&
+        snprintf(h->path, sizeof h->path, "%s/runs/.trash-%u-%s-%s", n->cfg.state_dir, r->id_base,
+                 r->id.sandbox, rnd) < (int)sizeof h->path &&
         rename(r->dir, h->path) == 0) {
         char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
         h->done = trash_removed;
+        h->id_base = r->id_base;
         rc = helper_spawn(n, h, argv);
         if (rc < 0)
             rc = remove_tree(h->path);
@@ -489,6 +632,8 @@ void run_retire(node_t *n, run_t *r)
     } else {
         rc = remove_tree(r->dir);
     }
+    if (h && rc >= 0)
+        idrange_release(&n->ids, r->id_base);
     free(h);
     if (rc < 0)
         log_warn("cannot remove %s: %s", r->dir, strerror(-rc));
@@ -505,51 +650,67 @@ int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen)
     bool keep_root = mode && streq(mode, "local");
     if (!(mode && streq(mode, "remote")))
         restore = NULL;
-    char root[PATH_MAX + 8], bridge[PATH_MAX + 8];
+    json_int_t disk_mb = 0;
+    (void)json_unpack(json_object_get(spec, "flavor"), "{s?I}", "disk_mb", &disk_mb);
+    if (disk_mb <= 0 || disk_mb > (json_int_t)16 << 20)
+        disk_mb = RUN_DISK_DEFAULT_MB;
+    char root[PATH_MAX + 8], bridge[PATH_MAX + 8], img[PATH_MAX + 16];
     int rc = path_join(root, sizeof root, r->dir, "root");
     if (rc >= 0)
         rc = path_join(bridge, sizeof bridge, r->dir, "br");
+    if (rc >= 0)
+        rc = path_join(img, sizeof img, r->dir, "disk.img");
     if (rc < 0)
         return rc;
-    if (!keep_root)
+    if (!keep_root) {
+        (void)disk_umount(root);
         (void)remove_tree(root);
+        (void)unlink(img);
+    }
     rc = mkdir_mode(r->dir, 0700);
     if (rc >= 0)
-        rc = mkdir_mode(root, 0755);
-    if (rc >= 0)
         rc = mkdir_mode(bridge, 0700); /* only the node reaches the agent's socket */
+    bool fresh = !keep_root || (access(img, F_OK) < 0 && access(root, F_OK) < 0);
+    if (rc >= 0 && fresh && mkdir(root, 0755) < 0 && errno != EEXIST)
+        rc = negative_errno();
     if (rc < 0) {
         (void)snprintf(err, errlen, "cannot create the run's directories: %s", strerror(-rc));
         return rc;
     }
-    if (restore && !keep_root)
-        rc = restore_remote(restore, root, err, errlen);
+    /* the run's root is a file system of the flavor's size whose root directory belongs to
+     * the run's root (host id id_base); the node puts nothing else in it: the run's process
+     * makes what a fresh tree needs from inside its namespaces */
+    if (fresh)
+        rc = disk_create(img, (uint64_t)disk_mb << 20, r->id_base, err, errlen);
+    if (rc >= 0 && access(img, F_OK) == 0)
+        rc = disk_mount(img, root, err, errlen);
     if (rc < 0)
         return rc;
-    /* the usual homes of a fresh root (a restored root brings its own) */
-    static const struct {
-        const char *name;
-        mode_t mode;
-    } homes[] = { { "root", 0700 }, { "home", 0755 }, { "var", 0755 }, { "run", 0755 } };
-    for (size_t i = 0; i < sizeof homes / sizeof homes[0]; i++) {
-        char p[PATH_MAX + 16];
-        if (path_join(p, sizeof p, root, homes[i].name) >= 0 && mkdir(p, homes[i].mode) < 0 &&
-            errno != EEXIST) {
-            rc = negative_errno();
-            (void)snprintf(err, errlen, "cannot create /%s in the run's root", homes[i].name);
-            return rc;
-        }
-    }
-    return 0;
+    if (restore && !keep_root)
+        rc = restore_remote(restore, r, root, err, errlen);
+    return rc;
+}
+
+/* The run's cgroups, named after the run (<sandbox>.<generation>) under the node's own, with
+ * the flavor's limits. A pool host's are delegated to the run's root: it nests its sandboxes'
+ * cgroups in them, so the flavor bounds the whole pool; the limit files stay the node's. */
+static int run_cgroups(node_t *n, run_t *r, const cg_limits_t *lim, int *fds, char (*dirs)[192],
+                       const char **names)
+{
+    char name[CAP_ID_MAX + 24];
+    (void)snprintf(name, sizeof name, "%s.%llu", r->id.sandbox,
+                   (unsigned long long)r->id.generation);
+    return cgroup_prepare_run(&n->cg, name, lim, r->pool_host ? (int64_t)r->id_base : -1, fds,
+                              SUBSTRATE_MAX_CGROUPS + 1, dirs, names);
 }
 
 int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
 {
     const char *why = "invalid job spec";
     strv_t env = { 0 }, argv = { 0 };
-    int rc = build_env(spec, &env, &why);
+    int rc = build_env(spec, r->pool_host, &env, &why);
     if (rc >= 0)
-        rc = build_argv(spec, &argv, &why);
+        rc = build_argv(spec, r->pool_host, &argv, &why);
     if (rc < 0) {
         (void)snprintf(err, errlen, "%s", why);
         strv_clear(&env);
@@ -558,45 +719,62 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     }
     json_t *fl = json_object_get(spec, "flavor");
     json_int_t mem_mb = 0, pids = 0, cpu_milli = 0;
-    int network = 1;
-    (void)json_unpack(fl, "{s?I,s?I,s?I,s?b}", "memory_mb", &mem_mb, "pids", &pids, "cpu_milli",
-                      &cpu_milli, "network", &network);
+    (void)json_unpack(fl, "{s?I,s?I,s?I}", "memory_mb", &mem_mb, "pids", &pids, "cpu_milli",
+                      &cpu_milli);
     cg_limits_t lim = { .mem_bytes = mem_mb > 0 ? (uint64_t)mem_mb << 20 : 0,
                         .pids = pids > 0 ? (uint64_t)pids : 0 };
     if (cpu_milli > 0) {
         lim.cpu_period_us = 100000;
         lim.cpu_quota_us = (uint64_t)cpu_milli * 100;
     }
-    int cgfds[4] = { -1, -1, -1, -1 };
-    r->cg_slot = n->next_slot++;
-    if (n->cg.enabled && cgroup_prepare(&n->cg, r->cg_slot, &lim, cgfds, 4) < 0)
-        log_warn("run %s: cgroup limits not applied", r->id.sandbox);
-    int sock = -1;
-    char root[PATH_MAX + 8], logp[PATH_MAX + 8];
+    int cgfds[SUBSTRATE_MAX_CGROUPS + 1] = { -1, -1, -1, -1, -1 };
+    char cgdirs[SUBSTRATE_MAX_CGROUPS + 1][192] = { { 0 } };
+    const char *cgnames[SUBSTRATE_MAX_CGROUPS + 1] = { 0 };
+    const char *cgdirp[SUBSTRATE_MAX_CGROUPS + 1] = { 0 };
+    if (n->cg.enabled && run_cgroups(n, r, &lim, cgfds, cgdirs, cgnames) < 0) {
+        (void)snprintf(err, errlen, "cannot prepare the run's cgroups: %s", strerror(errno));
+        rc = -EIO;
+    }
+    for (size_t i = 0; i < SUBSTRATE_MAX_CGROUPS && cgnames[i]; i++)
+        cgdirp[i] = cgdirs[i];
+    int sock = -1, userns = -1, out = -1;
+    char root[PATH_MAX + 8];
     (void)path_join(root, sizeof root, r->dir, "root");
-    (void)path_join(logp, sizeof logp, r->dir, "log");
-    rc = make_bridge_socket(r, &sock);
+    if (rc >= 0 && (rc = userns_create(r->id_base, IDRANGE_BLOCK, &userns)) < 0)
+        (void)snprintf(err, errlen, "user namespace: %s", strerror(-rc));
+    if (rc >= 0 && (rc = output_open(n, r, true, &out)) < 0)
+        (void)snprintf(err, errlen, "output fifo: %s", strerror(-rc));
+    if (rc >= 0 && (rc = make_bridge_socket(r, &sock)) < 0)
+        (void)snprintf(err, errlen, "bridge socket: %s", strerror(-rc));
     if (rc >= 0) {
         substrate_spec_t sp = { .root = root,
                                 .agent_bin = n->cfg.agent_bin,
                                 .hostname = r->id.sandbox,
-                                .log_path = logp,
                                 .argv = argv.v,
                                 .envp = env.v,
                                 .bridge_fd = sock,
-                                .new_netns = !network,
+                                .log_fd = out,
+                                .userns_fd = userns,
                                 .pool_host = r->pool_host,
-                                .cgroup_fds = cgfds };
+                                .cgroup_fds = cgfds,
+                                .cgroup_dirs = cgdirp,
+                                .cgroup_names = cgnames,
+                                .filter = r->pool_host ? &n->filter_pool : &n->filter_run,
+                                .etc_ld_cache = n->ld_cache,
+                                .etc_ld_cache_len = n->ld_cache_len };
         rc = substrate_spawn(&sp, &r->pid, &r->start_time, err, errlen);
-    } else
-        (void)snprintf(err, errlen, "bridge socket: %s", strerror(-rc));
+    }
     safe_close(sock);
-    for (int i = 0; i < 4; i++)
+    safe_close(userns);
+    safe_close(out);
+    for (int i = 0; i < SUBSTRATE_MAX_CGROUPS + 1; i++)
         safe_close(cgfds[i]);
     strv_clear(&env);
     strv_clear(&argv);
-    if (rc < 0)
+    if (rc < 0) {
+        output_close(r);
         return rc;
+    }
     r->state = RUN_RUNNING;
     r->child = (child_t){ .pid = r->pid, .on_exit = run_on_exit, .data = r };
     server_child_add(&n->srv, &r->child);
@@ -634,15 +812,20 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
     if (!r)
         return -ENOMEM;
     r->stat_fd = -1;
+    r->out_fd = r->log_fd = -1;
     r->id = *id;
     if (parse_expose(json_object_get(spec, "expose"), r) < 0) {
         (void)snprintf(err, errlen,
                        "expose: expected [{port: 1..65535, protocol: http|websocket}]");
         return -EINVAL;
     }
-    const char *hm =
-        json_string_value(json_object_get(json_object_get(spec, "env"), "SBX_HOST_MODE"));
-    r->pool_host = hm && streq(hm, "1");
+    json_t *mode = json_object_get(spec, "mode");
+    if (mode && !(json_is_string(mode) && (streq(json_string_value(mode), "dedicated") ||
+                                           streq(json_string_value(mode), "pool")))) {
+        (void)snprintf(err, errlen, "mode: \"dedicated\" or \"pool\"");
+        return -EINVAL;
+    }
+    r->pool_host = mode && streq(json_string_value(mode), "pool");
     char runs[PATH_MAX];
     int rc = path_join(runs, sizeof runs, n->cfg.state_dir, "runs");
     if (rc >= 0)
@@ -652,6 +835,15 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
         rc = -ENAMETOOLONG;
     if (rc < 0) {
         (void)snprintf(err, errlen, "state directory path too long");
+        return rc;
+    }
+    /* A sandbox keeps its id block on this node from run to run (its kept root is owned by
+     * it); a new one takes a free block. */
+    if (old)
+        r->id_base = old->id_base;
+    else if ((rc = idrange_take(&n->ids, &r->id_base)) < 0) {
+        (void)snprintf(err, errlen, "no free block of ids for a user namespace (%u in use)",
+                       n->ids.n_used);
         return rc;
     }
     if (old) {
@@ -713,26 +905,72 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
     char root[PATH_MAX + 8];
     if (r->state == RUN_RUNNING)
         return -EBUSY;
-    helper_t *h = calloc(1, sizeof *h);
+    _cleanup_free_ helper_t *h = calloc(1, sizeof *h);
     if (!h)
         return -ENOMEM;
     (void)path_join(root, sizeof root, r->dir, "root");
+    char img[PATH_MAX + 16], err[256];
+    (void)path_join(img, sizeof img, r->dir, "disk.img");
+    if (access(img, F_OK) == 0 && disk_mount(img, root, err, sizeof err) < 0) {
+        log_warn("run %s: %s", r->id.sandbox, err);
+        return -EIO;
+    }
     char rnd[9];
     (void)snprintf(rnd, sizeof rnd, "%08x", randombytes_random());
     (void)snprintf(h->path, sizeof h->path, "%s/state-%s.tar", r->dir, rnd);
-    char *const argv[] = {
-        "/bin/tar", "-c", "--numeric-owner", "--one-file-system", "-f", h->path, "-C", root,
-        ".",        NULL
-    };
-    h->done = archive_done;
-    h->conn = c;
-    int rc = helper_spawn(n, h, argv);
+    /* tar reads the root as root of a user namespace with the run's mapping: it follows no
+     * link out of the tree with host privileges, reads only what the run's ids may, and
+     * records ownership relative to the run (0..65535), which the new node maps onto its own
+     * block. Sparse files stay sparse. */
+    _cleanup_close_ int rootfd = open(root, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (rootfd < 0)
+        return negative_errno();
+    _cleanup_close_ int out =
+        open(h->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (out < 0)
+        return negative_errno();
+    char *const argv[] = { "/bin/tar",
+                           "-c",
+                           "--numeric-owner",
+                           "--one-file-system",
+                           "--sparse",
+                           "--exclude=./lost+found",
+                           "-f",
+                           "-",
+                           ".",
+                           NULL };
+    pid_t pid;
+    int rc = userns_spawn(r->id_base, IDRANGE_BLOCK, rootfd, -1, out, argv, &pid);
     if (rc < 0) {
-        free(h);
+        (void)unlink(h->path);
         return rc;
     }
-    conn_set_handler(c, &archive_ops, h);
+    h->done = archive_done;
+    h->conn = c;
+    helper_adopt(n, h, pid);
+    conn_set_handler(c, &archive_ops, TAKE_PTR(h));
     return 0;
+}
+
+/* A retired run's directory that a restart interrupted: its id block stays taken until an rm
+ * the loop does not wait for has removed it. */
+static void load_trash(node_t *n, const char *dir, const char *name)
+{
+    uint64_t base;
+    const char *dash = strchr(name + 7, '-');
+    if (!dash || parse_u64(sv_make(name + 7, (size_t)(dash - (name + 7))), UINT32_MAX, &base) < 0)
+        return;
+    (void)idrange_mark(&n->ids, (uint32_t)base);
+    helper_t *h = calloc(1, sizeof *h);
+    if (!h || snprintf(h->path, sizeof h->path, "%s/%s", dir, name) >= (int)sizeof h->path) {
+        free(h);
+        return;
+    }
+    char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
+    h->done = trash_removed;
+    h->id_base = (uint32_t)base;
+    if (helper_spawn(n, h, argv) < 0)
+        free(h);
 }
 
 /* Reload run records after a node restart. A run whose process is still the one recorded
@@ -744,6 +982,10 @@ void node_load_runs(node_t *n)
     _cleanup_(closedirp) DIR *d = opendir(dir);
     struct dirent *de;
     while (d && (de = readdir(d))) {
+        if (strncmp(de->d_name, ".trash-", 7) == 0) {
+            load_trash(n, dir, de->d_name);
+            continue;
+        }
         if (de->d_name[0] == '.' || !cap_id_valid(de->d_name))
             continue;
         char path[PATH_MAX + 300];
@@ -752,15 +994,15 @@ void node_load_runs(node_t *n)
         json_t *j = json_load_file(path, 0, NULL);
         run_t *r = calloc(1, sizeof *r);
         if (r)
-            r->stat_fd = -1;
-        json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0;
+            r->stat_fd = r->out_fd = r->log_fd = -1;
+        json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0, idb = 0;
         const char *state = "";
         int pool = 0;
         if (!r || !j || cap_run_from_json(json_object_get(j, "run"), &r->id) < 0 ||
-            json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b}", "state", &state, "pid", &pid,
+            json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b,s?I}", "state", &state, "pid", &pid,
                         "start_time", &start, "exe_dev", &dev, "exe_ino", &ino, "sock_ino", &sino,
-                        "pool_host", &pool) < 0 ||
-            parse_expose(json_object_get(j, "expose"), r) < 0) {
+                        "pool_host", &pool, "id_base", &idb) < 0 ||
+            idb <= 0 || idb > UINT32_MAX || parse_expose(json_object_get(j, "expose"), r) < 0) {
             json_decref(j);
             free(r);
             continue;
@@ -771,6 +1013,14 @@ void node_load_runs(node_t *n)
         r->exe_ino = (ino_t)ino;
         r->sock_ino = (ino_t)sino;
         r->pool_host = pool;
+        r->id_base = (uint32_t)idb;
+        int mr = idrange_mark(&n->ids, r->id_base);
+        if (mr == -EEXIST) {
+            log_warn("run %s: id block %u is taken twice; not loaded", de->d_name, r->id_base);
+            json_decref(j);
+            free(r);
+            continue;
+        }
         if (path_join(r->dir, sizeof r->dir, dir, de->d_name) < 0 ||
             snprintf(r->sock_path, sizeof r->sock_path, "%s/br/a.sock", r->dir) >=
                 (int)sizeof r->sock_path) {
@@ -787,6 +1037,8 @@ void node_load_runs(node_t *n)
             struct stat sst;
             if (lstat(r->sock_path, &sst) == 0)
                 r->sock_uid = sst.st_uid;
+            if (output_open(n, r, false, NULL) < 0)
+                log_warn("run %s: its output is not read any more", de->d_name);
         } else {
             if (streq(state, "running"))
                 r->exit_status = -1; /* ended while the node was down: status unknown */

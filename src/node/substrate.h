@@ -1,33 +1,53 @@
 /* SPDX-License-Identifier: MIT */
-/* The `process` substrate: one run is a process tree in fresh mount, pid, ipc and uts (and
- * optionally net) namespaces, inside cgroup limits, on a root of its own.
+/* The `process` substrate: one run is a process tree whose boundary is the run itself, in the
+ * way user-namespaced OCI runtimes draw it.
  *
- * The run's root is a directory the node keeps (its writable state: what pause keeps and move
- * carries). The host's /usr, /etc and the merged-/usr links are bind-mounted read-only into it,
- * /proc is the run's own, /dev holds a handful of device nodes, and the agent binary is
- * bind-mounted read-only at /.sbx/bin/sbx-server. The process is pid 1 of its namespace: when it
- * dies, the kernel kills everything left in the run. */
+ * The node makes the run's user namespace first (its ids 0..65535 are one block of the node's
+ * subordinate id range: root in the run is an unprivileged uid on the host), then clones the
+ * run's process as host root into new mount, pid, network, ipc, uts and cgroup namespaces. That
+ * process joins the run's cgroups, builds the run's tree (its root, the host's programs
+ * read-only, its own /proc with the kernel's interfaces masked or read-only, a /dev of a few
+ * harmless nodes, the agent binary read-only; no /sys, or for a pool host only its own cgroup
+ * subtree), pivots into it, and only then enters the user namespace, becomes its root, drops
+ * the capability bounding set, sets NO_NEW_PRIVS, loads the run's seccomp profile and execs.
+ * Its other namespaces stay owned by the host's user namespace, so root in the run holds no
+ * capability over them: it cannot mount, unmount a mask, configure its network or set its host
+ * name. Every mount point inside the run's root is resolved by descriptor beneath the root
+ * (openat2, no symlinks): a link the tenant left in a kept root never leads a host-root step
+ * outside it. Everything else the run's tree needs (/tmp, /etc, homes) is made after the run
+ * entered its user namespace, as the run's own root.
+ *
+ * The process is pid 1 of its pid namespace: when it dies, the kernel kills everything left. */
 #pragma once
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "isolation/cgroup.h"
+#include "isolation/filter.h"
 
 #define SUBSTRATE_AGENT_PATH "/.sbx/bin/sbx-server"
+#define SUBSTRATE_MAX_CGROUPS 4
 
 typedef struct {
-    const char *root;      /* the run's root directory (exists, owned by root, 0755) */
+    const char *root;      /* the run's root directory (a node-owned path; its contents are the
+                            * tenant's), owned by the run's root (host id id_base) */
     const char *agent_bin; /* sbx-server binary on the host, mounted at SUBSTRATE_AGENT_PATH */
     const char *hostname;  /* uts name of the run */
-    const char *log_path;  /* stdout+stderr of the run (appended) */
     char *const *argv;     /* argv[0] "sbx-server" means the mounted agent */
     char *const *envp;
-    int bridge_fd;         /* bound unix socket, becomes fd 3 (the agent listens on it) */
-    bool new_netns;        /* flavor: no network at all (loopback only) */
-    bool pool_host;        /* the run packs uid sandboxes: needs /sys/fs/cgroup and the uid lock */
-    const int *cgroup_fds; /* cgroup.procs files to join, -1 terminated (may be NULL) */
+    int bridge_fd;  /* bound unix socket, becomes fd 3 (the agent listens on it) */
+    int log_fd;     /* the run's stdout and stderr (the write side of the node's log fifo) */
+    int userns_fd;  /* the run's user namespace (userns_create) */
+    bool pool_host; /* packs uid sandboxes: hidepid /proc, its cgroup subtree, more capabilities */
+    /* cgroup.procs files to join, -1 terminated (may be NULL) */
+    const int *cgroup_fds;
+    /* a pool host's own cgroup directories, bound at /sys/fs/cgroup/<name> (NULL-terminated) */
+    const char *const *cgroup_dirs;
+    const char *const *cgroup_names;
+    const seccomp_filter_t *filter; /* the run's profile (seccomp_run_filter_build) */
+    const char *etc_ld_cache;       /* the host's /etc/ld.so.cache (for a fresh /etc), or NULL */
+    size_t etc_ld_cache_len;
 } substrate_spec_t;
 
 /* Start the run. On success *ret_pid is its pid (in the node's pid namespace) and

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "fsops.h"
 #include "isolation/confine.h"
+#include "isolation/netns.h"
 #include "proc.h"
 #include "routes.h"
 #include "server.h"
@@ -115,6 +116,7 @@ void sandbox_unref(sandbox_t *sb)
      * closed (or its number reused) under it. */
     safe_close(sb->ruleset_fd);
     safe_close(sb->home_fd);
+    safe_close(sb->netns_fd);
     for (int i = 0; i < 4 && sb->cg_fds[i] >= 0; i++)
         safe_close(sb->cg_fds[i]);
     strv_free(sb->env);
@@ -128,6 +130,8 @@ const char *sandbox_confinement(const sandbox_t *sb)
 }
 
 /* ---- setup ------------------------------------------------------------------------------- */
+
+static void netns_refill(loop_t *l, timer_t_ *t);
 
 int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen)
 {
@@ -144,6 +148,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         log_warn("SBX_TEST_TEARDOWN_KILL_FAILS=1: teardown will not kill (a test knob)");
     p->uids.lock_fd = -1; /* pool_free may run before uidpool_init */
     p->ns = (sandbox_ns_t){ .holder = -1, .ns_fd = -EBADF, .release_fd = -EBADF };
+    timer_init(&p->netns_refill, netns_refill, p);
 
     int abi = landlock_abi();
     if ((uint64_t)abi < cfg->min_abi && !cfg->allow_unconfined) {
@@ -209,6 +214,14 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
     cgroups_init(&p->cg, tag);
     p->have_seccomp = seccomp_filter_build(&p->seccomp) >= 0;
+    /* A network namespace per sandbox where the kernel allows this process to make them. */
+    int nfd;
+    if (netns_make(&nfd) >= 0) {
+        p->have_netns = true;
+        p->netns_warm[p->n_netns_warm++] = nfd;
+        netns_refill(srv->loop, &p->netns_refill);
+    } else
+        log_warn("cannot make network namespaces: pooled sandboxes share the host's network");
     *ret = p;
     return 0;
 }
@@ -223,6 +236,10 @@ pool_t *pool_free(pool_t *p)
     }
     landlock_base_done(&p->ll);
     seccomp_filter_done(&p->seccomp);
+    if (p->srv && p->srv->loop)
+        timer_disarm(p->srv->loop, &p->netns_refill);
+    while (p->n_netns_warm > 0)
+        safe_close(p->netns_warm[--p->n_netns_warm]);
     sandbox_ns_stop(&p->ns);
     cgroups_done(&p->cg);
     uidpool_done(&p->uids);
@@ -320,6 +337,33 @@ static void hex_random(char *out, size_t nbytes)
     sodium_memzero(b, sizeof b);
 }
 
+/* A network namespace for a new sandbox: one made ahead if there is one (the warm set is
+ * refilled from a timer, off the create path), else a fresh one. */
+static int netns_take(pool_t *p, int *ret_fd)
+{
+    if (!timer_armed(&p->netns_refill))
+        (void)timer_arm(p->srv->loop, &p->netns_refill, 1);
+    if (p->n_netns_warm > 0) {
+        *ret_fd = p->netns_warm[--p->n_netns_warm];
+        return 0;
+    }
+    return netns_make(ret_fd);
+}
+
+static void netns_refill(loop_t *l, timer_t_ *t)
+{
+    pool_t *p = t->data;
+    /* a few per round, so a burst of creates is never held up behind a long refill */
+    for (int k = 0; k < 4 && p->n_netns_warm < POOL_NETNS_WARM; k++) {
+        int fd;
+        if (netns_make(&fd) < 0)
+            return;
+        p->netns_warm[p->n_netns_warm++] = fd;
+    }
+    if (p->n_netns_warm < POOL_NETNS_WARM)
+        (void)timer_arm(l, t, 1);
+}
+
 /* Create one sandbox; -ENOSPC when no uid is left (counted as rejected). */
 static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
 {
@@ -330,6 +374,7 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     sb->refs = 1;
     sb->home_fd = -EBADF;
     sb->ruleset_fd = -EBADF;
+    sb->netns_fd = -EBADF;
     sb->cg_fds[0] = -1;
     int r = uidpool_take(&p->uids, &sb->uid);
     if (r < 0) {
@@ -353,6 +398,8 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     sb->created_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     sb->last_activity_ms = loop_now_ms(p->srv->loop);
     r = make_home(p, sb);
+    if (r >= 0 && p->have_netns)
+        r = netns_take(p, &sb->netns_fd);
     if (r >= 0 && p->ll.abi > 0)
         r = landlock_ruleset_for_home(&p->ll, sb->home_fd, &sb->ruleset_fd);
     if (r >= 0)
@@ -746,6 +793,8 @@ void pool_health(pool_t *p, void *json_obj)
         json_array_append_new(conf, json_string("hidepid"));
     if (p->cg.enabled)
         json_array_append_new(conf, json_string("cgroups"));
+    if (p->have_netns)
+        json_array_append_new(conf, json_string("netns"));
     json_object_set_new(j, "confinement", conf);
     json_object_set_new(j, "cgroups", json_string(cgs));
     json_object_set_new(j, "uids",
@@ -792,6 +841,7 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
     }
     spec.uid = spec.gid = sb->uid;
     spec.mntns_fd = p->hidepid ? p->ns.ns_fd : -1;
+    spec.netns_fd = sb->netns_fd;
     if (p->cg.enabled && sb->cg_fds[0] < 0) {
         /* Aggregate limits for everything the sandbox runs; the cgroup is recycled with the
          * uid, so after the first exec of the first sandbox on a uid this is only writes. */

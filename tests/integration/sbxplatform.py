@@ -161,17 +161,47 @@ class Proc:
         return self.proc.returncode
 
 
+# Each node gets a subordinate id range of its own (32 blocks of 65,536 ids), never shared with
+# another node of this test process; the start is random so that two test processes differ.
+_ID_BLOCKS = 32
+_id_next = [1_000_000_000 + secrets.randbelow(1500) * 65536 * _ID_BLOCKS]
+
+
+def _id_range():
+    start = _id_next[0]
+    _id_next[0] += 65536 * _ID_BLOCKS
+    return start, 65536 * _ID_BLOCKS
+
+
 class Node:
-    def __init__(self, platform, name, control_port, port=None, agent=None):
+    def __init__(self, platform, name, control_port, port=None, join=None, images=None,
+                 agent=None):
+        """join: join material as a string (sbxjoin1.<token>.<key>) instead of the control
+        plane's node-join.token file. images: the node's --images directory (OCI layouts); by
+        default one of its own under the platform's directory, empty, so that tests never
+        depend on (or unpack) the host's /var/lib/sbx/images. agent: the --agent binary
+        (default the build's sbx-server)."""
         self.platform = platform
+        self.id_start, self.id_count = _id_range()
         self.name = name
         self.port = port or free_port()
         self.state = os.path.join(platform.dir, name)
+        how = ["--join", join] if join else ["--join-token-file", platform.join_token_file]
+        self.images = images or os.path.join(platform.dir, f"{name}-images")
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
-                                f"127.0.0.1:{control_port}", "--join-token-file",
-                                platform.join_token_file, "--name", name, "--agent", agent or AGENT_BIN],
+                                f"127.0.0.1:{control_port}"] + how +
+                         ["--name", name, "--agent", agent or AGENT_BIN,
+                          "--id-range", f"{self.id_start}:{self.id_count}",
+                          "--images", self.images],
                          os.path.join(platform.dir, f"{name}.log"))
+
+    def health(self):
+        try:
+            r = http_request(self.port, "GET", "/v1/health", timeout=2)
+            return r.json() if r.status == 200 else {}
+        except OSError:
+            return {}
 
     def log(self):
         return self.proc.log()
@@ -348,7 +378,10 @@ class Platform:
     controls > 1 starts more control processes on the same state directory (one SQLite store),
     each with its own port; nodes register with the first."""
 
-    def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, agent=None):
+    def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, images=None,
+                 agent=None):
+        """images: {node name: --images directory} for nodes that should serve images.
+        agent: every node's --agent binary (default the build's sbx-server)."""
         self.dir = tempfile.mkdtemp(prefix="sbxp-")  # short: unix socket paths live below
         os.chmod(self.dir, 0o700)
         self.ctl_state = os.path.join(self.dir, "ctl")
@@ -366,7 +399,8 @@ class Platform:
             with open(self.token_file) as f:
                 self.admin = f.read().strip()
             for name in nodes:
-                self.nodes.append(Node(self, name, self.control.port, agent=agent))
+                self.nodes.append(Node(self, name, self.control.port,
+                                       images=(images or {}).get(name), agent=agent))
             self.wait_nodes_live()
         except BaseException:
             self.stop(check=False)
@@ -385,9 +419,9 @@ class Platform:
             self.control = c
         return c
 
-    def add_node(self, name):
+    def add_node(self, name, images=None):
         """Start one more node (registered with the first control) and wait until it is live."""
-        n = Node(self, name, self.control.port)
+        n = Node(self, name, self.control.port, images=images)
         self.nodes.append(n)
         self.wait_nodes_live()
         return n
@@ -465,15 +499,26 @@ class Platform:
 
     # ---- capabilities ------------------------------------------------------------------------
     def mint(self, run, access="exec", port=None, protocol=None, iat_offset=None, lifetime=None,
-             forge=False, kid=None, **override):
-        """Mint a capability with tests/capmint from the control plane's signing keys."""
+             forge=False, kid=None, method=None, target=None, body=None, store=None,
+             **override):
+        """Mint a capability with tests/capmint from the control plane's signing keys.
+
+        Capabilities name their request: method + target (what the node receives), by default
+        POST of the agent's /v1/exec on the run's sandbox. body (str or dict, JSON-encoded as
+        http_request sends it) names the body's digest too (manage capabilities must)."""
         rid = dict(run)
         rid.update(override)
-        argv = [CAPMINT_BIN, "--store", os.path.join(self.ctl_state, "store.db"),
+        if method is None and target is None:
+            method = "POST"
+            target = f"/v1/runs/{rid['sandbox']}/ports/{AGENT_PORT}/v1/exec"
+        assert method and target, "a capability names its request: method= and target="
+        argv = [CAPMINT_BIN, "--store", store or os.path.join(self.ctl_state, "store.db"),
                 "--sandbox", rid["sandbox"], "--generation", str(rid["generation"]),
                 "--node", rid["node"], "--substrate", rid["substrate"],
                 "--activation", rid["activation"], "--instance", rid["instance"],
-                "--access", access]
+                "--access", access, "--method", method, "--target", target]
+        if body is not None:
+            argv += ["--body", body if isinstance(body, str) else json.dumps(body)]
         if port is not None:
             argv += ["--port", str(port)]
         if protocol is not None:
@@ -538,5 +583,13 @@ class Platform:
                         if p.crashed]
                 assert not dead, "\n".join(dead)
         finally:
+            self._unmount_leftover_disks()
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _unmount_leftover_disks(self):
+        """Runs' disks that a killed node left mounted (a stopped node unmounts its own)."""
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+        for mp in sorted((m for m in points if m.startswith(self.dir + "/")), reverse=True):
+            subprocess.run(["umount", "-l", mp], capture_output=True)
 

@@ -163,10 +163,10 @@ def test_installing_next_run_refuses_old_capabilities_and_cuts_streams(plat):
     tag = secrets.token_hex(4)
     new = dict(old, generation=old["generation"] + 1, activation=f"a-test{tag}",
                instance=f"i-test{tag}")
-    manage = plat.mint(new, "manage")
+    body = {"secrets": {"SBX_TOKEN": job.token}}
+    manage = plat.mint(new, "manage", method="PUT", target=f"/v1/runs/{job.id}", body=body)
     try:
-        r = node.request("PUT", f"/v1/runs/{job.id}", manage,
-                         {"secrets": {"SBX_TOKEN": job.token}})
+        r = node.request("PUT", f"/v1/runs/{job.id}", manage, body)
         installed = time.monotonic()
         assert r.status == 201, r
         assert r.json()["run"]["run"]["generation"] == new["generation"]
@@ -185,7 +185,9 @@ def test_installing_next_run_refuses_old_capabilities_and_cuts_streams(plat):
         assert os.path.exists(node.root_path(job.id, "/root/new-cap"))
     finally:
         stream.close()
-        node.request("DELETE", f"/v1/runs/{job.id}", manage)
+        node.request("DELETE", f"/v1/runs/{job.id}",
+                     plat.mint(new, "manage", method="DELETE", target=f"/v1/runs/{job.id}",
+                               body=""))
     job.cancel()
 
 
@@ -202,8 +204,10 @@ def test_handoff_that_keeps_the_run_keeps_streams_and_capabilities(plat):
     stream = node.open_stream(job, TICK, cap)
     try:
         assert stream.status == 200 and stream.wait_events(3)
-        r = node.request("PUT", f"/v1/runs/{job.id}", plat.mint(run, "manage"),
-                         {"secrets": {"SBX_TOKEN": job.token}})
+        body = {"secrets": {"SBX_TOKEN": job.token}}
+        r = node.request("PUT", f"/v1/runs/{job.id}",
+                         plat.mint(run, "manage", method="PUT", target=f"/v1/runs/{job.id}",
+                                   body=body), body)
         assert r.status == 200, r  # already installed: nothing to do
         assert node.run_record(job.id)["pid"] == pid
         seen = len(stream.events)
@@ -321,17 +325,17 @@ def test_port_capability_denied(plat, target, case):
     job, _ = target
     node = job.node()
     spec = PORT_DENIALS[case]
-    bad = job.mint("proxy", **spec["cap"])
     q = f"denied-{case}-{secrets.token_hex(3)}"
+    path = node.ports_path(job.id, spec["req_port"], f"/index.txt?{q}")
+    bad = job.mint("proxy", method="GET", target=path, **spec["cap"])
     tok = {"X-Sandbox-Token": job.token}
-    r = node.request("GET", node.ports_path(job.id, spec["req_port"], f"/index.txt?{q}"), bad,
-                     headers=tok)
+    r = node.request("GET", path, bad, headers=tok)
     refused(r, 403, "Deny", case.split("-")[0])
     # Positive control: the right capability reaches the server (which logs the request).
-    good = job.mint("proxy", port=8080, protocol="http")
     okq = f"allowed-{case}-{secrets.token_hex(3)}"
-    r = node.request("GET", node.ports_path(job.id, 8080, f"/index.txt?{okq}"), good,
-                     headers=tok)
+    path = node.ports_path(job.id, 8080, f"/index.txt?{okq}")
+    good = job.mint("proxy", port=8080, protocol="http", method="GET", target=path)
+    r = node.request("GET", path, good, headers=tok)
     assert r.status == 200 and r.body == b"hello-8080\n", r
     assert wait_until(lambda: okq in http_server_log(job), 5)
     assert q not in http_server_log(job)

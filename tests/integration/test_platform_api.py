@@ -46,10 +46,13 @@ def test_missing_or_wrong_token_is_401(plat, job):
     assert job.inspect()["stage"] == "RUNNING"  # the 401 cancel did nothing
 
 
-def test_read_token_can_proxy_but_not_create(plat, job):
+def test_read_token_can_read_but_not_exec_or_create(plat, job):
     reader = plat.token("reader", "t", "read")
-    res = job.exec("echo read-ok", token=reader)
-    assert res.code == 0 and res.out == "read-ok\n", res
+    job.sh("echo read-ok > /root/read-me")
+    r = job.proxy("GET", AGENT_PORT, "/v1/files/read?path=/root/read-me", token=reader)
+    assert r.status == 200 and r.body == b"read-ok\n", r
+    r = job.exec_raw("touch /root/by-reader", token=reader)  # exec needs write
+    assert r.status == 403 and r.json().get("error"), r
     assert plat.request("GET", "/v1/jobs/t", token=reader).status == 200
     assert plat.request("GET", job.path(), token=reader).status == 200
     r = plat.request("POST", "/v1/jobs/t", {"secrets": {"SBX_TOKEN": "x" * 32}}, token=reader)
@@ -67,6 +70,8 @@ def test_read_token_can_proxy_but_not_create(plat, job):
                                             "labels": {"purpose": "write-control"}},
                      token=writer)
     assert r.status == 201, r
+    assert job.exec("echo write-ok", token=writer).out == "write-ok\n"
+    assert job.read_file("/root/by-reader").status == 404  # the refused exec did nothing
     j = r.json()
     assert j["initiator"] == "writer" and j["namespace"] == "t"
     assert plat.request("POST", f"/v1/jobs/t/{j['id']}/cancel", {}, token=writer).status == 202

@@ -71,29 +71,35 @@ def test_state_read_capability_cannot_manage(plat):
     job = plat.create()
     node = plat.node("hd-a")
     run = job.run()
-    state = plat.mint(run, "state_read")
+    state = plat.mint(run, "state_read", method="GET", target=f"/v1/runs/{job.id}/state")
     nxt = dict(run, generation=run["generation"] + 1, activation="a-hd1", instance="i-hd1")
     for method, path, body in (("PUT", f"/v1/runs/{job.id}", {"command": ["/bin/true"]}),
                                ("POST", f"/v1/runs/{job.id}/pause", None),
                                ("DELETE", f"/v1/runs/{job.id}", None)):
-        cap = plat.mint(nxt if method == "PUT" else run, "state_read")
+        cap = plat.mint(nxt if method == "PUT" else run, "state_read", method=method, target=path,
+                        body=body or "")
         r = node.request(method, path, cap, body)
         assert r.status == 403 and r.json()["reason"] == "purpose", (method, r)
     assert job.sh("echo still-running") == "still-running\n"
     # and a management capability does not read state either: each route wants its own bit
-    r = node.request("GET", f"/v1/runs/{job.id}/state", plat.mint(run, "manage"))
+    r = node.request("GET", f"/v1/runs/{job.id}/state",
+                     plat.mint(run, "manage", method="GET", target=f"/v1/runs/{job.id}/state",
+                               body=""))
     assert r.status == 403 and r.json()["reason"] == "purpose", r
     # positive control: pause (manage), then the state capability reads the root
-    assert node.request("POST", f"/v1/runs/{job.id}/pause", plat.mint(run, "manage")).status == 200
+    pause = f"/v1/runs/{job.id}/pause"
+    assert node.request("POST", pause, plat.mint(run, "manage", method="POST", target=pause,
+                                                 body="")).status == 200
     r = node.request("GET", f"/v1/runs/{job.id}/state", state, timeout=60)
     assert r.status == 200 and len(r.body) > 0, r
-    node.request("DELETE", f"/v1/runs/{job.id}", plat.mint(run, "manage"))
+    node.request("DELETE", f"/v1/runs/{job.id}",
+                 plat.mint(run, "manage", method="DELETE", target=f"/v1/runs/{job.id}", body=""))
     job.cancel()
 
 
 def test_registered_node_name_cannot_be_taken_over(plat):
     with open(plat.join_token_file) as f:
-        join = f.read().strip()
+        join = f.read().strip().split(".")[1]  # sbxjoin1.<token>.<control identity key>
     body = {"name": "hd-a", "url": "127.0.0.1:9", "capacity": 1}
     r = http_request(plat.control.port, "POST", "/v1/nodes/register", body,
                      {"Authorization": f"Bearer {join}"})

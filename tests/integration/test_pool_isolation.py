@@ -327,29 +327,33 @@ while True:
 """
 
 
+def nsenter_connect_abstract(pid, name):
+    """Connect to an abstract unix socket from inside the network namespace of pid (as root)."""
+    code = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
+            "s.connect('\\0'+sys.argv[1]); s.sendall(b'host')")
+    r = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "python3", "-c", code, name],
+                       capture_output=True, timeout=10)
+    return r.returncode == 0
+
+
 def test_abstract_socket_of_sibling(pair):
     a, b = pair
     name = rand_name("sbx-abs-")
-    b.start(["python3", "-c", ABSTRACT_LISTENER, name, b.home + "/got"])
-
-    def host_connect():
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect("\0" + name)
-                s.sendall(b"host")
-            return True
-        except OSError:
-            return False
-    assert wait_until(host_connect, 5)  # the target exists: root on the host reaches it
+    proc = b.start(["python3", "-c", ABSTRACT_LISTENER, name, b.home + "/got"])
+    # positive control: the socket exists, in B's own network namespace (abstract names are
+    # per network namespace): root entering that namespace reaches it
+    assert wait_until(lambda: nsenter_connect_abstract(proc["pid"], name), 5)
+    # ... and not from the host's namespace any more
+    with socket.socket(socket.AF_UNIX) as s:
+        with pytest.raises(ConnectionRefusedError):
+            s.connect("\0" + name)
     res = py_attempts(a, """
-import threading
 def sib():
     with socket.socket(socket.AF_UNIX) as s:
         s.connect("\\0" + sys.argv[1])
         s.sendall(b"from-A")
 def own():
-    # Landlock scopes abstract sockets per exec domain: the positive control listens and
-    # connects within this one process.
+    # the positive control listens and connects within this one process
     with socket.socket(socket.AF_UNIX) as l:
         l.bind("\\0" + sys.argv[1] + "-own")
         l.listen(1)
@@ -357,10 +361,57 @@ def own():
             c.connect("\\0" + sys.argv[1] + "-own")
 print(json.dumps({"sib": attempt(sib), "own": attempt(own)}))
 """, name)
-    assert res == {"sib": "EPERM", "own": "ok"}
+    # another network namespace (ECONNREFUSED); Landlock's scope would say EPERM
+    assert res["own"] == "ok" and res["sib"] in ("ECONNREFUSED", "EPERM"), res
     assert wait_until(lambda: os.path.exists(b.home + "/got"))
     time.sleep(0.1)
     assert open(b.home + "/got", "rb").read() == b"host\n"
+
+
+UDP_LISTENER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+open(sys.argv[1] + ".port", "w").write(str(s.getsockname()[1]))
+while True:
+    data, addr = s.recvfrom(100)
+    with open(sys.argv[1], "ab") as f:
+        f.write(data + b"\\n")
+"""
+
+
+def test_each_sandbox_has_its_own_loopback(pair):
+    a, b = pair
+    got = b.home + "/udp-got"
+    proc = b.start(["python3", "-c", UDP_LISTENER, got])
+    assert wait_until(lambda: os.path.exists(got + ".port"), 5)
+    port = int(open(got + ".port").read())
+    # A sends to B's UDP port and connects a TCP socket to a port A's sibling autobound with
+    # listen(): neither arrives (A's loopback is its own)
+    res = py_attempts(a, """
+def udp():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"from-A", ("127.0.0.1", int(sys.argv[1])))
+def own_tcp():
+    with socket.socket() as l:
+        l.listen(1)  # autobind: the only way to listen under Landlock's TCP-bind refusal
+        with socket.socket() as c:
+            c.connect(l.getsockname())
+def ifaces():
+    names = [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]]
+    if names != ["lo"]:
+        raise OSError(1, "interfaces: %s" % names)
+print(json.dumps({"udp": attempt(udp), "own_tcp": attempt(own_tcp), "ifaces": attempt(ifaces)}))
+""", str(port))
+    assert res == {"udp": "ok", "own_tcp": "ok", "ifaces": "ok"}, res  # sent, to A's own lo
+    # positive control: the same datagram sent inside B's namespace arrives
+    code = ("import socket,sys\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+            "s.sendto(b'inside-B',('127.0.0.1',int(sys.argv[1])))")
+    subprocess.run(["nsenter", f"--net=/proc/{proc['pid']}/ns/net", "python3", "-c", code,
+                    str(port)], check=True, timeout=10)
+    assert wait_until(lambda: os.path.exists(got), 5)
+    time.sleep(0.2)
+    assert open(got, "rb").read() == b"inside-B\n"  # A's datagram never reached B
 
 
 @pytest.mark.parametrize("how", ["unshare-U", "unshare-Ur", "ctypes-unshare", "ctypes-clone"])

@@ -7,6 +7,11 @@
  *           --activation A --instance I --access exec|files_read|files_write|processes|proxy|
  *           manage[,...] [--port P --protocol http|websocket] [--iat-offset SECONDS]
  *           [--lifetime SECONDS] [--forge] [--kid KID]
+ *           --method M --target T [--body TEXT | --body-file F]
+ *
+ * Every capability (v2) names its request: --method and --target (what the node receives as
+ * the request target); --body or --body-file names the body's digest too (required with manage,
+ * which also gets a fresh single-use id).
  *
  * The signing key is the control plane's current signer (cap_rotation_signer) read from the
  * store, or the key named by --kid. --forge signs with a freshly generated key under that
@@ -32,9 +37,11 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: capmint --store FILE --sandbox S --generation N --node NAME\n"
                "               --substrate SUB --activation A --instance I\n"
-               "               --access exec|files_read|files_write|processes|proxy|manage|state_read[,..]\n"
+               "               --access "
+               "exec|files_read|files_write|processes|proxy|manage|state_read[,..]\n"
                "               [--port P --protocol http|websocket] [--iat-offset SECONDS]\n"
-               "               [--lifetime SECONDS] [--forge] [--kid KID]\n");
+               "               [--lifetime SECONDS] [--forge] [--kid KID]\n"
+               "               --method M --target T [--body TEXT | --body-file F]\n");
 }
 
 /* [+-]digits, |value| <= max */
@@ -95,6 +102,7 @@ typedef struct {
     bool forge;
     int64_t iat_offset;
     int64_t lifetime;
+    const char *method, *target, *body, *body_file;
     cap_t cap;
 } args_t;
 
@@ -115,6 +123,10 @@ static int parse_args(int argc, char **argv, args_t *a)
         { "lifetime", required_argument, NULL, 'L' },
         { "forge", no_argument, NULL, 'F' },
         { "kid", required_argument, NULL, 'k' },
+        { "method", required_argument, NULL, 'M' },
+        { "target", required_argument, NULL, 'T' },
+        { "body", required_argument, NULL, 'B' },
+        { "body-file", required_argument, NULL, 'f' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -152,6 +164,10 @@ static int parse_args(int argc, char **argv, args_t *a)
         case 'L': r = parse_i64(optarg, CAP_LIFETIME_S, &a->lifetime); break;
         case 'F': a->forge = true; break;
         case 'k': a->kid = optarg; break;
+        case 'M': a->method = optarg; break;
+        case 'T': a->target = optarg; break;
+        case 'B': a->body = optarg; break;
+        case 'f': a->body_file = optarg; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -161,7 +177,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         }
     }
     if (optind != argc || !a->store || !c->run.sandbox[0] || !c->run.node[0] ||
-        !c->run.substrate[0] || !c->run.activation[0] || !c->run.instance[0] || c->access == 0) {
+        !c->run.substrate[0] || !c->run.activation[0] || !c->run.instance[0] || c->access == 0 ||
+        !a->method || !a->target || (a->body && a->body_file)) {
         usage(stderr);
         return -EINVAL;
     }
@@ -234,6 +251,26 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    char *body = NULL;
+    size_t body_len = 0;
+    if (a.body_file) {
+        FILE *f = fopen(a.body_file, "re");
+        if (!f || getdelim(&body, &body_len, '\0', f) < 0) { /* the whole file (no NULs) */
+            fprintf(stderr, "capmint: cannot read %s\n", a.body_file);
+            return 1;
+        }
+        fclose(f);
+        body_len = strlen(body);
+    } else if (a.body) {
+        body = strdup(a.body);
+        body_len = strlen(body);
+    }
+    if (cap_bind_request(&a.cap, a.method, strlen(a.method), a.target, strlen(a.target), body,
+                         body_len) < 0) {
+        fprintf(stderr, "capmint: bad --method\n");
+        return 2;
+    }
+    free(body);
     a.cap.iat = (int64_t)time(NULL) + a.iat_offset;
     a.cap.exp = a.cap.iat + a.lifetime;
     char wire[CAP_WIRE_MAX + 1];

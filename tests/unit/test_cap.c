@@ -11,6 +11,9 @@
 #include "tap.h"
 
 #define T0 INT64_C(1700000000)
+#define TARGET "/v1/runs/sbx-1/ports/49983/v1/exec"
+/* bytes after exp in base_cap()'s payload: method "POST", target digest, flags */
+#define TAIL (1 + 4 + CAP_DIGEST_BYTES + 1)
 
 static cap_t base_cap(void)
 {
@@ -26,6 +29,20 @@ static cap_t base_cap(void)
     c.access = CAP_EXEC | CAP_FILES_READ;
     c.iat = T0;
     c.exp = T0 + CAP_LIFETIME_S;
+    memcpy(c.method, "POST", 5);
+    cap_digest(TARGET, strlen(TARGET), c.target);
+    return c;
+}
+
+/* A manage capability: the body's digest and a single-use id. */
+static cap_t manage_cap(void)
+{
+    cap_t c = base_cap();
+    c.access = CAP_MANAGE;
+    c.has_body = true;
+    cap_digest("{}", 2, c.body);
+    c.has_nonce = true;
+    memset(c.nonce, 0x4e, sizeof c.nonce);
     return c;
 }
 
@@ -59,6 +76,12 @@ static void fill(char *dst, size_t size, char ch, size_t n)
         ASSERT_EQ((a)->proto, (b)->proto);                                                         \
         ASSERT_EQ((a)->iat, (b)->iat);                                                             \
         ASSERT_EQ((a)->exp, (b)->exp);                                                             \
+        ASSERT_STREQ((a)->method, (b)->method);                                                    \
+        ASSERT_MEMEQ((a)->target, CAP_DIGEST_BYTES, (b)->target, CAP_DIGEST_BYTES);                \
+        ASSERT_EQ((a)->has_body, (b)->has_body);                                                   \
+        ASSERT_MEMEQ((a)->body, CAP_DIGEST_BYTES, (b)->body, CAP_DIGEST_BYTES);                    \
+        ASSERT_EQ((a)->has_nonce, (b)->has_nonce);                                                 \
+        ASSERT_MEMEQ((a)->nonce, CAP_NONCE_BYTES, (b)->nonce, CAP_NONCE_BYTES);                    \
     } while (0)
 
 /* ---- encoding ------------------------------------------------------------------------------ */
@@ -68,30 +91,46 @@ TEST(encode_golden_bytes)
     cap_t c = proxy_cap();
     c.access = CAP_PROXY | CAP_EXEC;
     c.proto = CAP_PROTO_WEBSOCKET;
+    memset(c.target, 0xab, sizeof c.target);
+    c.has_body = true;
+    memset(c.body, 0xcd, sizeof c.body);
     uint8_t out[CAP_PAYLOAD_MAX];
     int n = cap_encode(&c, out, sizeof out);
     /* field order: kid, sandbox, generation, node, substrate, activation, instance, access,
-     * port, proto, iat, exp; integers big-endian */
-    static const uint8_t want[] = "SBXC\x01"
-                                  "\x02k1"
-                                  "\x05sbx-1"
-                                  "\x00\x00\x00\x00\x00\x00\x00\x03"
-                                  "\x06node-a"
-                                  "\x07process"
-                                  "\x05"
-                                  "act:7"
-                                  "\x06run.42"
-                                  "\x00\x00\x00\x11"
-                                  "\x1f\x90"
-                                  "\x02"
-                                  "\x00\x00\x00\x00\x65\x53\xf1\x00"
-                                  "\x00\x00\x00\x00\x65\x53\xf1\x78";
+     * port, proto, iat, exp, method, target, flags, body; integers big-endian */
+    static const uint8_t want[] =
+        "SBXC\x02"
+        "\x02k1"
+        "\x05sbx-1"
+        "\x00\x00\x00\x00\x00\x00\x00\x03"
+        "\x06node-a"
+        "\x07process"
+        "\x05"
+        "act:7"
+        "\x06run.42"
+        "\x00\x00\x00\x11"
+        "\x1f\x90"
+        "\x02"
+        "\x00\x00\x00\x00\x65\x53\xf1\x00"
+        "\x00\x00\x00\x00\x65\x53\xf1\x78"
+        "\x04POST"
+        "\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab"
+        "\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab\xab"
+        "\x01"
+        "\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd"
+        "\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd";
     ASSERT_MEMEQ(out, (size_t)(n < 0 ? 0 : n), want, sizeof want - 1);
+    /* a manage capability's single-use id follows its body, flags 3 */
+    c = manage_cap();
+    n = cap_encode(&c, out, sizeof out);
+    ASSERT_GT(n, CAP_NONCE_BYTES + CAP_DIGEST_BYTES + 1);
+    ASSERT_EQ(out[n - CAP_NONCE_BYTES - CAP_DIGEST_BYTES - 1], 3);
+    ASSERT_MEMEQ(out + n - CAP_NONCE_BYTES, CAP_NONCE_BYTES, c.nonce, CAP_NONCE_BYTES);
 }
 
 TEST(encode_decode_round_trip)
 {
-    cap_t cs[3] = { base_cap(), proxy_cap(), base_cap() };
+    cap_t cs[4] = { base_cap(), proxy_cap(), manage_cap(), manage_cap() };
     cs[2].access = CAP_ACCESS_ALL;
     cs[2].port = 65535;
     cs[2].proto = CAP_PROTO_WEBSOCKET;
@@ -100,7 +139,10 @@ TEST(encode_decode_round_trip)
     fill(cs[2].run.instance, sizeof cs[2].run.instance, 'i', CAP_ID_MAX - 1);
     cs[2].iat = INT64_MAX - CAP_LIFETIME_S;
     cs[2].exp = INT64_MAX;
-    for (size_t i = 0; i < 3; i++) {
+    fill(cs[2].method, sizeof cs[2].method, 'Z', CAP_METHOD_MAX - 1);
+    cs[1].has_body = true; /* a data-path capability naming its body */
+    memset(cs[1].body, 0xff, sizeof cs[1].body);
+    for (size_t i = 0; i < 4; i++) {
         uint8_t p[CAP_PAYLOAD_MAX], q[CAP_PAYLOAD_MAX];
         int n = cap_encode(&cs[i], p, sizeof p);
         ASSERT_GT(n, 0);
@@ -125,7 +167,11 @@ TEST(encode_buffer_size)
     ASSERT_EQ(cap_encode(&c, p, 1), -EINVAL);
 
     /* the largest capability fits CAP_PAYLOAD_MAX */
-    c = proxy_cap();
+    c = manage_cap();
+    c.access |= CAP_PROXY;
+    c.port = 1;
+    c.proto = CAP_PROTO_HTTP;
+    fill(c.method, sizeof c.method, 'M', CAP_METHOD_MAX - 1);
     fill(c.kid, sizeof c.kid, 'k', CAP_KID_MAX - 1);
     char *ids[] = { c.run.sandbox, c.run.node, c.run.substrate, c.run.activation, c.run.instance };
     for (size_t i = 0; i < 5; i++)
@@ -179,6 +225,13 @@ static void m_iat_eq_exp(cap_t *c) { c->exp = c->iat; }
 static void m_iat_gt_exp(cap_t *c) { c->exp = c->iat - 1; }
 static void m_lifetime_long(cap_t *c) { c->exp = c->iat + CAP_LIFETIME_S + 1; }
 static void m_lifetime_huge(cap_t *c) { c->iat = 1; c->exp = INT64_MAX; }
+static void m_method_empty(cap_t *c) { c->method[0] = '\0'; }
+static void m_method_lower(cap_t *c) { memcpy(c->method, "post", 5); }
+static void m_method_long(cap_t *c) { memset(c->method, 'P', CAP_METHOD_MAX); } /* no NUL */
+static void m_method_space(cap_t *c) { memcpy(c->method, "PO T", 5); }
+static void m_manage_no_nonce(cap_t *c) { *c = manage_cap(); c->has_nonce = false; }
+static void m_manage_no_body(cap_t *c) { *c = manage_cap(); c->has_body = false; }
+static void m_nonce_without_manage(cap_t *c) { c->has_nonce = true; }
 /* clang-format on */
 
 static const mutation_t invalid[] = {
@@ -220,6 +273,13 @@ static const mutation_t invalid[] = {
     { "iat > exp", m_iat_gt_exp },
     { "lifetime CAP_LIFETIME_S + 1", m_lifetime_long },
     { "lifetime huge", m_lifetime_huge },
+    { "method empty", m_method_empty },
+    { "method lower case", m_method_lower },
+    { "method CAP_METHOD_MAX bytes", m_method_long },
+    { "method with space", m_method_space },
+    { "manage without single-use id", m_manage_no_nonce },
+    { "manage without body digest", m_manage_no_body },
+    { "single-use id without manage", m_nonce_without_manage },
 };
 
 TEST(encode_refuses_each_invalid_field)
@@ -252,12 +312,18 @@ TEST(encode_accepts_each_bound)
     c.run.generation = 1;
     ASSERT_GT(cap_encode(&c, p, sizeof p), 0);
     c.access = CAP_MANAGE;
+    c.has_body = c.has_nonce = true;
+    ASSERT_GT(cap_encode(&c, p, sizeof p), 0);
+    fill(c.method, sizeof c.method, 'A', 1);
+    ASSERT_GT(cap_encode(&c, p, sizeof p), 0);
+    fill(c.method, sizeof c.method, 'Z', CAP_METHOD_MAX - 1);
     c.iat = 1;
     c.exp = 1 + CAP_LIFETIME_S;
     ASSERT_GT(cap_encode(&c, p, sizeof p), 0);
     c.exp = 2;
     ASSERT_GT(cap_encode(&c, p, sizeof p), 0);
     c.access = CAP_PROXY;
+    c.has_nonce = false; /* a body digest without an id: fine off the manage path */
     c.port = 1;
     c.proto = CAP_PROTO_WEBSOCKET;
     ASSERT_GT(cap_encode(&c, p, sizeof p), 0);
@@ -325,7 +391,8 @@ TEST(decode_refuses_non_canonical)
         uint8_t val;
     } cases[] = {
         { "magic", 0, 's' },
-        { "version 2", OFF_VERSION, 2 },
+        { "version 1 (before request binding)", OFF_VERSION, 1 },
+        { "version 3", OFF_VERSION, 3 },
         { "version 0", OFF_VERSION, 0 },
         { "kid length 0", OFF_KID_LEN, 0 },
         { "kid length past the end", OFF_KID_LEN, 255 },
@@ -333,14 +400,23 @@ TEST(decode_refuses_non_canonical)
         { "sandbox with NUL", OFF_SANDBOX + 2, 0 },
         { "sandbox with '/'", OFF_SANDBOX + 2, '/' },
         { "generation 0", OFF_GENERATION + 7, 0 },
-        { "access unknown bit", (size_t)n - 23 + 0, 0x80 },
-        { "access 0", (size_t)n - 23 + 3, 0 },
-        { "port without CAP_PROXY", (size_t)n - 19 + 1, 80 },
-        { "proto without CAP_PROXY", (size_t)n - 17, 1 },
-        { "proto 3", (size_t)n - 17, 3 },
-        { "iat negative", (size_t)n - 16, 0x80 },
-        { "exp beyond the lifetime", (size_t)n - 2, 0xff },
-        { "exp equal to iat", (size_t)n - 1, 0x00 },
+        { "access unknown bit", (size_t)n - TAIL - 23 + 0, 0x80 },
+        { "access 0", (size_t)n - TAIL - 23 + 3, 0 },
+        { "access manage without its id", (size_t)n - TAIL - 23 + 3, CAP_MANAGE },
+        { "port without CAP_PROXY", (size_t)n - TAIL - 19 + 1, 80 },
+        { "proto without CAP_PROXY", (size_t)n - TAIL - 17, 1 },
+        { "proto 3", (size_t)n - TAIL - 17, 3 },
+        { "iat negative", (size_t)n - TAIL - 16, 0x80 },
+        { "exp beyond the lifetime", (size_t)n - TAIL - 2, 0xff },
+        { "exp equal to iat", (size_t)n - TAIL - 1, 0x00 },
+        { "method length 0", (size_t)n - TAIL, 0 },
+        { "method length past the target", (size_t)n - TAIL, 40 },
+        { "method lower case", (size_t)n - TAIL + 1, 'p' },
+        { "method with NUL", (size_t)n - TAIL + 2, 0 },
+        { "flags: a body digest that is not there", (size_t)n - 1, 1 },
+        { "flags: an id that is not there", (size_t)n - 1, 2 },
+        { "flags: unknown bit", (size_t)n - 1, 4 },
+        { "flags: high bit", (size_t)n - 1, 0x80 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         memcpy(q, p, (size_t)n);
@@ -369,9 +445,9 @@ TEST(decode_refuses_non_canonical)
  * exactly the changed bytes, or is refused. Both outcomes must occur. */
 TEST(decode_mutated_bytes_iff_canonical)
 {
-    cap_t cs[2] = { base_cap(), proxy_cap() };
+    cap_t cs[3] = { base_cap(), proxy_cap(), manage_cap() };
     size_t accepted = 0, refused = 0;
-    for (size_t k = 0; k < 2; k++) {
+    for (size_t k = 0; k < 3; k++) {
         uint8_t p[CAP_PAYLOAD_MAX], q[CAP_PAYLOAD_MAX], e[CAP_PAYLOAD_MAX];
         int n = cap_encode(&cs[k], p, sizeof p);
         ASSERT_GT(n, 0);
@@ -462,7 +538,7 @@ TEST(sign_verify)
     int n = cap_sign(&key_a, &c, w, sizeof w);
     ASSERT_GT(n, 0);
     ASSERT_EQ_U(strlen(w), (size_t)n);
-    ASSERT_TRUE(strncmp(w, "v1.", 3) == 0);
+    ASSERT_TRUE(strncmp(w, "v2.", 3) == 0);
     ASSERT_EQ_U(strspn(w + 3, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."),
                 (size_t)n - 3);
     const char *dot = strchr(w + 3, '.');
@@ -491,7 +567,7 @@ TEST(sign_verify)
 /* The wire form of c signed by key, split into its parts. */
 typedef struct {
     char w[CAP_WIRE_MAX];
-    size_t len, plen; /* plen: characters of the payload part (after "v1.") */
+    size_t len, plen; /* plen: characters of the payload part (after "v2.") */
 } wire_t;
 
 static int sign_wire(const cap_signkey_t *key, const cap_t *c, wire_t *ret)
@@ -520,22 +596,24 @@ TEST(verify_malformed)
     char buf[CAP_WIRE_MAX + 8];
     const char *sig = a.w + 3 + a.plen + 1;
     ASSERT_REASON(verify_str("", T0), CAP_E_MALFORMED);
-    ASSERT_REASON(verify_str("v1", T0), CAP_E_MALFORMED);
-    ASSERT_REASON(verify_str("v1.", T0), CAP_E_MALFORMED);
-    ASSERT_REASON(verify_str("v1..", T0), CAP_E_MALFORMED);
+    ASSERT_REASON(verify_str("v2", T0), CAP_E_MALFORMED);
+    ASSERT_REASON(verify_str("v2.", T0), CAP_E_MALFORMED);
+    ASSERT_REASON(verify_str("v2..", T0), CAP_E_MALFORMED);
     ASSERT_REASON(cap_verify(&ks_a, NULL, 0, T0, &d), CAP_E_MALFORMED);
 
-    /* wrong prefix */
+    /* wrong prefix: the version before request binding is refused, so is any other */
     memcpy(buf, a.w, a.len + 1);
-    buf[1] = '2';
+    buf[1] = '1';
+    ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
+    buf[1] = '3';
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
     ASSERT_REASON(verify_str(a.w + 3, T0), CAP_E_MALFORMED);
     ASSERT_REASON(verify_str(a.w + 1, T0), CAP_E_MALFORMED);
 
     /* missing dots: no signature part; the two parts run together */
-    (void)snprintf(buf, sizeof buf, "v1.%.*s", (int)a.plen, a.w + 3);
+    (void)snprintf(buf, sizeof buf, "v2.%.*s", (int)a.plen, a.w + 3);
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
-    (void)snprintf(buf, sizeof buf, "v1.%.*s%s", (int)a.plen, a.w + 3, sig);
+    (void)snprintf(buf, sizeof buf, "v2.%.*s%s", (int)a.plen, a.w + 3, sig);
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
     /* a third part */
     (void)snprintf(buf, sizeof buf, "%s.", a.w);
@@ -563,7 +641,7 @@ TEST(verify_malformed)
     (void)snprintf(buf, sizeof buf, "%s==", a.w);
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
     if (a.plen % 4 != 0) { /* padding after the payload */
-        (void)snprintf(buf, sizeof buf, "v1.%.*s=%s", (int)a.plen, a.w + 3, sig - 1);
+        (void)snprintf(buf, sizeof buf, "v2.%.*s=%s", (int)a.plen, a.w + 3, sig - 1);
         ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
     }
     (void)snprintf(buf, sizeof buf, " %s", a.w);
@@ -586,8 +664,9 @@ TEST(verify_malformed)
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
     (void)snprintf(buf, sizeof buf, "%sA", a.w);
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
-    ASSERT_EQ(a.plen % 4, 2);
-    (void)snprintf(buf, sizeof buf, "v1.%.*sAAA.%s", (int)a.plen, a.w + 3, sig);
+    int extra = (int)((5 - a.plen % 4) % 4); /* characters to a length of 4k+1 */
+    (void)snprintf(buf, sizeof buf, "v2.%.*s%.*s.%s", (int)a.plen, a.w + 3, extra, "AAA", sig);
+    ASSERT_EQ((a.plen + (size_t)extra) % 4, 1);
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
 
     /* valid base64url of a payload that is not canonical (a trailing byte) */
@@ -597,13 +676,13 @@ TEST(verify_malformed)
     p[n] = 0;
     char b64[CAP_WIRE_MAX];
     sodium_bin2base64(b64, sizeof b64, p, (size_t)n + 1, sodium_base64_VARIANT_URLSAFE_NO_PADDING);
-    (void)snprintf(buf, sizeof buf, "v1.%s.%s", b64, sig);
+    (void)snprintf(buf, sizeof buf, "v2.%s.%s", b64, sig);
     ASSERT_REASON(verify_str(buf, T0), CAP_E_MALFORMED);
 
     /* too long for CAP_WIRE_MAX: refused before anything is decoded */
     char huge[CAP_WIRE_MAX + 2];
     memset(huge, 'A', sizeof huge);
-    memcpy(huge, "v1.", 3);
+    memcpy(huge, "v2.", 3);
     huge[CAP_WIRE_MAX - 90] = '.';
     ASSERT_REASON(cap_verify(&ks_a, huge, sizeof huge, T0, &d), CAP_E_MALFORMED);
 }
@@ -688,7 +767,8 @@ TEST(reason_and_verdict_names)
 {
     static const char *const want[] = { "ok",      "malformed", "unknown_key", "signature",
                                         "not_yet", "expired",   "sandbox",     "purpose",
-                                        "port",    "protocol",  "stale_run",   "no_run" };
+                                        "port",    "protocol",  "stale_run",   "no_run",
+                                        "request", "body",      "replay" };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         ASSERT_STREQ(cap_reason_str((cap_reason_t)i), want[i]);
     ASSERT_STREQ(cap_verdict_str(CAP_ALLOW), "Allow");
@@ -750,6 +830,10 @@ static cap_request_t request(const cap_t *c, uint32_t purpose, const cap_run_t *
 {
     cap_request_t rq = {
         .sandbox = c->run.sandbox,
+        .method = "POST",
+        .method_len = 4,
+        .target = TARGET,
+        .target_len = strlen(TARGET),
         .purpose = purpose,
         .installed = installed,
         .expose = exposed,
@@ -884,6 +968,168 @@ TEST(compare_proxy)
     rq.port = 9000;
     rq.proto = CAP_PROTO_WEBSOCKET;
     ASSERT_VERDICT(&e, &rq, CAP_DENY, CAP_E_PURPOSE);
+}
+
+/* ---- request binding, single use, signed key sets ------------------------------------------ */
+
+TEST(compare_request_binding)
+{
+    cap_t c = base_cap();
+    cap_run_t run = c.run;
+    cap_request_t rq = request(&c, CAP_EXEC, &run);
+    ASSERT_VERDICT(&c, &rq, CAP_ALLOW, CAP_OK); /* control */
+    /* another method: a captured capability is good for its own request only */
+    static const char *const methods[] = { "GET", "PUT", "POS", "POSTX", "post" };
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        rq = request(&c, CAP_EXEC, &run);
+        rq.method = methods[i];
+        rq.method_len = strlen(methods[i]);
+        ASSERT_VERDICT(&c, &rq, CAP_DENY, CAP_E_REQUEST);
+    }
+    /* another target: another path, a query added, one byte more or less */
+    static const char *const targets[] = { "/v1/runs/sbx-1/ports/49983/v1/files/write",
+                                           TARGET "?x=1", TARGET "/",
+                                           "/v1/runs/sbx-1/ports/"
+                                           "49983/v1/exe" };
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        rq = request(&c, CAP_EXEC, &run);
+        rq.target = targets[i];
+        rq.target_len = strlen(targets[i]);
+        ASSERT_VERDICT(&c, &rq, CAP_DENY, CAP_E_REQUEST);
+    }
+    rq = request(&c, CAP_EXEC, &run);
+    rq.method = NULL;
+    ASSERT_VERDICT(&c, &rq, CAP_DENY, CAP_E_REQUEST);
+    rq = request(&c, CAP_EXEC, &run);
+    rq.target = NULL;
+    ASSERT_VERDICT(&c, &rq, CAP_DENY, CAP_E_REQUEST);
+    /* the request is checked before the run: a stale run with another request is a Deny */
+    run.generation++;
+    rq = request(&c, CAP_EXEC, &run);
+    rq.method = "GET";
+    rq.method_len = 3;
+    ASSERT_VERDICT(&c, &rq, CAP_DENY, CAP_E_REQUEST);
+}
+
+TEST(bind_request)
+{
+    cap_t c = base_cap(), m = base_cap(), m2 = base_cap();
+    ASSERT_EQ(cap_bind_request(&c, "GET", 3, "/a?b", 4, NULL, 0), 0);
+    ASSERT_STREQ(c.method, "GET");
+    uint8_t d[CAP_DIGEST_BYTES];
+    cap_digest("/a?b", 4, d);
+    ASSERT_MEMEQ(c.target, sizeof c.target, d, sizeof d);
+    ASSERT_FALSE(c.has_body);
+    ASSERT_FALSE(c.has_nonce);
+    ASSERT_FALSE(cap_body_matches(&c, "", 0)); /* names no body: nothing matches */
+    ASSERT_EQ(cap_bind_request(&c, "POST", 4, "/a", 2, "", 0), 0);
+    ASSERT_TRUE(c.has_body);
+    ASSERT_TRUE(cap_body_matches(&c, "", 0));
+    ASSERT_TRUE(cap_body_matches(&c, NULL, 0));
+    ASSERT_FALSE(cap_body_matches(&c, "x", 1));
+    ASSERT_EQ(cap_bind_request(&c, "get", 3, "/a", 2, NULL, 0), -EINVAL);
+    ASSERT_EQ(cap_bind_request(&c, "", 0, "/a", 2, NULL, 0), -EINVAL);
+    ASSERT_EQ(cap_bind_request(&c, "GETGETGETGETGETG", 16, "/a", 2, NULL, 0), -EINVAL);
+
+    /* manage: a fresh 128-bit single-use id every time */
+    m.access = m2.access = CAP_MANAGE;
+    ASSERT_EQ(cap_bind_request(&m, "PUT", 3, "/v1/runs/sbx-1", 14, "{\"a\":1}", 7), 0);
+    ASSERT_EQ(cap_bind_request(&m2, "PUT", 3, "/v1/runs/sbx-1", 14, "{\"a\":1}", 7), 0);
+    ASSERT_TRUE(m.has_nonce && m2.has_nonce && m.has_body);
+    ASSERT_TRUE(memcmp(m.nonce, m2.nonce, CAP_NONCE_BYTES) != 0);
+    ASSERT_TRUE(cap_body_matches(&m, "{\"a\":1}", 7));
+    ASSERT_FALSE(cap_body_matches(&m, "{\"a\":2}", 7));
+    uint8_t p[CAP_PAYLOAD_MAX];
+    ASSERT_GT(cap_encode(&m, p, sizeof p), 0);
+}
+
+TEST(replay_table)
+{
+    static cap_replay_t t; /* large: not on the stack */
+    memset(&t, 0, sizeof t);
+    cap_t a = manage_cap(), b = manage_cap(), plain = base_cap();
+    b.nonce[0] ^= 1;
+    ASSERT_REASON(cap_replay_use(&t, &a, T0), CAP_OK);
+    ASSERT_REASON(cap_replay_use(&t, &a, T0), CAP_E_REPLAY);
+    ASSERT_REASON(cap_replay_use(&t, &a, a.exp + CAP_SKEW_S - 1), CAP_E_REPLAY);
+    ASSERT_REASON(cap_replay_use(&t, &b, T0), CAP_OK); /* another id */
+    ASSERT_REASON(cap_replay_use(&t, &plain, T0), CAP_E_MALFORMED);
+    /* once it can no longer verify, its id is forgotten */
+    ASSERT_REASON(cap_replay_use(&t, &a, a.exp + CAP_SKEW_S), CAP_OK);
+    ASSERT_EQ_U(t.n, 1);
+
+    /* full of unexpired ids: new ones are refused, never an old one forgotten */
+    memset(&t, 0, sizeof t);
+    for (uint32_t i = 0; i < CAP_REPLAY_SLOTS; i++) {
+        cap_t c = manage_cap();
+        memcpy(c.nonce, &i, sizeof i);
+        if (cap_replay_use(&t, &c, T0) != CAP_OK)
+            printf("#   id %u\n", i);
+        ASSERT_REASON(cap_replay_use(&t, &c, T0 + 1), CAP_E_REPLAY);
+    }
+    cap_t extra = manage_cap();
+    memset(extra.nonce, 0xee, sizeof extra.nonce);
+    ASSERT_REASON(cap_replay_use(&t, &extra, T0), CAP_E_REPLAY);
+    uint32_t first = 0;
+    cap_t again = manage_cap();
+    memcpy(again.nonce, &first, sizeof first);
+    ASSERT_REASON(cap_replay_use(&t, &again, T0), CAP_E_REPLAY);
+    /* positive control: once they expire there is room again */
+    ASSERT_REASON(cap_replay_use(&t, &extra, again.exp + CAP_SKEW_S), CAP_OK);
+}
+
+TEST(signed_keyset)
+{
+    cap_identity_t id, other;
+    ASSERT_EQ(crypto_sign_keypair(id.pk, id.sk), 0);
+    ASSERT_EQ(crypto_sign_keypair(other.pk, other.sk), 0);
+    cap_pubkey_t keys[2];
+    memset(keys, 0, sizeof keys);
+    memcpy(keys[0].kid, "k-new", 6);
+    memset(keys[0].pk, 1, CAP_PK_BYTES);
+    memcpy(keys[1].kid, "k-old", 6);
+    memset(keys[1].pk, 2, CAP_PK_BYTES);
+    char w[CAP_KEYSET_WIRE_MAX], f[CAP_KEYSET_WIRE_MAX];
+    int n = cap_keyset_sign(&id, 7, keys, 2, w, sizeof w);
+    ASSERT_GT(n, 0);
+    ASSERT_EQ_U(strlen(w), (size_t)n);
+    cap_keyset_t ks;
+    uint64_t v = 0;
+    ASSERT_EQ(cap_keyset_open(id.pk, w, (size_t)n, &v, &ks), 0);
+    ASSERT_EQ_U(v, 7);
+    ASSERT_EQ_U(ks.n, 2);
+    ASSERT_TRUE(cap_keyset_find(&ks, "k-old") != NULL);
+    ASSERT_EQ(cap_keyset_find(&ks, "k-old")->pk[0], 2);
+    /* deterministic: the same set and version give the same bytes (replicas agree) */
+    ASSERT_EQ(cap_keyset_sign(&id, 7, keys, 2, f, sizeof f), n);
+    ASSERT_STREQ(f, w);
+
+    /* another signer: refused under the pinned key, accepted under its own (control) */
+    int m = cap_keyset_sign(&other, 8, keys, 1, f, sizeof f);
+    ASSERT_GT(m, 0);
+    ASSERT_EQ(cap_keyset_open(id.pk, f, (size_t)m, &v, &ks), -EPERM);
+    ASSERT_EQ(cap_keyset_open(other.pk, f, (size_t)m, &v, &ks), 0);
+    ASSERT_EQ_U(v, 8);
+
+    /* tampering anywhere: one character of the payload, of the signature; the parts swapped */
+    for (int i = 0; i < n; i++) {
+        if (w[i] == '.')
+            continue;
+        memcpy(f, w, (size_t)n + 1);
+        f[i] = f[i] == 'A' ? 'B' : 'A';
+        int r = cap_keyset_open(id.pk, f, (size_t)n, &v, &ks);
+        if (r != -EPERM && r != -EBADMSG)
+            printf("#   offset %d\n", i);
+        ASSERT_TRUE(r == -EPERM || r == -EBADMSG);
+    }
+    ASSERT_EQ(cap_keyset_open(id.pk, w, (size_t)n - 1, &v, &ks), -EBADMSG);
+    ASSERT_EQ(cap_keyset_open(id.pk, "", 0, &v, &ks), -EBADMSG);
+    ASSERT_EQ(cap_keyset_open(id.pk, "abc", 3, &v, &ks), -EBADMSG);
+    /* a capability signature is not a key set signature (another magic) */
+    ASSERT_EQ(cap_keyset_sign(&id, 1, keys, 0, f, sizeof f), -EINVAL);
+    memcpy(keys[1].kid, "k-new", 6); /* duplicate ids */
+    ASSERT_EQ(cap_keyset_sign(&id, 1, keys, 2, f, sizeof f), -EINVAL);
+    ASSERT_EQ(cap_keyset_sign(&id, 1, keys, 1, f, 10), -ENOBUFS);
 }
 
 /* ---- rotation ------------------------------------------------------------------------------ */
@@ -1044,6 +1290,10 @@ int main(void)
         T(compare_allow_and_refresh_route),
         T(compare_deny),
         T(compare_proxy),
+        T(compare_request_binding),
+        T(bind_request),
+        T(replay_table),
+        T(signed_keyset),
         T(rotation_signer),
         T(rotation_verify_set),
         T(rotation_overlap_end_to_end),
