@@ -56,17 +56,20 @@ def server_log(job):
     return job.sh("cat /srv/log")
 
 
-def get_8080(job, cap, port=8080, headers=None):
+def get_8080(job, headers=None, **capkw):
+    """GET /index.txt on the run's port 8080 through its node, with a proxy capability minted
+    for exactly this request from capkw (its own port and protocol fields)."""
     q = secrets.token_hex(4)
     h = {"X-Sandbox-Token": job.token}
     h.update(headers or {})
     node = job.node()
-    return node.request("GET", node.ports_path(job.id, port, f"/index.txt?{q}"), cap,
-                        headers=h), q
+    path = node.ports_path(job.id, 8080, f"/index.txt?{q}")
+    cap = job.mint("proxy", method="GET", target=path, **capkw)
+    return node.request("GET", path, cap, headers=h), q
 
 
 def positive_8080(job):
-    r, q = get_8080(job, job.mint("proxy", port=8080, protocol="http"))
+    r, q = get_8080(job, port=8080, protocol="http")
     assert r.status == 200 and r.body == b"hello-8080\n", r
     assert wait_until(lambda: q in server_log(job), 5)
 
@@ -74,8 +77,7 @@ def positive_8080(job):
 # ---- capabilities -----------------------------------------------------------------------------
 
 def test_forged_proxy_capability_is_refused(served):
-    forged = served.mint("proxy", port=8080, protocol="http", forge=True)
-    r, q = get_8080(served, forged)
+    r, q = get_8080(served, port=8080, protocol="http", forge=True)
     refused(r, 403, "Deny", "signature", "signature check of a forged proxy capability")
     positive_8080(served)
     assert q not in server_log(served), "a forged proxy capability reached the service"
@@ -84,17 +86,17 @@ def test_forged_proxy_capability_is_refused(served):
 def test_capability_for_another_exposed_port_is_refused(served):
     """8081 is exposed too: only the comparison of the capability's port with the request's
     port stops a capability for 8081 from reaching 8080."""
-    r, q = get_8080(served, served.mint("proxy", port=8081, protocol="http"))
+    r, q = get_8080(served, port=8081, protocol="http")
     refused(r, 403, "Deny", "port", "port check: a capability for port 8081 used on 8080")
     positive_8080(served)
     assert q not in server_log(served), "a capability for port 8081 reached port 8080"
 
 
 def test_http_capability_cannot_upgrade_to_websocket(served):
-    cap = served.mint("proxy", port=8080, protocol="http")
-    r, q = get_8080(served, cap, headers={"Upgrade": "websocket", "Connection": "Upgrade",
-                                          "Sec-WebSocket-Version": "13",
-                                          "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    r, q = get_8080(served, port=8080, protocol="http",
+                    headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                             "Sec-WebSocket-Version": "13",
+                             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
     refused(r, 403, "Deny", "protocol",
             "protocol check: an http capability used for a websocket upgrade")
     positive_8080(served)
@@ -128,30 +130,34 @@ def test_manage_capability_checks(plat):
     nxt = dict(run, generation=run["generation"] + 1, activation="a-mg" + secrets.token_hex(3),
                instance="i-mg" + secrets.token_hex(3))
     body = {"secrets": {"SBX_TOKEN": job.token}}
+    pause = f"/v1/runs/{job.id}/pause"
+
+    def manage(r):  # a management capability for this pause request, naming run r
+        return plat.mint(r, "manage", method="POST", target=pause, body="")
     try:
         # a manage capability for node ck-b must not install on ck-a (stopping the current run)
-        r = node.request("PUT", f"/v1/runs/{job.id}", plat.mint(dict(nxt, node="ck-b"), "manage"),
-                         body)
+        put = f"/v1/runs/{job.id}"
+        r = node.request("PUT", put, plat.mint(dict(nxt, node="ck-b"), "manage", method="PUT",
+                                               target=put, body=body), body)
         refused(r, 409, "RefreshRoute", "stale_run",
                 "manage node check: a capability for another node installed here")
         # ... nor pause it
-        r = node.request("POST", f"/v1/runs/{job.id}/pause",
-                         plat.mint(dict(run, node="ck-b"), "manage"))
+        r = node.request("POST", pause, manage(dict(run, node="ck-b")))
         refused(r, 409, "RefreshRoute", "stale_run",
                 "manage node check: a capability for another node paused the run here")
         # another sandbox's manage capability, on this sandbox's route
-        r = node.request("POST", f"/v1/runs/{job.id}/pause", plat.mint(other.run(), "manage"))
+        r = node.request("POST", pause, manage(other.run()))
         refused(r, 403, "Deny", "sandbox",
                 "manage sandbox check: another sandbox's capability paused this run")
         # a manage capability for a run that is not the installed one
-        r = node.request("POST", f"/v1/runs/{job.id}/pause", plat.mint(nxt, "manage"))
+        r = node.request("POST", pause, manage(nxt))
         refused(r, 409, "RefreshRoute", "stale_run",
                 "manage target check: a capability for another run paused the installed one")
         assert job.sh("echo still-running") == "still-running\n", \
             "a refused management request stopped the run"
         assert job.run()["generation"] == run["generation"]
         # positive control: the right capability pauses the run
-        r = node.request("POST", f"/v1/runs/{job.id}/pause", plat.mint(run, "manage"))
+        r = node.request("POST", pause, manage(run))
         assert r.status == 200, r
         assert r.json()["run"]["state"] != "running", r.json()
     finally:
@@ -167,14 +173,18 @@ def test_dot_names_are_not_runs(plat):
     run = job.run()
     try:
         for name in ("..", ".", ".hidden"):
-            cap = plat.mint(dict(run, sandbox=name), "manage")
-            r = node.request("PUT", f"/v1/runs/{name}", cap, {"secrets": {"SBX_TOKEN": "x" * 32}})
+            body = {"secrets": {"SBX_TOKEN": "x" * 32}}
+            cap = plat.mint(dict(run, sandbox=name), "manage", method="PUT",
+                            target=f"/v1/runs/{name}", body=body)
+            r = node.request("PUT", f"/v1/runs/{name}", cap, body)
             assert r.status == 404, f"dot name check: PUT /v1/runs/{name} -> {r}"
         assert job.sh("echo intact") == "intact\n"
         # positive control: the same request for the job's own name is routed (installing the
         # installed run again answers with it)
-        r = node.request("PUT", f"/v1/runs/{job.id}", plat.mint(run, "manage"),
-                         {"secrets": {"SBX_TOKEN": job.token}})
+        body = {"secrets": {"SBX_TOKEN": job.token}}
+        r = node.request("PUT", f"/v1/runs/{job.id}",
+                         plat.mint(run, "manage", method="PUT", target=f"/v1/runs/{job.id}",
+                                   body=body), body)
         assert r.status == 200 and r.json()["run"]["run"]["sandbox"] == job.id, r
     finally:
         job.cancel()
