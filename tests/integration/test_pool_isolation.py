@@ -9,9 +9,11 @@ fresh sandboxes per test."""
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -334,6 +336,37 @@ def nsenter_connect_abstract(pid, name):
     r = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "python3", "-c", code, name],
                        capture_output=True, timeout=10)
     return r.returncode == 0
+
+
+def test_abstract_socket_outside_the_landlock_domain(pair):
+    """Landlock's abstract unix scope, on its own: a listener in the sandbox's own network
+    namespace but outside its Landlock domain (root, entered with nsenter) cannot be reached
+    from the sandbox; root in the same namespace reaches it (the positive control)."""
+    a, _ = pair
+    name = rand_name("sbx-absd-")
+    holder = bg_sleep(a)  # a process of a, for its network namespace
+    got = os.path.join(tempfile.mkdtemp(prefix="sbx-absd-"), "got")
+    lst = subprocess.Popen(["nsenter", f"--net=/proc/{holder['pid']}/ns/net", "python3", "-c",
+                            ABSTRACT_LISTENER, name, got])
+    try:
+        assert wait_until(lambda: nsenter_connect_abstract(holder["pid"], name), 5), \
+            "positive control: the listener is not reachable in the sandbox's namespace"
+        res = py_attempts(a, """
+def out():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("\\0" + sys.argv[1])
+    s.sendall(b"sandbox")
+print(json.dumps({"r": attempt(out)}))
+""", name)
+        assert res["r"] == "EPERM", \
+            f"Landlock abstract unix scope: the sandbox reached a socket outside its domain: {res}"
+        time.sleep(0.2)
+        with open(got, "rb") as f:
+            assert b"sandbox" not in f.read()
+    finally:
+        lst.kill()
+        lst.wait()
+        shutil.rmtree(os.path.dirname(got), ignore_errors=True)
 
 
 def test_abstract_socket_of_sibling(pair):
