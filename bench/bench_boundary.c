@@ -85,6 +85,7 @@ static uint64_t one_substrate(const char *dir, int i, uint32_t base, const secco
                             .bridge_fd = nul,
                             .log_fd = nul,
                             .userns_fd = ns,
+                            .netns_fd = -1,
                             .filter = f };
     pid_t pid;
     uint64_t start;

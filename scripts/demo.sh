@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
+# the default image every sandbox runs (Debian minbase + python3; built once, ~2 minutes)
+bash scripts/build-image.sh
 
 CPORT=${SBX_DEMO_CONTROL_PORT:-49980}
 NPORT=${SBX_DEMO_NODE_PORT:-49981}
@@ -72,7 +74,7 @@ P1="$C/v1/jobs/demo/$J1/proxy/49983"
 T1=$(derive "$N1")
 say "exec through control -> node -> run, output streamed live (NDJSON)"
 api -N -H "X-Sandbox-Token: $T1" "$P1/v1/exec" \
-    -d '{"cmd":"for i in 1 2 3; do echo step $i; sleep 0.3; done; echo pid $$ on $(hostname); id; cat /proc/self/uid_map"}'
+    -d '{"cmd":"for i in 1 2 3; do echo step $i; sleep 0.3; done; echo pid $$ on $(hostname); id; cat /proc/self/uid_map; grep PRETTY /etc/os-release; python3 -V"}'
 api -H "X-Sandbox-Token: $T1" -X PUT --data-binary 'kept across generations' \
     "$P1/v1/files/write?path=/root/note.txt"; echo
 

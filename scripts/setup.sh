@@ -11,6 +11,7 @@ PACKAGES=(
     python3 python3-pytest python3-websockets
     curl iproute2 procps
     libarchive-dev debootstrap
+    e2fsprogs passt nftables util-linux
 )
 
 missing=()

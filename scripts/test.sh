@@ -27,6 +27,10 @@ stage_setup() { bash scripts/setup.sh; }
 
 stage_build() { bash scripts/build.sh; }
 
+# The platform's default image (Debian minbase + python3 from the Debian archive, as an OCI
+# layout in /var/lib/sbx/images/debian); a no-op when it is there already.
+stage_image() { bash scripts/build-image.sh; }
+
 stage_unit() { meson test -C build --print-errorlogs; }
 
 integration() { # build dir
@@ -106,6 +110,7 @@ stage_bench_boundary_smoke() { build/bench/bench-boundary --quick; }
 STAGES=(
     "setup:900:"
     "build:600:"
+    "image:900:"
     "unit:180:build"
     "integration:900:build"
     "asan_build:600:"

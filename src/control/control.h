@@ -51,6 +51,7 @@ typedef struct {
     char state_dir[PATH_MAX];
     char admin_token_file[PATH_MAX];
     uint64_t publish_delay_ms; /* a new signing key is published this long before use */
+    char default_image[64];    /* a job that names no image runs this one */
 } control_config_t;
 
 typedef struct {
@@ -134,7 +135,9 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
 /* nodes.c */
 void route_nodes(control_t *ctl, conn_t *c, sv_t rest);
 /* Whether a live node reports image `name` ("host" is every node's). */
-bool image_on_live_node(store_t *st, const char *name);
+/* Whether a live node offers the image; *ret_size (may be NULL): its unpacked size in bytes
+ * (the largest any node reports; 0 for "host"). */
+bool image_on_live_node(store_t *st, const char *name, uint64_t *ret_size);
 /* Whether a node record's "images" ([{name, digest, size}]) holds `name` ("host": yes). */
 bool node_rec_has_image(json_t *rec, const char *name);
 

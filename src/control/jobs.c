@@ -12,9 +12,10 @@
 #include <sodium.h>
 #include <stdio.h>
 
+#include "cap/egress.h"
+#include "cap/imagename.h"
 #include "common/log.h"
 #include "control.h"
-#include "node/image.h"
 
 #define JOB_BODY_MAX (256 * 1024)
 #define LABELS_MAX 64
@@ -128,31 +129,42 @@ static json_t *flavor_limits(const char *name)
 }
 
 /* Validate a create request and split it into the job record and its secrets. */
-static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_secrets)
+static const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
+                                    json_t **ret_secrets)
 {
-    const char *image = "host", *substrate = "process", *flavor = "cpu-basic";
+    const char *image = default_image, *substrate = "process", *flavor = "cpu-basic";
     const char *mode = "dedicated", *network = "none";
     json_t *command = NULL, *env = NULL, *secrets = NULL, *labels = NULL, *expose = NULL;
+    json_t *allow = NULL;
     json_int_t timeout = 0;
     const char *e;
     if (!json_is_object(b) ||
-        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image,
+        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image,
                     "substrate", &substrate, "flavor", &flavor, "mode", &mode, "network", &network,
-                    "command", &command, "env", &env, "secrets", &secrets, "labels", &labels,
-                    "expose", &expose, "timeout", &timeout) < 0)
-        return "expected {image, substrate, flavor, mode, network, command, env, secrets, "
-               "labels, expose, timeout} (unknown fields are refused)";
+                    "egress_allow", &allow, "command", &command, "env", &env, "secrets", &secrets,
+                    "labels", &labels, "expose", &expose, "timeout", &timeout) < 0)
+        return "expected {image, substrate, flavor, mode, network, egress_allow, command, env, "
+               "secrets, labels, expose, timeout} (unknown fields are refused)";
     if (!streq(substrate, "process"))
         return "substrate: only \"process\" is available on this platform";
     if (!streq(mode, "dedicated") && !streq(mode, "pool"))
         return "mode: \"dedicated\" (one sandbox) or \"pool\" (a pool host)";
     if (streq(mode, "pool") && json_array_size(command) > 0)
         return "command: a pool job runs the platform's agent; it takes no command";
-    if (streq(network, "egress"))
-        return "network: \"egress\" is not available on this platform yet (runs have loopback "
-               "only)";
-    if (!streq(network, "none"))
+    if (!streq(network, "none") && !streq(network, "egress"))
         return "network: \"none\" (loopback only, the default) or \"egress\"";
+    if (allow && !streq(network, "egress"))
+        return "egress_allow: only with network \"egress\"";
+    if (allow && (!json_is_array(allow) || json_array_size(allow) > EGRESS_ALLOW_MAX))
+        return "egress_allow: an array of at most 64 \"CIDR[:PORT]\" strings";
+    size_t ai;
+    json_t *ae;
+    json_array_foreach(allow, ai, ae) {
+        egress_rule_t rule;
+        if (!json_is_string(ae) || egress_rule_parse(json_string_value(ae), &rule) < 0)
+            return "egress_allow: entries are \"CIDR\" or \"CIDR:PORT\" (\"[CIDR]:PORT\" for "
+                   "IPv6), host bits zero, e.g. \"203.0.113.0/24:443\"";
+    }
     if (!streq(image, "host") && !image_name_valid(image))
         return "image: \"host\" or an image name ([a-z0-9][a-z0-9._-]*, at most 63 bytes)";
     json_t *fl = flavor_limits(flavor);
@@ -188,14 +200,14 @@ static const char *job_from_request(json_t *b, json_t **ret_job, json_t **ret_se
         }
     }
     /* "o" steals a reference: the request's values get one more, defaults are new */
-    json_t *job = json_pack("{s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image,
-                            "substrate", substrate, "mode", mode, "network", network, "flavor", fl,
-                            "command", command ? json_incref(command) : json_array(), "env",
-                            env ? json_incref(env) : json_object(), "labels",
-                            labels ? json_incref(labels) : json_object(), "expose",
-                            expose ? json_incref(expose)
-                                   : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
-                            "timeout", timeout);
+    json_t *job = json_pack(
+        "{s:s,s:s,s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:I}", "image", image, "substrate", substrate,
+        "mode", mode, "network", network, "egress_allow", allow ? json_incref(allow) : json_array(),
+        "flavor", fl, "command", command ? json_incref(command) : json_array(), "env",
+        env ? json_incref(env) : json_object(), "labels",
+        labels ? json_incref(labels) : json_object(), "expose",
+        expose ? json_incref(expose) : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
+        "timeout", timeout);
     if (!job)
         return "out of memory";
     *ret_job = job;
@@ -221,6 +233,7 @@ static json_t *job_view(control_t *ctl, json_t *job)
 typedef struct {
     char ns[64];
     char principal[64];
+    role_t role;
 } create_ctx_t;
 
 static void create_free(conn_t *c, bool aborted)
@@ -237,7 +250,7 @@ static void create_done(conn_t *c)
     create_ctx_t *cx = c->hdata;
     json_error_t jerr;
     json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr), *job = NULL, *sec = NULL;
-    const char *e = b ? job_from_request(b, &job, &sec) : jerr.text;
+    const char *e = b ? job_from_request(b, ctl->cfg.default_image, &job, &sec) : jerr.text;
     json_decref(b);
     if (e) {
         conn_respond_error(c, 400, "create: %s", e);
@@ -246,8 +259,33 @@ static void create_done(conn_t *c)
     /* An image no live node has verified cannot run anywhere: say so now rather than leave the
      * job waiting for placement. */
     const char *image = json_string_value(json_object_get(job, "image"));
-    if (!image_on_live_node(ctl->store, image)) {
+    /* "host" shows the node's own /usr to the run: an operator's choice (the platform's default
+     * image) or an admin's, never a tenant's */
+    if (streq(image, "host") && cx->role != ROLE_ADMIN && !streq(ctl->cfg.default_image, "host")) {
+        conn_respond_error(c, 403,
+                           "create: image host (the node's own programs) is for admins; "
+                           "name an image or leave it out for %s",
+                           ctl->cfg.default_image);
+        json_decref(job);
+        json_decref(sec);
+        return;
+    }
+    uint64_t isize = 0;
+    if (!image_on_live_node(ctl->store, image, &isize)) {
         conn_respond_error(c, 400, "create: image %s: not available on any node", image);
+        json_decref(job);
+        json_decref(sec);
+        return;
+    }
+    json_int_t disk_mb =
+        json_integer_value(json_object_get(json_object_get(job, "flavor"), "disk_mb"));
+    if (isize > (uint64_t)disk_mb << 20) {
+        conn_respond_error(
+            c, 400,
+            "create: flavor %s: its disk (%lld MiB) is smaller than image %s "
+            "(%llu MiB unpacked)",
+            json_string_value(json_object_get(json_object_get(job, "flavor"), "name")),
+            (long long)disk_mb, image, (unsigned long long)(isize >> 20));
         json_decref(job);
         json_decref(sec);
         return;
@@ -486,6 +524,7 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
         }
         memcpy(cx->ns, ns, strlen(ns) + 1);
         memcpy(cx->principal, pr.principal, strlen(pr.principal) + 1);
+        cx->role = pr.role;
         conn_set_handler(c, &create_ops, cx);
         conn_collect_body(c, JOB_BODY_MAX, create_done);
     } else if (n == 1 && get) {

@@ -4,13 +4,17 @@
 #include <getopt.h>
 #include <stdio.h>
 
+#include "cap/imagename.h"
 #include "common/log.h"
 #include "control/control.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sbx-control --state DIR [--listen ADDR:PORT] [--admin-token-file FILE]\n"
-               "                   [--key-publish-delay-ms N]\n"
+               "                   [--key-publish-delay-ms N] [--default-image NAME]\n"
+               "Jobs that name no image run --default-image (default \"debian\", built by\n"
+               "scripts/build-image.sh); \"host\" (the nodes' own /usr) is for admins unless it\n"
+               "is the default.\n"
                "The sbx control plane (embedded SQLite store in DIR/store.db).\n"
                "Default listen 127.0.0.1:49980; the admin token goes to $SBX_HOME/token\n"
                "($SBX_HOME defaults to ~/.sbx) on the first start of an empty store.\n");
@@ -23,10 +27,11 @@ int main(int argc, char **argv)
         { "listen", required_argument, NULL, 'l' },
         { "admin-token-file", required_argument, NULL, 't' },
         { "key-publish-delay-ms", required_argument, NULL, 'd' },
+        { "default-image", required_argument, NULL, 'i' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    control_config_t cfg = { .publish_delay_ms = 2000 };
+    control_config_t cfg = { .publish_delay_ms = 2000, .default_image = "debian" };
     server_config_t scfg = { .head_timeout_ms = 10000,
                              .body_timeout_ms = 60000,
                              .write_timeout_ms = 120000,
@@ -56,6 +61,14 @@ int main(int argc, char **argv)
                 return 2;
             }
             cfg.publish_delay_ms = v;
+            break;
+        case 'i':
+            if (strlen(optarg) >= sizeof cfg.default_image ||
+                (!streq(optarg, "host") && !image_name_valid(optarg))) {
+                log_error("--default-image: \"host\" or an image name");
+                return 2;
+            }
+            memcpy(cfg.default_image, optarg, strlen(optarg) + 1);
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -9,9 +9,9 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "cap/imagename.h"
 #include "common/log.h"
 #include "control.h"
-#include "node/image.h"
 
 #define NODE_IMAGES_MAX 256
 
@@ -73,23 +73,43 @@ bool node_rec_has_image(json_t *rec, const char *name)
     return false;
 }
 
-bool image_on_live_node(store_t *st, const char *name)
+static uint64_t image_size_in(json_t *rec, const char *name)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(rec, "images"), i, e) {
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (n && streq(n, name))
+            return (uint64_t)json_integer_value(json_object_get(e, "size"));
+    }
+    return 0;
+}
+
+bool image_on_live_node(store_t *st, const char *name, uint64_t *ret_size)
 {
     store_kv_t *kvs;
     size_t n;
     bool found = false;
+    uint64_t size = 0;
+    if (ret_size)
+        *ret_size = 0;
     if (streq(name, "host"))
         return true;
     if (store_list(st, "nodes/", &kvs, &n) < 0)
         return false;
     int64_t now = wall_ms();
-    for (size_t i = 0; i < n && !found; i++) {
+    for (size_t i = 0; i < n; i++) {
         json_t *j = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
         json_int_t seen = json_integer_value(json_object_get(j, "last_seen_ms"));
-        found = j && now - seen < CTL_NODE_LIVE_MS && node_rec_has_image(j, name);
+        if (j && now - seen < CTL_NODE_LIVE_MS && node_rec_has_image(j, name)) {
+            found = true;
+            size = MAX(size, image_size_in(j, name));
+        }
         json_decref(j);
     }
     store_kv_free(kvs, n);
+    if (ret_size)
+        *ret_size = size;
     return found;
 }
 

@@ -226,6 +226,12 @@ static json_t *install_body(rec_t *rc, json_t *job, const char *id, json_t *rest
         json_object_get(job, "flavor"), "secrets", secrets ? secrets : json_object(), "mode",
         json_string_value(json_object_get(job, "mode")) ?: "dedicated", "image",
         image ? image : "host");
+    if (b) { /* a job recorded before these fields existed has no network of its own */
+        json_t *net = json_object_get(job, "network"),
+               *allow = json_object_get(job, "egress_allow");
+        json_object_set_new(b, "network", json_string(json_string_value(net) ?: "none"));
+        json_object_set_new(b, "egress_allow", allow ? json_incref(allow) : json_array());
+    }
     if (b && restore)
         json_object_set_new(b, "restore", restore);
     else

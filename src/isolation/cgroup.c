@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "common/macro.h"
@@ -43,12 +44,25 @@ void cgroups_init(cgroups_t *cg, const char *tag)
         *have[i] = true;
         cg->enabled = true;
     }
+    /* cgroup2 (for killing a command's whole tree): /sys/fs/cgroup itself on a pure-v2 host,
+     * /sys/fs/cgroup/unified beside v1 controllers (here, and inside a pool run) */
+    static const char *const v2_mounts[] = { "/sys/fs/cgroup", "/sys/fs/cgroup/unified" };
+    for (size_t i = 0; i < 2 && !cg->v2_root[0]; i++) {
+        struct statfs sf;
+        if (statfs(v2_mounts[i], &sf) < 0 || sf.f_type != 0x63677270 /* CGROUP2_SUPER_MAGIC */)
+            continue;
+        (void)snprintf(cg->v2_root, sizeof cg->v2_root, "%s/%s", v2_mounts[i], tag);
+        if (mkdir(cg->v2_root, 0755) < 0 && errno != EEXIST)
+            cg->v2_root[0] = 0;
+    }
     if (cg->v1_memory) { /* children must not share the parent's charge accounting quirks */
         char p[192];
         (void)snprintf(p, sizeof p, "%s/memory.use_hierarchy", cg->v1_root[0]);
         (void)write_file(p, "1");
     }
 }
+
+static void rmtree_cgroup(const char *dir, int depth);
 
 void cgroups_done(cgroups_t *cg)
 {
@@ -64,6 +78,8 @@ void cgroups_done(cgroups_t *cg)
         }
         (void)rmdir(cg->v1_root[i]);
     }
+    if (cg->v2_root[0])
+        rmtree_cgroup(cg->v2_root, 0);
 }
 
 void cgroups_describe(const cgroups_t *cg, char *out, size_t cap)
@@ -206,6 +222,31 @@ int cgroup_prepare_run(const cgroups_t *cg, const char *name, const cg_limits_t 
         names[k] = v1_names[i];
         k++;
     }
+    if (cg->v2_root[0] && k < nfds - 1) { /* cgroup2: one group for the run's whole tree */
+        char *dir = dirs[k], p[256];
+        int n = snprintf(dir, 192, "%s/%s", cg->v2_root, name);
+        if (n < 0 || n >= 192) {
+            errno = ENAMETOOLONG;
+            goto fail;
+        }
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+            goto fail;
+        if (owner >= 0) { /* delegated as cgroup2 wants it: the directory and these files */
+            static const char *const files[] = { "", "/cgroup.procs", "/cgroup.threads",
+                                                 "/cgroup.subtree_control" };
+            for (size_t f = 0; f < 4; f++) {
+                (void)snprintf(p, sizeof p, "%s%s", dir, files[f]);
+                if (chown(p, (uid_t)owner, (gid_t)owner) < 0)
+                    goto fail;
+            }
+        }
+        (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
+        fds[k] = open(p, O_WRONLY | O_CLOEXEC);
+        if (fds[k] < 0)
+            goto fail;
+        names[k] = "unified";
+        k++;
+    }
     fds[k] = -1;
     names[k] = NULL;
     return 0;
@@ -247,4 +288,57 @@ void cgroup_remove_run(const cgroups_t *cg, const char *name)
         if (snprintf(dir, sizeof dir, "%s/%s", cg->v1_root[i], name) < (int)sizeof dir)
             rmtree_cgroup(dir, 0);
     }
+    char dir[256];
+    if (cg->v2_root[0] && snprintf(dir, sizeof dir, "%s/%s", cg->v2_root, name) < (int)sizeof dir)
+        rmtree_cgroup(dir, 0);
+}
+
+int cgroup_cmd_create(const cgroups_t *cg, const char *name, int *ret_procs_fd, int *ret_kill_fd)
+{
+    if (!cg->v2_root[0])
+        return -EOPNOTSUPP;
+    char dir[256], p[300];
+    if (snprintf(dir, sizeof dir, "%s/%s", cg->v2_root, name) >= (int)sizeof dir)
+        return -ENAMETOOLONG;
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        return negative_errno();
+    (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
+    int procs = open(p, O_WRONLY | O_CLOEXEC);
+    if (procs < 0) {
+        int r = negative_errno();
+        (void)rmdir(dir);
+        return r;
+    }
+    (void)snprintf(p, sizeof p, "%s/cgroup.kill", dir);
+    int kill = open(p, O_WRONLY | O_CLOEXEC);
+    if (kill < 0) {
+        int r = negative_errno();
+        safe_close(procs);
+        (void)rmdir(dir);
+        return r;
+    }
+    *ret_procs_fd = procs;
+    *ret_kill_fd = kill;
+    return 0;
+}
+
+void cgroup_cmd_remove(const cgroups_t *cg, const char *name)
+{
+    char dir[256];
+    if (cg->v2_root[0] && snprintf(dir, sizeof dir, "%s/%s", cg->v2_root, name) < (int)sizeof dir)
+        (void)rmdir(dir);
+}
+
+void cgroup_cmd_remove_prefix(const cgroups_t *cg, const char *prefix)
+{
+    if (!cg->v2_root[0])
+        return;
+    DIR *d = opendir(cg->v2_root);
+    struct dirent *de;
+    size_t n = strlen(prefix);
+    while (d && (de = readdir(d)))
+        if (de->d_type == DT_DIR && strncmp(de->d_name, prefix, n) == 0)
+            cgroup_cmd_remove(cg, de->d_name);
+    if (d)
+        closedir(d);
 }

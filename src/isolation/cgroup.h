@@ -12,7 +12,7 @@ typedef struct {
     bool v1_memory, v1_pids, v1_cpu; /* controllers we can use */
     bool v2_memory, v2_pids, v2_cpu;
     char v1_root[3][128]; /* <mount>/sbx-pool-<pid> per controller */
-    char v2_root[128];
+    char v2_root[128];    /* <cgroup2 mount>/<tag> when a cgroup2 hierarchy is mounted, or "" */
     bool enabled;
 } cgroups_t;
 
@@ -38,5 +38,13 @@ int cgroup_prepare_run(const cgroups_t *cg, const char *name, const cg_limits_t 
                        int *fds, int nfds, char (*dirs)[192], const char **names);
 /* Remove a run's cgroups and everything nested in them (depth first); best effort. */
 void cgroup_remove_run(const cgroups_t *cg, const char *name);
+/* A cgroup2 group for one command (v2_root/name): the child joins it through *ret_procs_fd;
+ * writing "1" to *ret_kill_fd (cgroup.kill) kills everything in it at once, setsid()
+ * descendants included. -EOPNOTSUPP without a cgroup2 hierarchy. */
+int cgroup_cmd_create(const cgroups_t *cg, const char *name, int *ret_procs_fd, int *ret_kill_fd);
+/* rmdir v2_root/name (fails quietly while something still runs in it). */
+void cgroup_cmd_remove(const cgroups_t *cg, const char *name);
+/* rmdir every v2_root/<prefix>* left (after the processes are gone). */
+void cgroup_cmd_remove_prefix(const cgroups_t *cg, const char *prefix);
 /* Number of processes left in the slot's cgroup (pids controller), -errno if unknown. */
 int cgroup_count(const cgroups_t *cg, uint32_t slot);

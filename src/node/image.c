@@ -72,21 +72,6 @@ _printf_(3, 4) static int fail(const ctx_t *c, int r, const char *fmt, ...)
     return r;
 }
 
-bool image_name_valid(const char *name)
-{
-    size_t n = strlen(name);
-    if (n == 0 || n >= IMAGE_NAME_MAX || streq(name, "host"))
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = name[i];
-        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-                  (i > 0 && (ch == '.' || ch == '_' || ch == '-'));
-        if (!ok)
-            return false;
-    }
-    return true;
-}
-
 static bool digest_valid(const char *d)
 {
     if (strlen(d) != 71 || memcmp(d, "sha256:", 7) != 0)

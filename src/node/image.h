@@ -28,7 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IMAGE_NAME_MAX 64    /* [a-z0-9][a-z0-9._-]*, "host" reserved */
+#include "cap/imagename.h"
+
 #define IMAGE_DIGEST_MAX 72  /* "sha256:" + 64 hex + NUL */
 #define IMAGE_LAYERS_MAX 128 /* layers in one manifest */
 #define IMAGE_DEFAULT_DIR "/var/lib/sbx/images"
@@ -48,8 +49,6 @@ typedef enum {
      * checks: its rootfs was made from verified bytes. */
     IMAGE_VERIFY_ALL = 1 << 0,
 } image_flags_t;
-
-bool image_name_valid(const char *name);
 
 /* Verify image `name` of images_dir and make sure its rootfs is unpacked; *ret on success. */
 int image_resolve(const char *images_dir, const char *name, unsigned flags, image_t *ret, char *err,

@@ -114,7 +114,7 @@ static void on_prepared(loop_t *l, watcher_t *w, uint32_t ev)
 static void *prepare_thread(void *p)
 {
     install_t *in = p;
-    in->rc = run_install_dirs(in->r, in->spec, in->err, sizeof in->err);
+    in->rc = run_install_dirs(in->n, in->r, in->spec, in->err, sizeof in->err);
     uint64_t one = 1;
     (void)!write(in->efd, &one, sizeof one);
     return NULL;

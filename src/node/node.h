@@ -44,6 +44,15 @@ struct run {
     size_t n_expose;
     bool pool_host;
     uint32_t id_base; /* the run's ids 0..65535 are host ids id_base.. (its user namespace) */
+    char image[64];   /* "host" or the name of an image of the node's --images */
+    char image_rootfs[PATH_MAX]; /* its verified rootfs (resolved at install), or "" */
+    bool egress;                 /* network "egress": a firewall and pasta (egress.c) */
+    pid_t pasta_pid;             /* its pasta, or 0; with the start time that names it */
+    uint64_t pasta_start;
+    child_t pasta_child;
+    pid_t holder_pid; /* the holder of its network namespace (egress), or 0 */
+    uint64_t holder_start;
+    child_t holder_child;
     /* its stdout and stderr: a fifo the node reads into the log (which the run cannot reach) */
     int out_fd, log_fd;
     uint64_t log_bytes;
@@ -130,7 +139,7 @@ run_t *node_find_run(node_t *n, const char *sandbox);
 /* runs.c: install / pause / retire, leases */
 int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,
                         run_t **ret);
-int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen);
+int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen);
 int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen);
 int run_probe_ready(run_t *r, char *err, size_t errlen);
 void run_install_finish(node_t *n, run_t *r, int rc);

@@ -21,6 +21,8 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "disk.h"
+#include "egress.h"
+#include "image.h"
 #include "isolation/userns.h"
 #include "node.h"
 #include "server/proxy.h"
@@ -129,12 +131,15 @@ json_t *run_json(const run_t *r)
         json_array_append_new(
             ex, json_pack("{s:i,s:s}", "port", r->expose[i].port, "protocol",
                           r->expose[i].proto == CAP_PROTO_WEBSOCKET ? "websocket" : "http"));
-    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:I,s:i,s:I}", "run",
+    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:I,s:I,s:I,s:I,s:s,s:I,s:i,s:I}", "run",
                      cap_run_to_json(&r->id), "state", state_name(r->state), "pid", (int)r->pid,
                      "start_time", (json_int_t)r->start_time, "exe_dev", (json_int_t)r->exe_dev,
                      "exe_ino", (json_int_t)r->exe_ino, "sock_ino", (json_int_t)r->sock_ino,
-                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "id_base",
-                     (json_int_t)r->id_base, "exit_status", r->exit_status, "leases",
+                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "pasta_pid",
+                     (json_int_t)r->pasta_pid, "pasta_start", (json_int_t)r->pasta_start,
+                     "holder_pid", (json_int_t)r->holder_pid, "holder_start",
+                     (json_int_t)r->holder_start, "image", r->image[0] ? r->image : "host",
+                     "id_base", (json_int_t)r->id_base, "exit_status", r->exit_status, "leases",
                      (json_int_t)r->n_leases);
 }
 
@@ -406,6 +411,55 @@ static int output_open(node_t *n, run_t *r, bool create, int *ret_child)
     return 0;
 }
 
+/* ---- the run's way out (network "egress") ------------------------------------------------- */
+
+static void holder_exited(child_t *ch, int wstatus)
+{
+    run_t *r = ch->data;
+    (void)wstatus;
+    if (r->holder_pid == ch->pid)
+        r->holder_pid = 0;
+}
+
+static void pasta_exited(child_t *ch, int wstatus)
+{
+    run_t *r = ch->data;
+    if (r->pasta_pid == ch->pid) {
+        r->pasta_pid = 0;
+        if (r->state == RUN_RUNNING)
+            log_warn("run %s: pasta exited (status 0x%x): no egress until the run restarts",
+                     r->id.sandbox, wstatus);
+    }
+}
+
+/* Stop a helper of the run (pasta, the namespace holder): ours (a child, reaped through the
+ * registry) or one a previous node process started (named by pid and start time, never another
+ * process with its pid). */
+static void helper_proc_stop(node_t *n, pid_t *pid, uint64_t start, child_t *ch)
+{
+    if (*pid <= 0)
+        return;
+    uint64_t st;
+    if (ch->pid == *pid) {
+        (void)kill(*pid, SIGKILL);
+        server_child_remove(&n->srv, ch);
+        (void)waitpid(*pid, NULL, 0);
+    } else if (proc_start_time(*pid, &st) >= 0 && st == start)
+        (void)kill(*pid, SIGKILL);
+    *pid = 0;
+    ch->pid = 0;
+}
+
+static void pasta_stop(node_t *n, run_t *r)
+{
+    helper_proc_stop(n, &r->pasta_pid, r->pasta_start, &r->pasta_child);
+    helper_proc_stop(n, &r->holder_pid, r->holder_start, &r->holder_child);
+}
+
+/* The last id of the run's block: owner of an egress run's network namespace and pasta's uid;
+ * no process of the host's user namespace has it (the run's processes are in their own). */
+static uint32_t egress_owner(const run_t *r) { return r->id_base + IDRANGE_BLOCK - 1; }
+
 static void run_on_exit(child_t *ch, int wstatus)
 {
     run_t *r = ch->data;
@@ -537,6 +591,7 @@ void run_stop(node_t *n, run_t *r)
             ;
         r->pid = 0;
     }
+    pasta_stop(n, r);
     output_close(r);
     char cg[CAP_ID_MAX + 24];
     (void)snprintf(cg, sizeof cg, "%s.%llu", r->id.sandbox, (unsigned long long)r->id.generation);
@@ -643,7 +698,38 @@ void run_retire(node_t *n, run_t *r)
 
 /* The run's directories, its root fresh, kept (resume here) or fetched from the node that held
  * it (a move). Blocking (rm, tar, HTTP): runs on an install thread; touches nothing shared. */
-int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen)
+/* An image run's writable layer on its disk: upper/ (the run's, owned by its root) and
+ * work/ (overlayfs's, the node's). The disk's top directory is never visible inside an image
+ * run (its root is upper/ over the image), so these are the node's to make. */
+static int image_layer_dirs(const run_t *r, const char *root, char *err, size_t errlen)
+{
+    char upper[PATH_MAX + 16], work[PATH_MAX + 16];
+    if (path_join(upper, sizeof upper, root, "upper") < 0 ||
+        path_join(work, sizeof work, root, "work") < 0)
+        return -ENAMETOOLONG;
+    struct stat st;
+    if (mkdir(upper, 0755) < 0 && errno != EEXIST)
+        goto fail;
+    if (lstat(upper, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        goto fail;
+    }
+    if (chown(upper, r->id_base, r->id_base) < 0)
+        goto fail;
+    if (mkdir(work, 0700) < 0 && errno != EEXIST)
+        goto fail;
+    if (lstat(work, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0) {
+        errno = ENOTDIR;
+        goto fail;
+    }
+    return 0;
+fail:;
+    int rc = negative_errno();
+    (void)snprintf(err, errlen, "the run's writable layer: %s", strerror(-rc));
+    return rc;
+}
+
+int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
 {
     json_t *restore = json_object_get(spec, "restore");
     const char *mode = json_string_value(json_object_get(restore, "mode"));
@@ -688,6 +774,19 @@ int run_install_dirs(const run_t *r, json_t *spec, char *err, size_t errlen)
         return rc;
     if (restore && !keep_root)
         rc = restore_remote(restore, r, root, err, errlen);
+    if (rc < 0 || streq(r->image, "host"))
+        return rc;
+    /* an image run: its verified rootfs (unpacked once per manifest) under the layer kept on
+     * the run's disk, and a node-owned mount point for the idmapped image */
+    rc = image_rootfs(n, r->image, r->image_rootfs, sizeof r->image_rootfs, NULL, err, errlen);
+    if (rc >= 0)
+        rc = image_layer_dirs(r, root, err, errlen);
+    char lower[PATH_MAX + 16];
+    if (rc >= 0 && path_join(lower, sizeof lower, r->dir, "lower") >= 0 && mkdir(lower, 0700) < 0 &&
+        errno != EEXIST) {
+        rc = negative_errno();
+        (void)snprintf(err, errlen, "the image's mount point: %s", strerror(-rc));
+    }
     return rc;
 }
 
@@ -737,13 +836,21 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     }
     for (size_t i = 0; i < SUBSTRATE_MAX_CGROUPS && cgnames[i]; i++)
         cgdirp[i] = cgdirs[i];
-    int sock = -1, userns = -1, out = -1;
-    char root[PATH_MAX + 8];
+    int sock = -1, userns = -1, out = -1, netns = -1;
+    char root[PATH_MAX + 8], lower[PATH_MAX + 16];
     (void)path_join(root, sizeof root, r->dir, "root");
+    (void)path_join(lower, sizeof lower, r->dir, "lower");
+    bool imaged = !streq(r->image, "host") && r->image_rootfs[0];
     if (rc >= 0 && (rc = userns_create(r->id_base, IDRANGE_BLOCK, &userns)) < 0)
         (void)snprintf(err, errlen, "user namespace: %s", strerror(-rc));
     if (rc >= 0 && (rc = output_open(n, r, true, &out)) < 0)
         (void)snprintf(err, errlen, "output fifo: %s", strerror(-rc));
+    if (rc >= 0 && r->egress &&
+        (rc = egress_netns_make(egress_owner(r), &r->holder_pid, &netns, err, errlen)) >= 0) {
+        (void)proc_start_time(r->holder_pid, &r->holder_start);
+        r->holder_child = (child_t){ .pid = r->holder_pid, .on_exit = holder_exited, .data = r };
+        server_child_add(&n->srv, &r->holder_child);
+    }
     if (rc >= 0 && (rc = make_bridge_socket(r, &sock)) < 0)
         (void)snprintf(err, errlen, "bridge socket: %s", strerror(-rc));
     if (rc >= 0) {
@@ -755,11 +862,15 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
                                 .bridge_fd = sock,
                                 .log_fd = out,
                                 .userns_fd = userns,
+                                .netns_fd = netns,
                                 .pool_host = r->pool_host,
                                 .cgroup_fds = cgfds,
                                 .cgroup_dirs = cgdirp,
                                 .cgroup_names = cgnames,
                                 .filter = r->pool_host ? &n->filter_pool : &n->filter_run,
+                                .image_rootfs = imaged ? r->image_rootfs : NULL,
+                                .lower_mnt = imaged ? lower : NULL,
+                                .resolv_conf = r->egress ? "nameserver " EGRESS_DNS "\n" : NULL,
                                 .etc_ld_cache = n->ld_cache,
                                 .etc_ld_cache_len = n->ld_cache_len };
         rc = substrate_spawn(&sp, &r->pid, &r->start_time, err, errlen);
@@ -767,11 +878,13 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     safe_close(sock);
     safe_close(userns);
     safe_close(out);
+    safe_close(netns);
     for (int i = 0; i < SUBSTRATE_MAX_CGROUPS + 1; i++)
         safe_close(cgfds[i]);
     strv_clear(&env);
     strv_clear(&argv);
     if (rc < 0) {
+        pasta_stop(n, r);
         output_close(r);
         return rc;
     }
@@ -788,6 +901,19 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     r->exe_dev = st.st_dev;
     r->exe_ino = st.st_ino;
     r->stat_fd = proc_stat_open(r->pid); /* still our unreaped child: the same process */
+    if (r->egress) { /* the firewall first, then the way out: until pasta runs, lo only */
+        pid_t pp;
+        char tun[PATH_MAX + 8];
+        (void)path_join(tun, sizeof tun, r->dir, "tun");
+        rc = egress_start(r->holder_pid, egress_owner(r), json_object_get(spec, "egress_allow"),
+                          tun, &pp, err, errlen);
+        if (rc < 0)
+            return rc;
+        r->pasta_pid = pp;
+        (void)proc_start_time(pp, &r->pasta_start);
+        r->pasta_child = (child_t){ .pid = pp, .on_exit = pasta_exited, .data = r };
+        server_child_add(&n->srv, &r->pasta_child);
+    }
     return 0;
 }
 
@@ -819,6 +945,14 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
                        "expose: expected [{port: 1..65535, protocol: http|websocket}]");
         return -EINVAL;
     }
+    const char *image = json_string_value(json_object_get(spec, "image"));
+    if (!image)
+        image = "host";
+    if (!streq(image, "host") && !image_name_valid(image)) {
+        (void)snprintf(err, errlen, "image: \"host\" or an image name");
+        return -EINVAL;
+    }
+    (void)snprintf(r->image, sizeof r->image, "%s", image);
     json_t *mode = json_object_get(spec, "mode");
     if (mode && !(json_is_string(mode) && (streq(json_string_value(mode), "dedicated") ||
                                            streq(json_string_value(mode), "pool")))) {
@@ -826,6 +960,18 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
         return -EINVAL;
     }
     r->pool_host = mode && streq(json_string_value(mode), "pool");
+    const char *net = json_string_value(json_object_get(spec, "network"));
+    if (net && !streq(net, "none") && !streq(net, "egress")) {
+        (void)snprintf(err, errlen, "network: \"none\" or \"egress\"");
+        return -EINVAL;
+    }
+    r->egress = net && streq(net, "egress");
+    if (r->egress) {
+        _cleanup_free_ char *rules =
+            egress_ruleset(json_object_get(spec, "egress_allow"), err, errlen);
+        if (!rules)
+            return -EINVAL;
+    }
     char runs[PATH_MAX];
     int rc = path_join(runs, sizeof runs, n->cfg.state_dir, "runs");
     if (rc >= 0)
@@ -935,6 +1081,7 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
                            "--one-file-system",
                            "--sparse",
                            "--exclude=./lost+found",
+                           "--exclude=./work",
                            "-f",
                            "-",
                            ".",
@@ -995,13 +1142,16 @@ void node_load_runs(node_t *n)
         run_t *r = calloc(1, sizeof *r);
         if (r)
             r->stat_fd = r->out_fd = r->log_fd = -1;
-        json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0, idb = 0;
-        const char *state = "";
+        json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0, idb = 0, ppid = 0, pstart = 0;
+        json_int_t hpid = 0, hstart = 0;
+        const char *state = "", *image = "host";
         int pool = 0;
         if (!r || !j || cap_run_from_json(json_object_get(j, "run"), &r->id) < 0 ||
-            json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b,s?I}", "state", &state, "pid", &pid,
-                        "start_time", &start, "exe_dev", &dev, "exe_ino", &ino, "sock_ino", &sino,
-                        "pool_host", &pool, "id_base", &idb) < 0 ||
+            json_unpack(j, "{s:s,s:I,s:I,s:I,s:I,s:I,s?b,s?I,s?s,s?I,s?I,s?I,s?I}", "state", &state,
+                        "pid", &pid, "start_time", &start, "exe_dev", &dev, "exe_ino", &ino,
+                        "sock_ino", &sino, "pool_host", &pool, "id_base", &idb, "image", &image,
+                        "pasta_pid", &ppid, "pasta_start", &pstart, "holder_pid", &hpid,
+                        "holder_start", &hstart) < 0 ||
             idb <= 0 || idb > UINT32_MAX || parse_expose(json_object_get(j, "expose"), r) < 0) {
             json_decref(j);
             free(r);
@@ -1014,6 +1164,11 @@ void node_load_runs(node_t *n)
         r->sock_ino = (ino_t)sino;
         r->pool_host = pool;
         r->id_base = (uint32_t)idb;
+        (void)snprintf(r->image, sizeof r->image, "%s", image);
+        r->pasta_pid = (pid_t)ppid; /* a previous node process's: stopped by pid + start time */
+        r->pasta_start = (uint64_t)pstart;
+        r->holder_pid = (pid_t)hpid;
+        r->holder_start = (uint64_t)hstart;
         int mr = idrange_mark(&n->ids, r->id_base);
         if (mr == -EEXIST) {
             log_warn("run %s: id block %u is taken twice; not loaded", de->d_name, r->id_base);

@@ -49,6 +49,7 @@ typedef enum {
     ST_CGROUP,
     ST_CGROUPNS,
     ST_NETWORK,
+    ST_IMAGE,
     ST_ROOT,
     ST_USR,
     ST_PROC,
@@ -73,6 +74,7 @@ static const char *const step_names[ST_MAX_] = {
     [ST_CGROUP] = "join cgroups",
     [ST_CGROUPNS] = "cgroup namespace",
     [ST_NETWORK] = "loopback and network sysctls",
+    [ST_IMAGE] = "image overlay",
     [ST_ROOT] = "bind the run root",
     [ST_USR] = "host programs read-only",
     [ST_PROC] = "mount /proc",
@@ -97,6 +99,7 @@ typedef struct {
     char link_target[N_LINKS][PATH_MAX];
     bool link_is_dir[N_LINKS], link_present[N_LINKS];
     char exe[PATH_MAX];
+    char overlay_opts[3 * PATH_MAX + 64];
 } paths_t;
 
 static int build_paths(const substrate_spec_t *sp, paths_t *p)
@@ -115,6 +118,13 @@ static int build_paths(const substrate_spec_t *sp, paths_t *p)
                 p->link_target[i][n] = 0;
         } else if (p->link_is_dir[i])
             memcpy(p->link_target[i], src, strlen(src) + 1);
+    }
+    if (sp->image_rootfs) {
+        int n = snprintf(p->overlay_opts, sizeof p->overlay_opts,
+                         "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", sp->lower_mnt, sp->root,
+                         sp->root);
+        if (n < 0 || n >= (int)sizeof p->overlay_opts)
+            return -ENAMETOOLONG;
     }
     const char *a0 = sp->argv[0];
     const char *exe = streq(a0, "sbx-server") ? SUBSTRATE_AGENT_PATH : a0;
@@ -231,6 +241,7 @@ static int file_beneath(int dirfd, const char *name)
 #define SBX_MOUNT_ATTR_RDONLY 0x1
 #define SBX_MOUNT_ATTR_NOSUID 0x2
 #define SBX_MOUNT_ATTR_NODEV 0x4
+#define SBX_MOUNT_ATTR_IDMAP 0x100000
 struct sbx_mount_attr {
     uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
@@ -255,6 +266,30 @@ static int bind_ro_fd(const char *src, int fd, bool rec)
     close(t);
     errno = e;
     return r < 0 ? -1 : 0;
+}
+
+/* The run's root from an image: the image's rootfs, read-only and seen through the run's id
+ * mapping (its root-owned files belong to the run's root), under the run's own writable layer
+ * (upper/ on the run's disk; what pause keeps and move carries). Both paths are the node's. */
+static int mount_image(const substrate_spec_t *sp, const paths_t *p)
+{
+    int t = (int)syscall(SYS_open_tree, AT_FDCWD, sp->image_rootfs,
+                         SBX_OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE);
+    if (t < 0)
+        return -1;
+    struct sbx_mount_attr a = { .attr_set = SBX_MOUNT_ATTR_IDMAP | SBX_MOUNT_ATTR_RDONLY |
+                                            SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NODEV,
+                                .userns_fd = (uint64_t)sp->userns_fd };
+    int r = (int)syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH | AT_RECURSIVE, &a, sizeof a);
+    if (r >= 0)
+        r = (int)syscall(SYS_move_mount, t, "", AT_FDCWD, sp->lower_mnt,
+                         SBX_MOVE_MOUNT_F_EMPTY_PATH);
+    int e = errno;
+    close(t);
+    errno = e;
+    if (r < 0)
+        return -1;
+    return mount("overlay", sp->root, "overlay", MS_NOSUID | MS_NODEV, p->overlay_opts);
 }
 
 static int mount_at(int dirfd, const char *rel, const char *fstype, unsigned long flags,
@@ -462,7 +497,7 @@ static int child_mounts(const substrate_spec_t *sp, const paths_t *p, int *ret_r
         return -1;
     *ret_rootfd = rootfd;
     *st = ST_USR;
-    if (mount_usr(rootfd, p) < 0)
+    if (!sp->image_rootfs && mount_usr(rootfd, p) < 0)
         return -1;
     if (mount_proc(rootfd, sp->pool_host, st) < 0)
         return -1;
@@ -540,7 +575,8 @@ static int make_tree(const substrate_spec_t *sp)
     r |= write_new("/etc/nsswitch.conf", nss, sizeof nss - 1, 0644);
     r |= write_new("/etc/hosts", hosts, sizeof hosts - 1, 0644);
     r |= write_new("/etc/hostname", sp->hostname, strlen(sp->hostname), 0644);
-    r |= write_new("/etc/resolv.conf", "", 0, 0644);
+    const char *rc = sp->resolv_conf ? sp->resolv_conf : "";
+    r |= write_new("/etc/resolv.conf", rc, strlen(rc), 0644);
     if (sp->etc_ld_cache)
         r |= write_new("/etc/ld.so.cache", sp->etc_ld_cache, sp->etc_ld_cache_len, 0644);
     return r < 0 ? -1 : 0;
@@ -588,8 +624,13 @@ _noreturn_ static void child_main(const substrate_spec_t *sp, const paths_t *p, 
     st = ST_CGROUPNS; /* the run's cgroup is its cgroup root: /proc/self/cgroup shows "/" */
     if (unshare(CLONE_NEWCGROUP) < 0)
         goto fail;
-    st = ST_NETWORK;
+    st = ST_NETWORK; /* an egress run joins the network namespace the node made for it */
+    if (sp->netns_fd >= 0 && setns(sp->netns_fd, CLONE_NEWNET) < 0)
+        goto fail;
     if (setup_network() < 0)
+        goto fail;
+    st = ST_IMAGE;
+    if (sp->image_rootfs && mount_image(sp, p) < 0)
         goto fail;
     if (child_mounts(sp, p, &rootfd, &st) < 0)
         goto fail;
@@ -693,8 +734,9 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return negative_errno();
-    unsigned long flags =
-        CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD;
+    unsigned long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
+    if (sp->netns_fd < 0)
+        flags |= CLONE_NEWNET;
     pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, NULL, NULL, NULL);
     if (pid < 0) {
         r = negative_errno();

@@ -39,6 +39,7 @@ typedef struct {
     int bridge_fd;  /* bound unix socket, becomes fd 3 (the agent listens on it) */
     int log_fd;     /* the run's stdout and stderr (the write side of the node's log fifo) */
     int userns_fd;  /* the run's user namespace (userns_create) */
+    int netns_fd;   /* an egress run's network namespace (egress_netns_make), or -1: a new one */
     bool pool_host; /* packs uid sandboxes: hidepid /proc, its cgroup subtree, more capabilities */
     /* cgroup.procs files to join, -1 terminated (may be NULL) */
     const int *cgroup_fds;
@@ -46,7 +47,14 @@ typedef struct {
     const char *const *cgroup_dirs;
     const char *const *cgroup_names;
     const seccomp_filter_t *filter; /* the run's profile (seccomp_run_filter_build) */
-    const char *etc_ld_cache;       /* the host's /etc/ld.so.cache (for a fresh /etc), or NULL */
+    /* An image run: root is the run's disk, holding upper/ and work/; the image's verified
+     * rootfs (owned by host root) is mounted idmapped onto the run's block at lower_mnt (a
+     * node-owned empty directory) and the overlay of both becomes the run's root. NULL: the
+     * "host" image (the disk is the root; the host's /usr is bound read-only). */
+    const char *image_rootfs;
+    const char *lower_mnt;
+    const char *etc_ld_cache; /* the host's /etc/ld.so.cache (for a fresh /etc), or NULL */
+    const char *resolv_conf;  /* a fresh /etc/resolv.conf (egress runs), or NULL: empty */
     size_t etc_ld_cache_len;
 } substrate_spec_t;
 

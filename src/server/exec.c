@@ -97,6 +97,7 @@ static void exec_free(void *p)
     timer_disarm(l, &e->ping_t);
     timer_disarm(l, &e->drain_t);
     exec_op_end(e);
+    sandbox_cmd_done(e->sb, &e->sp.cg);
     sandbox_unref(e->sb);
     free(e->in_data);
     free(e);
@@ -106,8 +107,10 @@ static void exec_kill(exec_t *e)
 {
     /* The leader is not reaped yet (only the SIGCHLD handler reaps, and it tells us), so the
      * process group id still belongs to this command. */
-    if (!e->exited)
+    if (!e->exited) {
         (void)kill(-e->child.pid, SIGKILL);
+        sandbox_cmd_kill(&e->sp.cg); /* and what left its process group (setsid) */
+    }
 }
 
 static void exec_emit(exec_t *e, const char *line, size_t n)

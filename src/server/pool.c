@@ -718,6 +718,9 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
         (void)snprintf(err, errlen, "processes of uid %u survived the kill", sb->uid);
     else if (!removed)
         (void)snprintf(err, errlen, "home could not be removed: %s", strerror(-r));
+    char cgp[24]; /* its commands' cgroup2 groups, empty now */
+    (void)snprintf(cgp, sizeof cgp, "s%u-", sb->uid);
+    cgroup_cmd_remove_prefix(&p->cg, cgp);
     /* The uid is recycled only after verified teardown; otherwise it stays quarantined. */
     uidpool_release(&p->uids, sb->uid, killed && removed);
     p->deleted_total++;
@@ -822,8 +825,24 @@ static const char *envp_get(char *const *envp, const char *name)
     return NULL;
 }
 
+void sandbox_cmd_kill(cmdcg_t *cg)
+{
+    if (cg->kill_fd >= 0)
+        (void)!write(cg->kill_fd, "1", 1);
+}
+
+void sandbox_cmd_done(sandbox_t *sb, cmdcg_t *cg)
+{
+    if (cg->kill_fd < 0)
+        return;
+    cg->kill_fd = safe_close(cg->kill_fd);
+    if (sb)
+        cgroup_cmd_remove(&sb->pool->cg, cg->name);
+}
+
 int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
-                 int stdout_fd, int stderr_fd, pid_t *ret_pid, char *err, size_t errlen)
+                 int stdout_fd, int stderr_fd, pid_t *ret_pid, cmdcg_t *ret_cg, char *err,
+                 size_t errlen)
 {
     pool_t *p = sb->pool;
     confine_spec_t spec = { 0 };
@@ -852,8 +871,24 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
             return r;
         }
     }
-    for (int i = 0; i < CONFINE_MAX_CGROUPS; i++)
-        spec.cgroup_procs_fds[i] = i < 4 ? sb->cg_fds[i] : -1;
+    int k = 0;
+    for (; k < CONFINE_MAX_CGROUPS && k < 4 && sb->cg_fds[k] >= 0; k++)
+        spec.cgroup_procs_fds[k] = sb->cg_fds[k];
+    for (int i = k; i < CONFINE_MAX_CGROUPS; i++)
+        spec.cgroup_procs_fds[i] = -1;
+    /* a cgroup2 group for this command alone: a kill reaches all it started */
+    _cleanup_close_ int cmd_procs = -EBADF;
+    cmdcg_t cg = { .kill_fd = -1 };
+    if (p->cg.v2_root[0] && k < CONFINE_MAX_CGROUPS) {
+        (void)snprintf(cg.name, sizeof cg.name, "s%u-c%llu", sb->uid,
+                       (unsigned long long)++p->cmd_seq);
+        r = cgroup_cmd_create(&p->cg, cg.name, &cmd_procs, &cg.kill_fd);
+        if (r < 0) {
+            (void)snprintf(err, errlen, "cannot prepare the command's cgroup: %s", strerror(-r));
+            return r;
+        }
+        spec.cgroup_procs_fds[k] = cmd_procs;
+    }
     spec.ruleset_fd = sb->ruleset_fd;
     spec.seccomp = p->have_seccomp ? &p->seccomp : NULL;
     const confine_limit_t limits[] = {
@@ -883,5 +918,9 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
         (void)snprintf(err, errlen, "%s failed: %s", confine_step_name(spec.failed_step),
                        strerror(-r));
 out:
+    if (r >= 0)
+        *ret_cg = cg;
+    else
+        sandbox_cmd_done(sb, &cg);
     return r;
 }

@@ -15,6 +15,7 @@
 #include "isolation/landlock.h"
 #include "isolation/mntns.h"
 #include "isolation/uidpool.h"
+#include "spawn.h"
 
 typedef struct server server_t;
 typedef struct conn conn_t;
@@ -82,6 +83,7 @@ struct pool {
     int homes_fd;
     char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;
+    uint64_t cmd_seq; /* names of commands' cgroup2 groups */
     /* SBX_TEST_TEARDOWN_KILL_FAILS=1 (tests only): teardown never kills, so a sandbox whose
      * processes outlive the kill can be made on purpose and its uid seen quarantined. */
     bool test_kill_fails;
@@ -110,7 +112,13 @@ void pool_evict_idle(pool_t *p, uint64_t now_ms);
  * stdio on the given fds. cwd is the request's cwd (rooted at the home) or NULL. On failure
  * err names the step. */
 int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
-                 int stdout_fd, int stderr_fd, pid_t *ret_pid, char *err, size_t errlen);
+                 int stdout_fd, int stderr_fd, pid_t *ret_pid, cmdcg_t *ret_cg, char *err,
+                 size_t errlen);
+/* A command of the sandbox is killed (timeout, kill, client gone): everything in its cgroup2
+ * group goes at once, setsid() descendants included. No-op without a group. */
+void sandbox_cmd_kill(cmdcg_t *cg);
+/* The command is over: its group is removed when empty (else with the sandbox). */
+void sandbox_cmd_done(sandbox_t *sb, cmdcg_t *cg);
 /* A path from a request, relative to the home: an absolute path that starts with the home is
  * taken relative to it; any other path is rooted at the home. Normalized; "" = the home. */
 int sandbox_rel_path(const sandbox_t *sb, const char *path, char *out, size_t cap);

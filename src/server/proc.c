@@ -31,6 +31,7 @@ typedef struct attach {
 } attach_t;
 
 struct proc {
+    cmdcg_t cg; /* host mode: the command's cgroup2 group (a kill reaches setsid escapees) */
     server_t *srv;
     proc_t *next;
     uint64_t id;
@@ -100,6 +101,8 @@ static void proc_signal(proc_t *p, int sig)
 {
     if (!p->exited)
         (void)kill(-p->pid, sig);
+    if (!p->exited && sig == SIGKILL)
+        sandbox_cmd_kill(&p->cg); /* and what left its process group (setsid) */
 }
 
 /* ---- output log and attachers ------------------------------------------------------------ */
@@ -289,6 +292,7 @@ static void proc_free(proc_t *p)
         free(b);
     }
     json_decref(p->cmd);
+    sandbox_cmd_done(p->sb, &p->cg);
     sandbox_unref(p->sb);
     free(p->tag);
     free(p);
@@ -442,6 +446,7 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
     p->srv = s;
     p->id = s->next_proc_id++;
     p->pid = sp.pid;
+    p->cg = sp.cg;
     p->cmd = json_incref(spec->cmd);
     p->tag = TAKE_PTR(spec->tag);
     p->started_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;

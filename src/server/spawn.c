@@ -339,9 +339,10 @@ int spawn_command(const exec_spec_t *spec, sandbox_t *sb, spawned_t *ret, char *
     if (!want_in)
         in[1] = safe_close(in[1]);
     pid_t pid;
+    cmdcg_t cg = { .kill_fd = -1 };
     if (sb) {
-        r = sandbox_exec(sb, spec->argv, spec->envp, spec->cwd, in[0], out[1], errp[1], &pid, err,
-                         errlen);
+        r = sandbox_exec(sb, spec->argv, spec->envp, spec->cwd, in[0], out[1], errp[1], &pid, &cg,
+                         err, errlen);
     } else {
         r = spawn_posix(spec, in[0], out[1], errp[1], &pid);
         if (r < 0)
@@ -354,7 +355,7 @@ int spawn_command(const exec_spec_t *spec, sandbox_t *sb, spawned_t *ret, char *
     if (r < 0)
         goto fail_pipes;
     *ret = (spawned_t){
-        .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = errp[0]
+        .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = errp[0], .cg = cg
     };
     return 0;
 fail_pipes:

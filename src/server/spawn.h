@@ -32,10 +32,18 @@ typedef struct {
 int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, const char **ret_err);
 void exec_spec_done(exec_spec_t *spec);
 
+/* A pooled sandbox's command in a cgroup2 group of its own, so that killing it reaches every
+ * process it started, setsid() descendants included (cgroup.kill). */
+typedef struct {
+    int kill_fd; /* cgroup.kill of the command's group, or -1 (no group: dedicated mode) */
+    char name[40];
+} cmdcg_t;
+
 typedef struct {
     pid_t pid;
     int in_fd; /* -1 unless stdin data or a stdin stream was asked for */
     int out_fd, err_fd;
+    cmdcg_t cg;
 } spawned_t;
 
 /* Start the command in its own process group with pipes for stdout/stderr (non-blocking on

@@ -250,7 +250,8 @@ class Control:
         self.publish_delay_ms = publish_delay_ms
         self.port = port or free_port()
         argv = [CONTROL_BIN, "--state", state, "--listen", f"127.0.0.1:{self.port}",
-                "--admin-token-file", platform.token_file]
+                "--admin-token-file", platform.token_file,
+                "--default-image", platform.default_image]
         if publish_delay_ms is not None:
             argv += ["--key-publish-delay-ms", str(publish_delay_ms)]
         self.proc = Proc(name, argv, os.path.join(platform.dir, f"{name}.log"))
@@ -379,9 +380,12 @@ class Platform:
     each with its own port; nodes register with the first."""
 
     def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, images=None,
-                 agent=None):
+                 default_image="host", agent=None):
         """images: {node name: --images directory} for nodes that should serve images.
-        agent: every node's --agent binary (default the build's sbx-server)."""
+        default_image: what jobs that name none run (the suites' default: "host", which needs
+        no image on the nodes; the platform's own default is "debian"). agent: every node's
+        --agent binary (default the build's sbx-server)."""
+        self.default_image = default_image
         self.dir = tempfile.mkdtemp(prefix="sbxp-")  # short: unix socket paths live below
         os.chmod(self.dir, 0o700)
         self.ctl_state = os.path.join(self.dir, "ctl")

@@ -156,3 +156,46 @@ def test_unexposed_port_is_denied_by_the_node(plat, nonet):
     r = node.request("GET", path, cap,
                      headers={"X-Sandbox-Token": nonet.token})
     assert r.status == 200 and r.body == b"from-inside\n", r
+
+
+def test_a_pooled_commands_timeout_takes_its_setsid_descendants(plat):
+    """Inside a pool run the run's cgroup2 group is delegated to it; each command of a sandbox
+    gets a group of its own, so a timeout kills what left its process group too."""
+    import secrets as _s
+    job = plat.create("iso", mode="pool", flavor="cpu-small")
+    h = {"X-Sandbox-Token": job.token}
+    r = job.proxy("POST", AGENT_PORT, "/v1/sandboxes", body={"count": 1}, headers=h)
+    sb = r.json()["sandboxes"][0]
+    node = job.node()
+    host_uid = None
+    marker = "6" + str(_s.randbelow(10**6))
+
+    def escapees():
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f"sleep 300 {marker}".encode() in f.read().replace(b"\0", b" "):
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+    cmd = (f"setsid sh -c 'exec sleep 300 {marker}' </dev/null >/dev/null 2>&1 & "
+           "sleep 0.3; echo started; exec sleep 200")
+    r = job.proxy("POST", AGENT_PORT, f"/v1/sandboxes/{sb['id']}/exec",
+                  body={"cmd": cmd, "timeout": 1}, headers={"X-Sandbox-Token": sb["token"]},
+                  timeout=30)
+    assert r.status == 200 and '"timed_out":true' in r.text and "started" in r.text, r
+    assert wait_until(lambda: not escapees(), 5), escapees()
+    # positive control: the same escapee from a command that ends on its own stays
+    cmd2 = f"setsid sh -c 'exec sleep 300 {marker}' </dev/null >/dev/null 2>&1 & echo ok"
+    r = job.proxy("POST", AGENT_PORT, f"/v1/sandboxes/{sb['id']}/exec", body={"cmd": cmd2},
+                  headers={"X-Sandbox-Token": sb["token"]})
+    assert r.status == 200 and wait_until(lambda: escapees(), 5)
+    with open(f"/proc/{escapees()[0]}/status") as f:
+        host_uid = int(next(l for l in f if l.startswith("Uid:")).split()[1])
+    # a sandbox uid (20000) of the run's own block of the node's range
+    assert node.id_start <= host_uid < node.id_start + node.id_count, host_uid
+    assert (host_uid - node.id_start) % 65536 == 20000, host_uid
+    job.cancel()
+    assert wait_until(lambda: not escapees(), 10)

@@ -1,0 +1,310 @@
+/* SPDX-License-Identifier: MIT */
+#include "egress.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cap/egress.h"
+#include "common/macro.h"
+
+extern char **environ;
+
+#define PASTA "/usr/bin/pasta"
+#define NFT "/usr/sbin/nft"
+
+static const char *const deny4[] = { "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3" };
+static const char *const deny6[] = { "::/128",   "::1/128",           "fe80::/10",
+                                     "ff00::/8", "fd00:ec2::254/128", "::ffff:0:0/96" };
+static const char *const private4[] = { "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                        "100.64.0.0/10" };
+static const char *const private6[] = { "fc00::/7" };
+
+static void put_set(FILE *f, const char *name, const char *type, const char *const *fixed, size_t n,
+                    int host_family)
+{
+    fprintf(f, "  set %s {\n    type %s; flags interval; auto-merge\n    elements = { ", name,
+            type);
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "%s%s", i ? ", " : "", fixed[i]);
+    /* every address of the host: a run must never reach the host itself */
+    struct ifaddrs *ifa = NULL;
+    if (host_family && getifaddrs(&ifa) == 0) {
+        for (struct ifaddrs *a = ifa; a; a = a->ifa_next) {
+            if (!a->ifa_addr || a->ifa_addr->sa_family != host_family)
+                continue;
+            char s[INET6_ADDRSTRLEN];
+            const void *p = host_family == AF_INET
+                                ? (const void *)&((struct sockaddr_in *)a->ifa_addr)->sin_addr
+                                : (const void *)&((struct sockaddr_in6 *)a->ifa_addr)->sin6_addr;
+            if (inet_ntop(host_family, p, s, sizeof s))
+                fprintf(f, ", %s", s);
+        }
+        freeifaddrs(ifa);
+    }
+    fprintf(f, " }\n  }\n");
+}
+
+char *egress_ruleset(json_t *allow, char *err, size_t errlen)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) {
+        (void)snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    fprintf(f, "table inet sbx {\n");
+    put_set(f, "deny4", "ipv4_addr", deny4, ELEMENTSOF(deny4), AF_INET);
+    put_set(f, "deny6", "ipv6_addr", deny6, ELEMENTSOF(deny6), AF_INET6);
+    put_set(f, "private4", "ipv4_addr", private4, ELEMENTSOF(private4), 0);
+    put_set(f, "private6", "ipv6_addr", private6, ELEMENTSOF(private6), 0);
+    fprintf(f, "  chain out {\n    type filter hook output priority 0; policy drop;\n"
+               "    oif \"lo\" accept\n"
+               "    ip daddr " EGRESS_DNS " meta l4proto { tcp, udp } th dport 53 accept\n"
+               "    ip daddr @deny4 jump refuse\n    ip6 daddr @deny6 jump refuse\n");
+    size_t i;
+    json_t *e;
+    bool bad = false;
+    json_array_foreach(allow, i, e) {
+        egress_rule_t r;
+        if (!json_is_string(e) || egress_rule_parse(json_string_value(e), &r) < 0) {
+            bad = true;
+            break;
+        }
+        char a[64];
+        egress_rule_addr(&r, a, sizeof a);
+        const char *fam = r.family == AF_INET ? "ip" : "ip6";
+        if (r.port)
+            fprintf(f, "    %s daddr %s meta l4proto { tcp, udp } th dport %u accept\n", fam, a,
+                    r.port);
+        else
+            fprintf(f, "    %s daddr %s accept\n", fam, a);
+    }
+    if (json_array_size(allow) == 0)
+        fprintf(f, "    ip daddr @private4 jump refuse\n    ip6 daddr @private6 jump refuse\n"
+                   "    accept\n");
+    fprintf(f, "    jump refuse\n  }\n"
+               "  chain refuse {\n    meta l4proto tcp reject with tcp reset\n"
+               "    reject with icmpx admin-prohibited\n  }\n}\n");
+    if (fclose(f) != 0 || bad) {
+        free(buf);
+        (void)snprintf(err, errlen,
+                       bad ? "egress_allow: an entry does not parse" : "out of memory");
+        return NULL;
+    }
+    return buf;
+}
+
+/* nft -f - inside pid's network namespace (as host root: the namespace is the host's user
+ * namespace's, so only the node can change it). */
+static int apply_ruleset(pid_t pid, const char *rules, char *err, size_t errlen)
+{
+    char ns[64];
+    (void)snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)pid);
+    _cleanup_close_ int nsfd = open(ns, O_RDONLY | O_CLOEXEC);
+    if (nsfd < 0) {
+        int r = negative_errno();
+        (void)snprintf(err, errlen, "the run's network namespace: %s", strerror(-r));
+        return r;
+    }
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return negative_errno();
+    pid_t c = fork();
+    if (c < 0) {
+        int r = negative_errno();
+        safe_close(p[0]);
+        safe_close(p[1]);
+        return r;
+    }
+    if (c == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        (void)sigprocmask(SIG_SETMASK, &none, NULL);
+        if (syscall(SYS_setns, nsfd, CLONE_NEWNET) < 0 || dup2(p[0], 0) < 0)
+            _exit(126);
+        char *const argv[] = { NFT, "-f", "-", NULL };
+        execve(argv[0], argv, environ);
+        _exit(127);
+    }
+    safe_close(p[0]);
+    size_t n = strlen(rules), off = 0;
+    while (off < n) {
+        ssize_t w = write(p[1], rules + off, n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    safe_close(p[1]);
+    int st = 0;
+    while (waitpid(c, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        (void)snprintf(err, errlen, "the run's firewall (nft) failed (status 0x%x)%s", st,
+                       WIFEXITED(st) && WEXITSTATUS(st) == 127 ? ": is nftables installed?" : "");
+        return -EIO;
+    }
+    return 0;
+}
+
+static int write_map(pid_t pid, const char *file, uint32_t owner)
+{
+    char path[64], map[48];
+    (void)snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+    (void)snprintf(map, sizeof map, "0 %u 1\n", owner);
+    _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return negative_errno();
+    return write(fd, map, strlen(map)) == (ssize_t)strlen(map) ? 0 : negative_errno();
+}
+
+int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *err, size_t errlen)
+{
+    int up[2], down[2]; /* child -> node, node -> child */
+    if (pipe2(up, O_CLOEXEC) < 0)
+        return negative_errno();
+    if (pipe2(down, O_CLOEXEC) < 0) {
+        safe_close(up[0]);
+        safe_close(up[1]);
+        return negative_errno();
+    }
+    pid_t h = fork();
+    if (h < 0) {
+        int r = negative_errno();
+        safe_close(up[0]), safe_close(up[1]), safe_close(down[0]), safe_close(down[1]);
+        return r;
+    }
+    if (h == 0) {
+        char c = 0;
+        sigset_t none;
+        sigemptyset(&none);
+        (void)sigprocmask(SIG_SETMASK, &none, NULL);
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* as `owner` first, so that the user namespace is owned by it */
+        if (syscall(SYS_setgroups, 0, NULL) < 0 ||
+            syscall(SYS_setresgid, owner, owner, owner) < 0 ||
+            syscall(SYS_setresuid, owner, owner, owner) < 0 ||
+            /* the uid change made it undumpable; pasta (same uid) must open its namespaces */
+            prctl(PR_SET_DUMPABLE, 1) < 0 || unshare(CLONE_NEWUSER) < 0 ||
+            write(up[1], &c, 1) != 1 || read(down[0], &c, 1) != 1 || unshare(CLONE_NEWNET) < 0)
+            _exit(1);
+        int sk = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq ifr = { .ifr_name = "lo" };
+        if (sk < 0 || ioctl(sk, SIOCGIFFLAGS, &ifr) < 0)
+            _exit(1);
+        ifr.ifr_flags |= IFF_UP;
+        if (ioctl(sk, SIOCSIFFLAGS, &ifr) < 0 || write(up[1], &c, 1) != 1)
+            _exit(1);
+        for (;;) /* hold the namespaces until the node ends this process */
+            pause();
+    }
+    safe_close(up[1]);
+    safe_close(down[0]);
+    char c;
+    int r = read(up[0], &c, 1) == 1 ? 0 : -EIO;
+    if (r >= 0)
+        r = write_map(h, "uid_map", owner);
+    if (r >= 0)
+        r = write_map(h, "gid_map", owner);
+    if (r >= 0 && (write(down[1], &c, 1) != 1 || read(up[0], &c, 1) != 1))
+        r = -EIO;
+    int fd = -1;
+    if (r >= 0) {
+        char ns[64];
+        (void)snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)h);
+        fd = open(ns, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            r = negative_errno();
+    }
+    safe_close(up[0]);
+    safe_close(down[1]);
+    if (r < 0) {
+        (void)kill(h, SIGKILL);
+        (void)waitpid(h, NULL, 0);
+        (void)snprintf(err, errlen, "the run's network namespace: %s", strerror(-r));
+        return r;
+    }
+    *ret_holder = h;
+    *ret_netns = fd;
+    return 0;
+}
+
+int egress_start(pid_t holder, uint32_t owner, json_t *allow, const char *tun_path,
+                 pid_t *ret_pasta, char *err, size_t errlen)
+{
+    _cleanup_free_ char *rules = egress_ruleset(allow, err, errlen);
+    if (!rules)
+        return -EINVAL;
+    int r = apply_ruleset(holder, rules, err, errlen);
+    if (r < 0)
+        return r;
+    if (access(PASTA, X_OK) < 0) {
+        (void)snprintf(err, errlen, "egress needs %s (Debian package passt)", PASTA);
+        return -ENOENT;
+    }
+    char target[16], runas[32];
+    (void)snprintf(target, sizeof target, "%d", (int)holder);
+    (void)snprintf(runas, sizeof runas, "%u:%u", owner, owner);
+    /* pasta runs as `owner` (no capability on the host) and joins the holder's user and
+     * network namespaces; no port of the host is forwarded into the run and none of the run's
+     * out (-t/-u/-T/-U none); the gateway is not mapped to the host's loopback (--no-map-gw). */
+    char *const argv[] = { PASTA, "--runas", runas,         "--config-net",  "-f",       "-q",
+                           "-t",  "none",    "-u",          "none",          "-T",       "none",
+                           "-U",  "none",    "--no-map-gw", "--dns-forward", EGRESS_DNS, target,
+                           NULL };
+    /* pasta's own tun device node: only `owner` may open it */
+    (void)unlink(tun_path);
+    if (mknod(tun_path, S_IFCHR | 0600, makedev(10, 200)) < 0 ||
+        chown(tun_path, owner, owner) < 0) {
+        r = negative_errno();
+        (void)snprintf(err, errlen, "tun device for pasta: %s", strerror(-r));
+        return r;
+    }
+    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (nul < 0)
+        return negative_errno();
+    pid_t pp = fork();
+    if (pp < 0) {
+        r = negative_errno();
+        safe_close(nul);
+        return r;
+    }
+    if (pp == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        (void)sigprocmask(SIG_SETMASK, &none, NULL);
+        /* default dispositions: the node ignores SIGPIPE, and this pasta treats an ignored
+         * SIGPIPE at start as a failure to install its handlers */
+        for (int sig = 1; sig < NSIG; sig++)
+            (void)signal(sig, SIG_DFL);
+        if (dup2(nul, 0) < 0 || dup2(nul, 1) < 0 || unshare(CLONE_NEWNS) < 0 ||
+            mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+            mount(tun_path, "/dev/net/tun", NULL, MS_BIND, NULL) < 0)
+            _exit(126);
+        execve(PASTA, argv, environ);
+        _exit(127);
+    }
+    safe_close(nul);
+    *ret_pasta = pp;
+    return 0;
+}

@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: MIT
+"""A pooled sandbox's command that times out or is killed takes everything it started with it,
+setsid() descendants included (a cgroup2 group per command, cgroup.kill); a command that ends
+on its own leaves its background descendants alone until the sandbox is deleted (the positive
+control: the same escapee, found alive, then gone with the sandbox)."""
+import os
+import secrets
+import time
+
+from conftest import wait_until
+
+
+def alive_with_marker(uid, marker):
+    """Processes of uid whose command line holds marker (read from the host's /proc)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if not any(l.startswith("Uid:") and l.split()[1] == str(uid) for l in f):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def escapee_cmd(marker):
+    # a setsid() grandchild that leaves the command's process group, then a long wait
+    return (f"setsid sh -c 'exec sleep 300 {marker}' </dev/null >/dev/null 2>&1 & "
+            f"sleep 0.3; echo started; exec sleep 200")
+
+
+def test_a_timed_out_command_takes_its_setsid_descendants(pool_host):
+    sb = pool_host.sandbox()
+    marker = "7" + str(secrets.randbelow(10**6))  # an argument sleep accepts: seconds
+    res = sb.run(escapee_cmd(marker), timeout=1)
+    assert res.exit and res.exit.get("timed_out") is True, res
+    assert "started" in res.out
+    assert wait_until(lambda: not alive_with_marker(sb.uid, marker), 5), \
+        alive_with_marker(sb.uid, marker)
+    sb.delete()
+
+
+def test_a_killed_background_process_takes_its_setsid_descendants(pool_host):
+    sb = pool_host.sandbox()
+    marker = "8" + str(secrets.randbelow(10**6))
+    p = sb.start(escapee_cmd(marker))
+    assert wait_until(lambda: alive_with_marker(sb.uid, marker), 5)  # the escapee runs
+    st, j = sb.json("DELETE", f"/processes/{p['id']}")
+    assert st == 200, (st, j)
+    assert wait_until(lambda: not alive_with_marker(sb.uid, marker), 5), \
+        alive_with_marker(sb.uid, marker)
+    sb.delete()
+
+
+def test_a_command_that_ends_leaves_its_escapee_until_the_sandbox_goes(pool_host):
+    sb = pool_host.sandbox()
+    marker = "9" + str(secrets.randbelow(10**6))
+    res = sb.run(f"setsid sh -c 'exec sleep 300 {marker}' </dev/null >/dev/null 2>&1 & "
+                 "sleep 0.3; echo done")
+    assert res.code == 0 and "done" in res.out, res
+    time.sleep(0.2)
+    assert alive_with_marker(sb.uid, marker)  # positive control: the escapee is there
+    sb.delete()
+    assert not alive_with_marker(sb.uid, marker)
