@@ -744,6 +744,11 @@ def test_setsid_escapee_dies_with_delete(pool_host):
         assert b.json("GET", f"/processes/{bj['id']}")[1]["running"] is True  # bystander
     finally:
         b.delete()
+        for pid in uid_pids(a.uid):  # whatever a failed teardown left (never on success)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     assert uid_pids(b.uid) == []
 
 
