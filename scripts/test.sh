@@ -7,9 +7,10 @@
 #
 # Stages: setup, build (build/, static size), unit + integration against build/, the ASan+UBSan
 # build (build-asan/) with unit + integration again, clang-format, banned functions, the static
-# binary, and each libFuzzer harness for FUZZ_SECONDS (default 20) from a scratch copy of its
-# corpus. Each stage runs under a time limit with its output in build-logs/<stage>.log; a failed
-# stage prints the end of its log. The last line is "N passed, M failed" (N + M = stages); the
+# binary, each libFuzzer harness for FUZZ_SECONDS (default 20) from a scratch copy of its
+# corpus, and a fixed sample of security mutants (scripts/mutants.sh --quick). Each stage runs
+# under a time limit with its output in build-logs/<stage>.log; a failed stage prints the end
+# of its log. The last line is "N passed, M failed" (N + M = stages); the
 # exit status is non-zero when any stage failed.
 set -uo pipefail
 SELF=$(realpath "$0")
@@ -95,6 +96,10 @@ stage_fuzz_request_decode() { fuzz_one request_decode; }
 stage_fuzz_cap_decode() { fuzz_one cap_decode; }
 stage_fuzz_httpc_response() { fuzz_one httpc_response; }
 
+# A fixed sample of the security mutants (tests/mutants/mutants.toml, quick = true): each check
+# broken in turn must be caught by its tests. The full set: bash scripts/mutants.sh.
+stage_mutants_quick() { bash scripts/mutants.sh --quick; }
+
 # Benchmark smoke runs: small sizes, functional failures only (figures are printed, not judged).
 stage_bench_smoke() { bash scripts/bench.sh --quick; }
 stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
@@ -119,6 +124,7 @@ STAGES=(
     "fuzz_request_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_cap_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_httpc_response:$((FUZZ_SECONDS + 120)):fuzz_build"
+    "mutants_quick:900:build"
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"
     "bench_platform_smoke:300:build"

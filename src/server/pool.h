@@ -84,6 +84,9 @@ struct pool {
     char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;
     uint64_t cmd_seq; /* names of commands' cgroup2 groups */
+    /* SBX_TEST_TEARDOWN_KILL_FAILS=1 (tests only): teardown never kills, so a sandbox whose
+     * processes outlive the kill can be made on purpose and its uid seen quarantined. */
+    bool test_kill_fails;
 };
 
 int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen);

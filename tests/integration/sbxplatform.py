@@ -182,11 +182,13 @@ def _id_range():
 
 
 class Node:
-    def __init__(self, platform, name, control_port, port=None, join=None, images=None):
+    def __init__(self, platform, name, control_port, port=None, join=None, images=None,
+                 agent=None):
         """join: join material as a string (sbxjoin1.<token>.<key>) instead of the control
         plane's node-join.token file. images: the node's --images directory (OCI layouts); by
         default one of its own under the platform's directory, empty, so that tests never
-        depend on (or unpack) the host's /var/lib/sbx/images."""
+        depend on (or unpack) the host's /var/lib/sbx/images. agent: the --agent binary
+        (default the build's sbx-server)."""
         self.platform = platform
         self.id_start, self.id_count = _id_range()
         self.name = name
@@ -197,7 +199,8 @@ class Node:
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
                                 f"127.0.0.1:{control_port}"] + how +
-                         ["--name", name, "--agent", IMAGE_AGENT_BIN if images else AGENT_BIN,
+                         ["--name", name, "--agent",
+                          agent or (IMAGE_AGENT_BIN if images else AGENT_BIN),
                           "--id-range", f"{self.id_start}:{self.id_count}",
                           "--images", self.images],
                          os.path.join(platform.dir, f"{name}.log"))
@@ -386,10 +389,11 @@ class Platform:
     each with its own port; nodes register with the first."""
 
     def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, images=None,
-                 default_image="host"):
+                 default_image="host", agent=None):
         """images: {node name: --images directory} for nodes that should serve images.
         default_image: what jobs that name none run (the suites' default: "host", which needs
-        no image on the nodes; the platform's own default is "debian")."""
+        no image on the nodes; the platform's own default is "debian"). agent: every node's
+        --agent binary (default the build's sbx-server)."""
         self.default_image = default_image
         self.dir = tempfile.mkdtemp(prefix="sbxp-")  # short: unix socket paths live below
         os.chmod(self.dir, 0o700)
@@ -409,7 +413,7 @@ class Platform:
                 self.admin = f.read().strip()
             for name in nodes:
                 self.nodes.append(Node(self, name, self.control.port,
-                                       images=(images or {}).get(name)))
+                                       images=(images or {}).get(name), agent=agent))
             self.wait_nodes_live()
         except BaseException:
             self.stop(check=False)

@@ -412,8 +412,13 @@ def test_replaced_bridge_is_refused(plat):
         r = job.exec_raw("touch /root/through-fake-edge")  # through the edge: the same
         assert r.status == 502 and r.json()["error"].startswith("bridge:"), r
         time.sleep(0.3)
-        assert fake.accepted == 0 and fake.received == b"", (fake.accepted, fake.received)
+        assert fake.accepted == 0 and fake.received == b"", \
+            f"bridge inode check: the node connected to a replaced socket " \
+            f"({fake.accepted} connections, {fake.received[:200]!r})"
         assert "bridge refused" in node.log()
+        # refused by the check meant for it (the socket's inode), not a later one by chance
+        assert "bridge socket is not the one this node created" in node.log(), \
+            "bridge inode check: the replaced socket was not refused as another socket"
     finally:
         fake.close()
     assert not os.path.exists(node.root_path(job.id, "/root/through-fake"))

@@ -92,6 +92,20 @@ def test_other_namespace_token_is_403(plat, job):
     assert plat.request("GET", "/v1/jobs/elsewhere", token=other).status == 200
 
 
+def test_other_namespace_read_token_is_403(plat, job):
+    """The namespace check holds for read tokens too (reading jobs, proxying into them)."""
+    reader = plat.token("peeker", "elsewhere", "read")
+    for method, path, body in [("GET", "/v1/jobs/t", None), ("GET", job.path(), None),
+                               ("POST", job.path(f"/proxy/{AGENT_PORT}/v1/exec"),
+                                {"cmd": "touch /root/peeker"})]:
+        r = plat.request(method, path, body, token=reader)
+        assert r.status == 403, f"namespace check: a read token of another namespace: " \
+                                f"{method} {path} -> {r}"
+    assert not os.path.exists(job.node().root_path(job.id, "/root/peeker"))
+    # positive control: the same token reads its own namespace
+    assert plat.request("GET", "/v1/jobs/elsewhere", token=reader).status == 200
+
+
 # ---- create validation ------------------------------------------------------------------------
 
 BAD_CREATES = {

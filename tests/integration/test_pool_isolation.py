@@ -9,9 +9,11 @@ fresh sandboxes per test."""
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -244,6 +246,30 @@ def test_write_outside_home(pair, where):
     assert r.out.endswith("y\n"), r  # positive control: the same write in the home works
 
 
+def test_write_world_writable_file_outside_home(pair):
+    """A file outside every home that ordinary permissions let anyone write (0666): only
+    Landlock stands between the sandbox and it, and it refuses the write."""
+    a, _ = pair
+    path = os.path.join("/tmp", rand_name("sbx-ww-"))
+    with open(path, "w") as f:
+        f.write("orig\n")
+    os.chmod(path, 0o666)
+    try:
+        r = a.run(f"echo planted >> {path}; echo rc=$?")
+        assert "rc=0" not in r.out, \
+            f"Landlock write check: the sandbox wrote a 0666 file outside its home: {r}"
+        with open(path) as f:
+            assert f.read() == "orig\n", "Landlock write check: the file outside the home changed"
+        # positive control: the sandbox's uid, unconfined, may write it (permissions allow it)
+        w = subprocess.run(["setpriv", f"--reuid={a.uid}", f"--regid={a.uid}", "--clear-groups",
+                            "sh", "-c", f"echo ok >> {path}"], capture_output=True)
+        assert w.returncode == 0, w
+        with open(path) as f:
+            assert f.read() == "orig\nok\n"
+    finally:
+        os.unlink(path)
+
+
 def test_posix_shm_refused(pair):
     a, _ = pair
     res = py_attempts(a, """
@@ -334,6 +360,37 @@ def nsenter_connect_abstract(pid, name):
     r = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "python3", "-c", code, name],
                        capture_output=True, timeout=10)
     return r.returncode == 0
+
+
+def test_abstract_socket_outside_the_landlock_domain(pair):
+    """Landlock's abstract unix scope, on its own: a listener in the sandbox's own network
+    namespace but outside its Landlock domain (root, entered with nsenter) cannot be reached
+    from the sandbox; root in the same namespace reaches it (the positive control)."""
+    a, _ = pair
+    name = rand_name("sbx-absd-")
+    holder = bg_sleep(a)  # a process of a, for its network namespace
+    got = os.path.join(tempfile.mkdtemp(prefix="sbx-absd-"), "got")
+    lst = subprocess.Popen(["nsenter", f"--net=/proc/{holder['pid']}/ns/net", "python3", "-c",
+                            ABSTRACT_LISTENER, name, got])
+    try:
+        assert wait_until(lambda: nsenter_connect_abstract(holder["pid"], name), 5), \
+            "positive control: the listener is not reachable in the sandbox's namespace"
+        res = py_attempts(a, """
+def out():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("\\0" + sys.argv[1])
+    s.sendall(b"sandbox")
+print(json.dumps({"r": attempt(out)}))
+""", name)
+        assert res["r"] == "EPERM", \
+            f"Landlock abstract unix scope: the sandbox reached a socket outside its domain: {res}"
+        time.sleep(0.2)
+        with open(got, "rb") as f:
+            assert b"sandbox" not in f.read()
+    finally:
+        lst.kill()
+        lst.wait()
+        shutil.rmtree(os.path.dirname(got), ignore_errors=True)
 
 
 def test_abstract_socket_of_sibling(pair):
@@ -458,6 +515,28 @@ def test_confinement_state_inside(pair):
     assert f["Groups"] == [str(a.uid)] or f["Groups"] == []
     assert f["CapEff"] == ["0000000000000000"] and f["CapPrm"] == ["0000000000000000"]
     assert f["NoNewPrivs"] == ["1"] and f["Seccomp"] == ["2"]
+
+
+def test_supplementary_groups_are_dropped(make_host_server):
+    """The server under test runs with supplementary groups of its own, so that a sandbox
+    keeping them (setgroups skipped) can be seen; a sandbox has none of them."""
+    host = make_host_server(popen_kw={"extra_groups": [4242, 4243]})
+
+    def groups(status_text):
+        line = [l for l in status_text.splitlines() if l.startswith("Groups:")][0]
+        return line.split()[1:]
+    with open(f"/proc/{host.proc.pid}/status") as f:
+        mine = groups(f.read())
+    assert {"4242", "4243"} <= set(mine), f"positive control: the server's groups are {mine}"
+    sb = host.sandbox()
+    try:
+        r = sb.run("cat /proc/self/status")
+        assert r.code == 0, r
+        inside = groups(r.out)
+        assert inside in ([], [str(sb.uid)]), \
+            f"setgroups: the sandbox kept the server's supplementary groups: {inside}"
+    finally:
+        sb.delete()
 
 
 # ---- the file API through planted symlinks -------------------------------------------------
@@ -689,6 +768,11 @@ def test_setsid_escapee_dies_with_delete(pool_host):
         assert b.json("GET", f"/processes/{bj['id']}")[1]["running"] is True  # bystander
     finally:
         b.delete()
+        for pid in uid_pids(a.uid):  # whatever a failed teardown left (never on success)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     assert uid_pids(b.uid) == []
 
 

@@ -8,6 +8,8 @@ import tempfile
 
 import pytest
 
+from conftest import uid_pids, wait_until
+
 
 @pytest.fixture
 def outside():
@@ -99,3 +101,35 @@ def test_exec_with_many_server_descriptors(make_host_server):
     assert (r.code, r.out) == (0, "4096\n"), r  # the limit still holds in the sandbox
     st, j = s.json("DELETE", "/v1/sandboxes")
     assert (st, j) == (200, {"deleted": 2100})
+
+
+def test_uid_whose_processes_survive_the_kill_is_quarantined(make_host_server):
+    """Teardown's kill made to fail on purpose (the test knob SBX_TEST_TEARDOWN_KILL_FAILS=1
+    skips it): the sandbox's process really survives, delete reports it, and the uid is
+    quarantined, never handed to the next sandbox while that process lives."""
+    host = make_host_server(env={"SBX_TEST_TEARDOWN_KILL_FAILS": "1"})
+    a = host.sandbox()
+    uid = a.uid
+    try:
+        r = a.run("setsid sleep 1000 </dev/null >/dev/null 2>&1 &")
+        assert r.code == 0, r
+        assert wait_until(lambda: uid_pids(uid), 3), "the background process did not start"
+        q = quarantined(host)
+        st, j = a.delete()
+        assert st == 500 and "survived the kill" in (j or {}).get("error", ""), (st, j)
+        # positive control: the process did outlive the teardown
+        assert uid_pids(uid), "the kill was not made to fail: nothing of the uid survived"
+        assert quarantined(host) == q + 1, \
+            f"uid quarantine: uid {uid} was recycled although its processes survived the kill"
+        b = host.sandbox()
+        try:
+            assert b.uid != uid, \
+                f"uid quarantine: the next sandbox got uid {uid}, whose processes still run"
+        finally:
+            b.delete()
+    finally:
+        for pid in uid_pids(uid):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
