@@ -185,67 +185,62 @@ static int set_limit(int i, const char *dir, const cg_limits_t *lim)
     return r < 0 ? r : write_file(p, val);
 }
 
+/* One hierarchy's group of a run: made, given to owner (the directory and the files that let
+ * it create and fill children; never the limit files) when owner >= 0, and its cgroup.procs
+ * opened for the run's process to join. */
+static int prepare_one(const char *root, const char *name, int64_t owner, const char *const *deleg,
+                       size_t ndeleg, char *dir, int *ret_fd)
+{
+    char p[256];
+    int n = snprintf(dir, 192, "%s/%s", root, name);
+    if (n < 0 || n >= 192) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        return -1;
+    for (size_t f = 0; owner >= 0 && f < ndeleg; f++) {
+        (void)snprintf(p, sizeof p, "%s%s", dir, deleg[f]);
+        if (chown(p, (uid_t)owner, (gid_t)owner) < 0)
+            return -1;
+    }
+    (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
+    *ret_fd = open(p, O_WRONLY | O_CLOEXEC);
+    return *ret_fd < 0 ? -1 : 0;
+}
+
 int cgroup_prepare_run(const cgroups_t *cg, const char *name, const cg_limits_t *lim, int64_t owner,
                        int *fds, int nfds, char (*dirs)[192], const char **names)
 {
+    static const char *const v1_deleg[] = { "", "/cgroup.procs", "/tasks" };
+    static const char *const v2_deleg[] = { "", "/cgroup.procs", "/cgroup.threads",
+                                            "/cgroup.subtree_control" };
     int k = 0;
     bool have[3] = { cg->v1_memory, cg->v1_pids, cg->v1_cpu };
     for (int i = 0; i < 3 && k < nfds - 1; i++) {
         if (!have[i])
             continue;
-        char *dir = dirs[k], p[256];
-        int n = snprintf(dir, 192, "%s/%s", cg->v1_root[i], name);
-        if (n < 0 || n >= 192) {
-            errno = ENAMETOOLONG;
-            goto fail;
-        }
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        /* the limits are set before the group is delegated: the run never raises them */
+        char dir[192];
+        int n = snprintf(dir, sizeof dir, "%s/%s", cg->v1_root[i], name);
+        if (n < 0 || n >= (int)sizeof dir || (mkdir(dir, 0755) < 0 && errno != EEXIST))
             goto fail;
         int r = set_limit(i, dir, lim);
         if (r < 0) {
             errno = -r;
             goto fail;
         }
-        if (owner >= 0) { /* delegated: the run may create and fill children, never raise its
-                           * own limits */
-            static const char *const files[] = { "", "/cgroup.procs", "/tasks" };
-            for (size_t f = 0; f < 3; f++) {
-                (void)snprintf(p, sizeof p, "%s%s", dir, files[f]);
-                if (chown(p, (uid_t)owner, (gid_t)owner) < 0)
-                    goto fail;
-            }
-        }
-        (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
-        fds[k] = open(p, O_WRONLY | O_CLOEXEC);
-        if (fds[k] < 0)
+        if (prepare_one(cg->v1_root[i], name, owner, v1_deleg, ELEMENTSOF(v1_deleg), dirs[k],
+                        &fds[k]) < 0)
             goto fail;
-        names[k] = v1_names[i];
-        k++;
+        names[k++] = v1_names[i];
     }
-    if (cg->v2_root[0] && k < nfds - 1) { /* cgroup2: one group for the run's whole tree */
-        char *dir = dirs[k], p[256];
-        int n = snprintf(dir, 192, "%s/%s", cg->v2_root, name);
-        if (n < 0 || n >= 192) {
-            errno = ENAMETOOLONG;
+    /* cgroup2: one group for the run's whole tree */
+    if (cg->v2_root[0] && k < nfds - 1) {
+        if (prepare_one(cg->v2_root, name, owner, v2_deleg, ELEMENTSOF(v2_deleg), dirs[k],
+                        &fds[k]) < 0)
             goto fail;
-        }
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-            goto fail;
-        if (owner >= 0) { /* delegated as cgroup2 wants it: the directory and these files */
-            static const char *const files[] = { "", "/cgroup.procs", "/cgroup.threads",
-                                                 "/cgroup.subtree_control" };
-            for (size_t f = 0; f < 4; f++) {
-                (void)snprintf(p, sizeof p, "%s%s", dir, files[f]);
-                if (chown(p, (uid_t)owner, (gid_t)owner) < 0)
-                    goto fail;
-            }
-        }
-        (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
-        fds[k] = open(p, O_WRONLY | O_CLOEXEC);
-        if (fds[k] < 0)
-            goto fail;
-        names[k] = "unified";
-        k++;
+        names[k++] = "unified";
     }
     fds[k] = -1;
     names[k] = NULL;

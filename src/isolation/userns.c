@@ -25,6 +25,14 @@ static int write_map(pid_t pid, const char *file, const char *val)
     return write(fd, val, n) == (ssize_t)n ? 0 : negative_errno();
 }
 
+int userns_write_maps(pid_t pid, uint32_t base, uint32_t count)
+{
+    char map[64];
+    (void)snprintf(map, sizeof map, "0 %u %u\n", base, count);
+    int r = write_map(pid, "uid_map", map);
+    return r < 0 ? r : write_map(pid, "gid_map", map);
+}
+
 int userns_create(uint32_t base, uint32_t count, int *ret_fd)
 {
     int p[2];
@@ -47,11 +55,7 @@ int userns_create(uint32_t base, uint32_t count, int *ret_fd)
         _exit(0);
     }
     safe_close(p[0]);
-    char map[64];
-    (void)snprintf(map, sizeof map, "0 %u %u\n", base, count);
-    int r = write_map(pid, "uid_map", map);
-    if (r >= 0)
-        r = write_map(pid, "gid_map", map);
+    int r = userns_write_maps(pid, base, count);
     int fd = -1;
     if (r >= 0) {
         char path[64];

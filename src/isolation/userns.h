@@ -16,6 +16,10 @@
  * process), so programs in the run may drop or set supplementary groups among its own ids. */
 int userns_create(uint32_t base, uint32_t count, int *ret_fd);
 
+/* Map ids 0..count-1 of the user namespace of pid (not yet mapped) onto base..base+count-1,
+ * uids and gids alike. */
+int userns_write_maps(pid_t pid, uint32_t base, uint32_t count);
+
 /* In a single-threaded child: enter the user namespace and become its root (uid 0 and gid 0 of
  * the namespace, no supplementary groups). Raw system calls only (safe after clone/fork).
  * Returns 0 or -errno. */

@@ -24,6 +24,7 @@
 
 #include "cap/egress.h"
 #include "common/macro.h"
+#include "isolation/userns.h"
 
 extern char **environ;
 
@@ -167,17 +168,6 @@ static int apply_ruleset(pid_t pid, const char *rules, char *err, size_t errlen)
     return 0;
 }
 
-static int write_map(pid_t pid, const char *file, uint32_t owner)
-{
-    char path[64], map[48];
-    (void)snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
-    (void)snprintf(map, sizeof map, "0 %u 1\n", owner);
-    _cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return negative_errno();
-    return write(fd, map, strlen(map)) == (ssize_t)strlen(map) ? 0 : negative_errno();
-}
-
 int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *err, size_t errlen)
 {
     int up[2], down[2]; /* child -> node, node -> child */
@@ -223,9 +213,7 @@ int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *e
     char c;
     int r = read(up[0], &c, 1) == 1 ? 0 : -EIO;
     if (r >= 0)
-        r = write_map(h, "uid_map", owner);
-    if (r >= 0)
-        r = write_map(h, "gid_map", owner);
+        r = userns_write_maps(h, owner, 1);
     if (r >= 0 && (write(down[1], &c, 1) != 1 || read(up[0], &c, 1) != 1))
         r = -EIO;
     int fd = -1;

@@ -69,11 +69,13 @@ def test_the_layer_moves_with_the_run_deletions_included(plat):
     assert r.status == 202, r
     job.wait_stage("RUNNING", generation=gen + 1, node="ir-n2")
     out = job.sh("cat /srv/data/f; test -e /etc/issue.net || echo deleted; test -e /etc/issue "
-                 "&& echo image; stat -c '%s %b' /srv/sparse")
+                 "&& echo image; stat -c '%s %b' /srv/sparse; stat -c '%u %g' /srv/data/f")
     lines = out.splitlines()
     assert lines[:3] == ["kept", "deleted", "image"], out
     size, blocks = (int(x) for x in lines[3].split())
     assert size == 512 << 20 and blocks < 2048, out
+    # the layer was unpacked onto the new node's block of ids: the run's root owns its files
+    assert lines[4] == "0 0", out
     job.cancel()
 
 

@@ -7,6 +7,7 @@ refusal has a positive control that shows the observation method works."""
 import os
 import re
 import socket
+import time
 
 import pytest
 
@@ -191,9 +192,20 @@ def test_a_pooled_commands_timeout_takes_its_setsid_descendants(plat):
     cmd2 = f"setsid sh -c 'exec sleep 300 {marker}' </dev/null >/dev/null 2>&1 & echo ok"
     r = job.proxy("POST", AGENT_PORT, f"/v1/sandboxes/{sb['id']}/exec", body={"cmd": cmd2},
                   headers={"X-Sandbox-Token": sb["token"]})
-    assert r.status == 200 and wait_until(lambda: escapees(), 5)
-    with open(f"/proc/{escapees()[0]}/status") as f:
-        host_uid = int(next(l for l in f if l.startswith("Uid:")).split()[1])
+    assert r.status == 200
+
+    def uid_of_escapee():  # (its cmdline reads empty for an instant while it execs sleep)
+        for pid in escapees():
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    return int(next(l for l in f if l.startswith("Uid:")).split()[1])
+            except (OSError, StopIteration):
+                pass
+        return None
+    assert wait_until(lambda: uid_of_escapee() is not None, 5)
+    time.sleep(0.3)
+    host_uid = uid_of_escapee()
+    assert host_uid is not None  # still there: a command that ends leaves it alone
     # a sandbox uid (20000) of the run's own block of the node's range
     assert node.id_start <= host_uid < node.id_start + node.id_count, host_uid
     assert (host_uid - node.id_start) % 65536 == 20000, host_uid
