@@ -228,6 +228,13 @@ static int create_job(bench_t *b)
     small_body_t sb;
     int status = 0, r;
     char target[256];
+    /* a node offers its images from its first heartbeat: wait until one is live */
+    for (uint64_t t0 = now_ns(); now_ns() - t0 < UINT64_C(10) * 1000000000u;) {
+        r = control_call(b, "GET", "/v1/nodes", NULL, &sb, &status);
+        if (r >= 0 && status == 200 && strstr(sb.data, "\"live\":true"))
+            break;
+        (void)usleep(50000);
+    }
     json_t *spec = json_pack("{s:{s:s},s:{s:s}}", "secrets", "SBX_TOKEN", b->token, "labels",
                              "sbx-bench", "platform");
     char *body = spec ? json_dumps(spec, JSON_COMPACT) : NULL;

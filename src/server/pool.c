@@ -836,11 +836,11 @@ void sandbox_cmd_kill(cmdcg_t *cg)
 
 void sandbox_cmd_done(sandbox_t *sb, cmdcg_t *cg)
 {
+    (void)sb;
     if (cg->kill_fd < 0)
         return;
     cg->kill_fd = safe_close(cg->kill_fd);
-    if (sb)
-        cgroup_cmd_remove(&sb->pool->cg, cg->name);
+    (void)rmdir(cg->dir); /* EBUSY while descendants live on: removed with the sandbox */
 }
 
 int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
@@ -883,9 +883,13 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
     _cleanup_close_ int cmd_procs = -EBADF;
     cmdcg_t cg = { .kill_fd = -1 };
     if (p->cg.v2_root[0] && k < CONFINE_MAX_CGROUPS) {
-        (void)snprintf(cg.name, sizeof cg.name, "s%u-c%llu", sb->uid,
-                       (unsigned long long)++p->cmd_seq);
-        r = cgroup_cmd_create(&p->cg, cg.name, &cmd_procs, &cg.kill_fd);
+        char name[40];
+        (void)snprintf(name, sizeof name, "s%u-c%llu", sb->uid, (unsigned long long)++p->cmd_seq);
+        if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, name) >= (int)sizeof cg.dir) {
+            (void)snprintf(err, errlen, "cgroup path too long");
+            return -ENAMETOOLONG;
+        }
+        r = cgroup_cmd_create(&p->cg, name, &cmd_procs, &cg.kill_fd);
         if (r < 0) {
             (void)snprintf(err, errlen, "cannot prepare the command's cgroup: %s", strerror(-r));
             return r;

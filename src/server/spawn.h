@@ -35,8 +35,9 @@ void exec_spec_done(exec_spec_t *spec);
 /* A pooled sandbox's command in a cgroup2 group of its own, so that killing it reaches every
  * process it started, setsid() descendants included (cgroup.kill). */
 typedef struct {
-    int kill_fd; /* cgroup.kill of the command's group, or -1 (no group: dedicated mode) */
-    char name[40];
+    int kill_fd;   /* cgroup.kill of the command's group, or -1 (no group: dedicated mode) */
+    char dir[200]; /* the group itself: removed when the command is over, if empty (the pool
+                    * may be gone by then: at shutdown processes are freed after it) */
 } cmdcg_t;
 
 typedef struct {
