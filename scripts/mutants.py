@@ -14,6 +14,7 @@ the check was rewritten, so the mutant must be refreshed), TIMEOUT (a test ran p
 The exit status is non-zero unless every selected mutant is killed.
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -99,7 +100,8 @@ def ninja_jobs():
 
 
 # what the integration tests run (SBX_BUILD); unit tests add their own executable
-BINARIES = ["sbx-server", "sbx-node", "sbx-control", "tests/capmint"]
+# (the static agent too: a node that serves images runs it in every image run)
+BINARIES = ["sbx-server", "sbx-server-static", "sbx-node", "sbx-control", "tests/capmint"]
 
 
 def targets(m):
@@ -119,11 +121,21 @@ def build(log, only=None):
         return subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT).returncode == 0
 
 
+def static_server_configured():
+    try:
+        with open(os.path.join(BUILD, "meson-info", "intro-buildoptions.json")) as f:
+            return any(o["name"] == "static_server" and o["value"] is True for o in json.load(f))
+    except (OSError, ValueError):
+        return False
+
+
 def configure():
+    argv = ["meson", "setup", BUILD, SRC, "-Dstatic_server=true"]
     if os.path.exists(os.path.join(BUILD, "build.ninja")):
-        return True
-    r = subprocess.run(["meson", "setup", BUILD, SRC, "-Dstatic_server=false"],
-                       capture_output=True)
+        if static_server_configured():
+            return True
+        argv.insert(2, "--reconfigure")
+    r = subprocess.run(argv, capture_output=True)
     if r.returncode != 0:
         sys.stderr.write(r.stdout.decode() + r.stderr.decode())
     return r.returncode == 0

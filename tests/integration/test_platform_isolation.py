@@ -211,3 +211,17 @@ def test_a_pooled_commands_timeout_takes_its_setsid_descendants(plat):
     assert (host_uid - node.id_start) % 65536 == 20000, host_uid
     job.cancel()
     assert wait_until(lambda: not escapees(), 10)
+
+
+def test_masked_proc_files_read_empty(plat, job):
+    """/proc files any host user may read but that describe the host (memory zones, the
+    buddy allocator, I/O memory) are masked in a run: they read empty there."""
+    import subprocess as _sp
+    files = ("zoneinfo", "buddyinfo", "key-users")
+    out = job.sh("for f in " + " ".join(files) + "; do printf '%s ' $(wc -c < /proc/$f); done")
+    assert out.split() == ["0"] * len(files), f"masked /proc files not empty in a run: {out}"
+    # positive control: on the host an unprivileged user reads them
+    for f in files:
+        r = _sp.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat",
+                     f"/proc/{f}"], capture_output=True)
+        assert r.returncode == 0 and len(r.stdout) > 0, (f, r)

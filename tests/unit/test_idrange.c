@@ -69,6 +69,20 @@ TEST(mark_refuses_blocks_outside_the_range_and_twice)
     idrange_done(&r);
 }
 
+TEST(a_block_taken_by_a_run_found_at_restart_is_never_handed_out)
+{
+    idrange_t r;
+    ASSERT_EQ(idrange_init(&r, 400000, 3 * IDRANGE_BLOCK), 0);
+    ASSERT_EQ(idrange_mark(&r, 400000), 0); /* the first block: a run loaded from disk */
+    uint32_t a, b;
+    ASSERT_EQ(idrange_take(&r, &a), 0);
+    ASSERT_EQ(idrange_take(&r, &b), 0);
+    ASSERT_NE(a, 400000);
+    ASSERT_NE(b, 400000);
+    ASSERT_NE(a, b);
+    idrange_done(&r);
+}
+
 TEST(subid_file_gives_roots_entry)
 {
     char path[] = "/tmp/sbx-subuid-XXXXXX";
@@ -88,4 +102,6 @@ TEST(subid_file_gives_roots_entry)
 
 TAP_MAIN(T(parse_accepts_a_range_of_whole_blocks_only_above_zero),
          T(blocks_are_disjoint_and_exhaustion_is_enospc), T(a_released_block_comes_back_last),
-         T(mark_refuses_blocks_outside_the_range_and_twice), T(subid_file_gives_roots_entry))
+         T(mark_refuses_blocks_outside_the_range_and_twice),
+         T(a_block_taken_by_a_run_found_at_restart_is_never_handed_out),
+         T(subid_file_gives_roots_entry))
