@@ -225,3 +225,32 @@ def test_masked_proc_files_read_empty(plat, job):
         r = _sp.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat",
                      f"/proc/{f}"], capture_output=True)
         assert r.returncode == 0 and len(r.stdout) > 0, (f, r)
+
+
+def _capbnd(status_text):
+    line = next(l for l in status_text.splitlines() if l.startswith("CapBnd:"))
+    return int(line.split()[1], 16)
+
+
+def test_capability_bounding_sets(plat, job):
+    """A dedicated run keeps what a program running as root ordinarily needs; a pool host also
+    what packing sandboxes takes (inherited by its sandboxes' commands, within its user
+    namespace). Positive control: the host's own bounding set is wider than both."""
+    bits = lambda *ns: sum(1 << n for n in ns)  # noqa: E731
+    dedicated = bits(0, 1, 3, 4, 5, 6, 7, 10, 18, 29)  # CHOWN DAC_OVERRIDE FOWNER FSETID KILL
+    # SETGID SETUID NET_BIND_SERVICE SYS_CHROOT AUDIT_WRITE
+    pool = dedicated | bits(2, 12, 19, 21)  # DAC_READ_SEARCH NET_ADMIN SYS_PTRACE SYS_ADMIN
+    assert _capbnd(job.sh("cat /proc/self/status")) == dedicated
+    pj = plat.create("iso", mode="pool", flavor="cpu-small")
+    r = pj.proxy("POST", AGENT_PORT, "/v1/sandboxes", body={"count": 1},
+                 headers={"X-Sandbox-Token": pj.token})
+    sb = r.json()["sandboxes"][0]
+    r = pj.proxy("POST", AGENT_PORT, f"/v1/sandboxes/{sb['id']}/exec",
+                 body={"cmd": "grep CapBnd /proc/self/status"},
+                 headers={"X-Sandbox-Token": sb["token"]})
+    m = re.search(r"CapBnd:\\t([0-9a-f]+)", r.text)
+    assert m and int(m.group(1), 16) == pool, r
+    with open("/proc/self/status") as f:
+        host = _capbnd(f.read())
+    assert host & ~pool and host & pool == pool  # the host's set holds more
+    pj.cancel()
