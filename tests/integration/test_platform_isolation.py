@@ -254,3 +254,13 @@ def test_capability_bounding_sets(plat, job):
         host = _capbnd(f.read())
     assert host & ~pool and host & pool == pool  # the host's set holds more
     pj.cancel()
+
+
+def test_a_run_binds_low_ports_and_pings_on_its_own_loopback(plat, job):
+    """Its network namespace is the host's user namespace's, so the node sets what root of a
+    run could not: low ports and ICMP echo sockets for every id of the run."""
+    out = job.sh("python3 -c 'import socket\n"
+                 "s = socket.socket(); s.bind((\"127.0.0.1\", 80)); s.listen(1)\n"
+                 "p = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)\n"
+                 "print(\"bound\", s.getsockname()[1], \"icmp\", p.fileno() > 0)'")
+    assert out.strip() == "bound 80 icmp True", out
