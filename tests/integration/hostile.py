@@ -107,10 +107,16 @@ def tcp(host, port, msg=b"", timeout=2.0):
         s.connect((host, port))
         if msg:
             s.sendall(msg)
-        try:
-            data = s.recv(200)
+        data = b""
+        try:  # the answer may come in several segments: read until EOF, 400 bytes or a pause
+            while len(data) < 400:
+                chunk = s.recv(400)
+                if not chunk:
+                    break
+                data += chunk
+                s.settimeout(0.3)
         except socket.timeout:
-            data = b""
+            pass
         return "ok:" + data.decode(errors="replace")
     except socket.timeout:
         return "timeout"

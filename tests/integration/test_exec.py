@@ -398,4 +398,7 @@ def test_chatty_grandchild_does_not_hold_the_stream(server, tmp_path):
         assert b"started\n" in output_of(ev)
         assert elapsed < 5, f"stream held open {elapsed:.1f} s by a grandchild"
     finally:
-        os.kill(int(pidfile.read_text()), 9)
+        try:
+            os.kill(int(pidfile.read_text()), 9)
+        except ProcessLookupError:
+            pass  # gone already (the test asserts the stream, not the ticker's fate)
