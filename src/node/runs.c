@@ -315,6 +315,15 @@ static int make_bridge_socket(run_t *r, int *ret_fd)
     return 0;
 }
 
+/* The run's cgroups' name under the node's: <sandbox>.<generation> (the run's identity). */
+#define RUN_CGROUP_NAME_MAX (CAP_ID_MAX + 24)
+static const char *run_cgroup_name(const run_t *r, char buf[RUN_CGROUP_NAME_MAX])
+{
+    (void)snprintf(buf, RUN_CGROUP_NAME_MAX, "%s.%llu", r->id.sandbox,
+                   (unsigned long long)r->id.generation);
+    return buf;
+}
+
 /* ---- the run's output ------------------------------------------------------------------- */
 
 /* What pid 1 of a run writes to stdout and stderr goes into a fifo in the run's directory (a
@@ -593,9 +602,8 @@ void run_stop(node_t *n, run_t *r)
     }
     pasta_stop(n, r);
     output_close(r);
-    char cg[CAP_ID_MAX + 24];
-    (void)snprintf(cg, sizeof cg, "%s.%llu", r->id.sandbox, (unsigned long long)r->id.generation);
-    cgroup_remove_run(&n->cg, cg); /* empty now: pid 1 took the run's processes with it */
+    char cg[RUN_CGROUP_NAME_MAX];
+    cgroup_remove_run(&n->cg, run_cgroup_name(r, cg)); /* empty now: pid 1 took its processes */
     r->stat_fd = safe_close(r->stat_fd);
     if (r->state == RUN_RUNNING)
         r->state = RUN_PAUSED;
@@ -796,10 +804,9 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
 static int run_cgroups(node_t *n, run_t *r, const cg_limits_t *lim, int *fds, char (*dirs)[192],
                        const char **names)
 {
-    char name[CAP_ID_MAX + 24];
-    (void)snprintf(name, sizeof name, "%s.%llu", r->id.sandbox,
-                   (unsigned long long)r->id.generation);
-    return cgroup_prepare_run(&n->cg, name, lim, r->pool_host ? (int64_t)r->id_base : -1, fds,
+    char name[RUN_CGROUP_NAME_MAX];
+    return cgroup_prepare_run(&n->cg, run_cgroup_name(r, name), lim,
+                              r->pool_host ? (int64_t)r->id_base : -1, fds,
                               SUBSTRATE_MAX_CGROUPS + 1, dirs, names);
 }
 

@@ -97,7 +97,7 @@ static void exec_free(void *p)
     timer_disarm(l, &e->ping_t);
     timer_disarm(l, &e->drain_t);
     exec_op_end(e);
-    sandbox_cmd_done(e->sb, &e->sp.cg);
+    sandbox_cmd_done(&e->sp.cg);
     sandbox_unref(e->sb);
     free(e->in_data);
     free(e);

@@ -834,9 +834,8 @@ void sandbox_cmd_kill(cmdcg_t *cg)
         (void)!write(cg->kill_fd, "1", 1);
 }
 
-void sandbox_cmd_done(sandbox_t *sb, cmdcg_t *cg)
+void sandbox_cmd_done(cmdcg_t *cg)
 {
-    (void)sb;
     if (cg->kill_fd < 0)
         return;
     cg->kill_fd = safe_close(cg->kill_fd);
@@ -928,6 +927,6 @@ out:
     if (r >= 0)
         *ret_cg = cg;
     else
-        sandbox_cmd_done(sb, &cg);
+        sandbox_cmd_done(&cg);
     return r;
 }

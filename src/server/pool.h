@@ -118,7 +118,7 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
  * group goes at once, setsid() descendants included. No-op without a group. */
 void sandbox_cmd_kill(cmdcg_t *cg);
 /* The command is over: its group is removed when empty (else with the sandbox). */
-void sandbox_cmd_done(sandbox_t *sb, cmdcg_t *cg);
+void sandbox_cmd_done(cmdcg_t *cg);
 /* A path from a request, relative to the home: an absolute path that starts with the home is
  * taken relative to it; any other path is rooted at the home. Normalized; "" = the home. */
 int sandbox_rel_path(const sandbox_t *sb, const char *path, char *out, size_t cap);

@@ -292,7 +292,7 @@ static void proc_free(proc_t *p)
         free(b);
     }
     json_decref(p->cmd);
-    sandbox_cmd_done(p->sb, &p->cg);
+    sandbox_cmd_done(&p->cg);
     sandbox_unref(p->sb);
     free(p->tag);
     free(p);
