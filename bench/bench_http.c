@@ -418,6 +418,23 @@ int send_all(int fd, const void *p, size_t n)
     return 0;
 }
 
+int send_all_io(int fd, sockio_t *io, const void *p, size_t n)
+{
+    if (!io)
+        return send_all(fd, p, n);
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = io->ops->send(io, c, n);
+        if (w == -EAGAIN || w == -EINTR)
+            continue; /* a blocking socket: only a signal or a timeout */
+        if (w < 0)
+            return (int)w;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
 int hc_feed(hc_t *h, rp_t *rp)
 {
     ssize_t r = rp_feed(rp, h->buf + h->off, h->len);
@@ -439,7 +456,12 @@ ssize_t hc_recv(hc_t *h, int flags)
     if (h->len == h->cap)
         return -ENOBUFS;
     for (;;) {
-        ssize_t n = recv(h->fd, h->buf + h->len, h->cap - h->len, flags);
+        ssize_t n = h->io ? h->io->ops->recv(h->io, h->buf + h->len, h->cap - h->len)
+                          : recv(h->fd, h->buf + h->len, h->cap - h->len, flags);
+        if (h->io && n == -EAGAIN) /* a timeout on the blocking socket */
+            return -ETIMEDOUT;
+        if (h->io && n < 0)
+            return n;
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "common/macro.h"
+#include "common/sock.h"
 #include "common/strutil.h"
 
 #define RESP_HEAD_MAX (64 * 1024)
@@ -39,6 +40,7 @@ typedef struct {
 /* A client connection and its receive buffer (unparsed bytes at buf + off, len of them). */
 typedef struct {
     int fd;
+    sockio_t *io; /* TLS over fd (blocking), or NULL */
     char *buf;
     size_t cap, off, len;
 } hc_t;
@@ -85,6 +87,8 @@ int rp_eof(rp_t *rp);
 int hc_open(hc_t *h, uint16_t port, size_t cap);
 void hc_close(hc_t *h);
 int send_all(int fd, const void *p, size_t n);
+/* send_all through a layer (TLS) on a blocking socket when io is not NULL. */
+int send_all_io(int fd, sockio_t *io, const void *p, size_t n);
 /* Feed buffered bytes to the parser. 1: the response is complete; 0: more bytes needed. */
 int hc_feed(hc_t *h, rp_t *rp);
 /* One recv into the free end of the buffer: bytes read, 0 at EOF, or -errno (-EAGAIN). */

@@ -41,6 +41,7 @@
 #include "bench_util.h"
 #include "cap/purpose.h"
 #include "control/control.h"
+#include "tls/tls.h"
 
 #define EXEC_BODY "{\"cmd\":[\"true\"]}"
 #define RECV_BUF (64 * 1024)
@@ -53,7 +54,22 @@
 #define FAILURES_SHOWN 5
 #define MINT_EVERY_NS (UINT64_C(30) * 1000000000u) /* capabilities live CAP_LIFETIME_S */
 
-enum { V_DIRECT, V_DIRECT_KA, V_RUN, V_NODE, V_CONTROL, V_N };
+enum { V_DIRECT, V_DIRECT_KA, V_RUN, V_NODE, V_CONTROL, V_CONTROL_KA, V_N };
+
+/* A client connection: the socket, and TLS over it when the platform speaks TLS. */
+typedef struct {
+    int fd;
+    sockio_t *io;
+} bconn_t;
+
+static void bconn_close(bconn_t *c)
+{
+    if (c->io)
+        c->io->ops->close_notify(c->io);
+    sockio_free(c->io);
+    c->io = NULL;
+    c->fd = safe_close(c->fd);
+}
 
 typedef struct {
     const char *label;
@@ -80,6 +96,7 @@ typedef struct {
     size_t wire_len;
     uint64_t minted_ns;
     char *rbuf;
+    tls_ctx_t *tls; /* the platform's CA (<control state>/tls/ca.crt), NULL: plain HTTP */
     nd_t nd;
     variant_t v[V_N];
     uint64_t *round_tmp;
@@ -149,6 +166,26 @@ static int open_variant(const bench_t *b, int v)
     }
 }
 
+/* A connection for variant v: TLS (checked against the platform's CA) to the node and the
+ * control plane when they speak it; the handshake is part of what is timed. */
+static int open_conn(const bench_t *b, int v, bconn_t *ret)
+{
+    *ret = (bconn_t){ .fd = open_variant(b, v) };
+    if (ret->fd < 0)
+        return ret->fd;
+    if (!b->tls || v == V_DIRECT || v == V_DIRECT_KA || v == V_RUN)
+        return 0;
+    ret->io = tls_connect(b->tls, ret->fd, "127.0.0.1", NULL, NULL);
+    int r = ret->io ? ret->io->ops->handshake(ret->io) : -ENOMEM;
+    while (r == -EAGAIN) /* a blocking socket: a timeout */
+        r = -ETIMEDOUT;
+    if (r < 0) {
+        bconn_close(ret);
+        return r;
+    }
+    return 0;
+}
+
 /* A request: head lines (each ending in \r\n, may be empty) and an optional JSON body. */
 static int build_req(char *dst, size_t cap, const char *method, const char *target,
                      const char *headers, const char *body)
@@ -171,17 +208,19 @@ static int control_call(bench_t *b, const char *method, const char *target, cons
     int len = build_req(req, sizeof req, method, target, hdr, body);
     if (len < 0)
         return len;
-    _cleanup_close_ int fd = connect_tcp(b->control_port);
-    if (fd < 0)
-        return fd;
-    hc_t h = { .fd = fd, .buf = b->rbuf, .cap = RECV_BUF };
+    bconn_t cc;
+    int r = open_conn(b, V_CONTROL, &cc);
+    if (r < 0)
+        return r;
+    hc_t h = { .fd = cc.fd, .io = cc.io, .buf = b->rbuf, .cap = RECV_BUF };
     rp_t rp;
     sb->len = 0;
     sb->data[0] = '\0';
     rp_init(&rp, small_sink, sb);
-    int r = send_all(fd, req, (size_t)len);
+    r = send_all_io(cc.fd, cc.io, req, (size_t)len);
     if (r >= 0)
         r = hc_response(&h, &rp);
+    bconn_close(&cc);
     if (r < 0)
         return r;
     *ret_status = rp.status;
@@ -442,27 +481,30 @@ static int bench_cap_cost(bench_t *b, double *ret_p50_us)
 /* ---- exec round trips -------------------------------------------------------------------- */
 
 /* One exec of `true`, timed from connect (or send, on a kept connection) to the exit event. */
-static int exec_once(bench_t *b, int vi, int keep_fd, uint64_t *ret_ns)
+static int exec_once(bench_t *b, int vi, bconn_t *keep, uint64_t *ret_ns)
 {
     variant_t *v = &b->v[vi];
     if (vi == V_NODE && now_ns() - b->minted_ns > MINT_EVERY_NS && mint(b) < 0)
         return -EIO; /* a fresh capability well before the old one expires */
     uint64_t t0 = now_ns();
-    int fd = keep_fd >= 0 ? keep_fd : open_variant(b, vi);
-    if (fd < 0) {
-        fail(b, "%s: connect: %s", v->label, strerror(-fd));
-        return fd;
+    bconn_t own = { .fd = -EBADF };
+    bconn_t *cc = keep ? keep : &own;
+    int r = keep ? 0 : open_conn(b, vi, &own);
+    if (r < 0) {
+        fail(b, "%s: connect: %s", v->label, strerror(-r));
+        return r;
     }
-    hc_t h = { .fd = fd, .buf = b->rbuf, .cap = RECV_BUF };
+    int keep_fd = keep ? keep->fd : -1;
+    hc_t h = { .fd = cc->fd, .io = cc->io, .buf = b->rbuf, .cap = RECV_BUF };
     rp_t rp;
     nd_reset(&b->nd);
     rp_init(&rp, nd_sink, &b->nd);
-    int r = send_all(fd, v->req, v->req_len);
+    r = send_all_io(cc->fd, cc->io, v->req, v->req_len);
     if (r >= 0)
         r = hc_response(&h, &rp);
     uint64_t t1 = now_ns();
-    if (keep_fd < 0)
-        safe_close(fd);
+    if (!keep)
+        bconn_close(&own);
     if (r < 0) {
         fail(b, "%s: %s", v->label, strerror(-r));
         return r;
@@ -483,18 +525,23 @@ static int exec_once(bench_t *b, int vi, int keep_fd, uint64_t *ret_ns)
 static int run_block(bench_t *b, int vi, unsigned n, bool cpu)
 {
     variant_t *v = &b->v[vi];
-    _cleanup_close_ int keep = -EBADF;
-    if (vi == V_DIRECT_KA && (keep = open_variant(b, vi)) < 0) {
-        fail(b, "%s: connect: %s", v->label, strerror(-keep));
-        return keep;
+    bconn_t keep = { .fd = -EBADF };
+    bool kept = vi == V_DIRECT_KA || vi == V_CONTROL_KA;
+    int r0 = kept ? open_conn(b, vi, &keep) : 0;
+    if (r0 < 0) {
+        fail(b, "%s: connect: %s", v->label, strerror(-r0));
+        return r0;
     }
     uint64_t c0 = cpu_of(b->control_pid), n0 = cpu_of(b->node_pid), d0 = cpu_of(b->direct_pid);
     for (unsigned i = 0; i < n; i++) {
         uint64_t ns;
-        int r = exec_once(b, vi, keep, &ns);
-        if (r < 0)
+        int r = exec_once(b, vi, kept ? &keep : NULL, &ns);
+        if (r < 0) {
+            bconn_close(&keep);
             return r;
+        }
     }
+    bconn_close(&keep);
     if (cpu) {
         v->cpu_ctl += cpu_of(b->control_pid) - c0;
         v->cpu_node += cpu_of(b->node_pid) - n0;
@@ -510,11 +557,15 @@ static int run_block(bench_t *b, int vi, unsigned n, bool cpu)
  * is kept for the spread of the differences. */
 static int run_round(bench_t *b, const int *order, size_t nv, size_t round)
 {
-    _cleanup_close_ int keep = -EBADF;
+    bconn_t keep[2] = { { .fd = -EBADF }, { .fd = -EBADF } }; /* (a) and (c) kept */
     size_t start[V_N];
-    if (b->v[V_DIRECT_KA].on && (keep = open_variant(b, V_DIRECT_KA)) < 0) {
-        fail(b, "%s: connect: %s", b->v[V_DIRECT_KA].label, strerror(-keep));
-        return keep;
+    int r0 = b->v[V_DIRECT_KA].on ? open_conn(b, V_DIRECT_KA, &keep[0]) : 0;
+    if (r0 >= 0 && b->v[V_CONTROL_KA].on)
+        r0 = open_conn(b, V_CONTROL_KA, &keep[1]);
+    if (r0 < 0) {
+        fail(b, "keep-alive connections: %s", strerror(-r0));
+        bconn_close(&keep[0]);
+        return r0;
     }
     for (int i = 0; i < V_N; i++)
         start[i] = b->v[i].n;
@@ -522,9 +573,16 @@ static int run_round(bench_t *b, const int *order, size_t nv, size_t round)
         for (size_t k = 0; k < nv; k++) {
             int vi = order[(k + i + round) % nv];
             uint64_t ns;
-            int r = exec_once(b, vi, vi == V_DIRECT_KA ? keep : -EBADF, &ns);
-            if (r < 0)
+            int r = exec_once(b, vi,
+                              vi == V_DIRECT_KA    ? &keep[0]
+                              : vi == V_CONTROL_KA ? &keep[1]
+                                                   : NULL,
+                              &ns);
+            if (r < 0) {
+                bconn_close(&keep[0]);
+                bconn_close(&keep[1]);
                 return r;
+            }
             b->v[vi].lat[b->v[vi].n++] = ns;
         }
     for (size_t k = 0; k < nv; k++) {
@@ -534,6 +592,8 @@ static int run_round(bench_t *b, const int *order, size_t nv, size_t round)
         qsort(b->round_tmp, n, sizeof *b->round_tmp, cmp_u64);
         v->round_p50[round] = percentile(b->round_tmp, n, 50);
     }
+    bconn_close(&keep[0]);
+    bconn_close(&keep[1]);
     return 0;
 }
 
@@ -545,6 +605,7 @@ static int setup_variants(bench_t *b)
         [V_RUN] = "(a') the run's agent, node bypassed",
         [V_NODE] = "(b)  through the node (capability)",
         [V_CONTROL] = "(c)  through control -> node (edge proxy)",
+        [V_CONTROL_KA] = "(c) on one keep-alive connection",
     };
     char hdr[512], target[256];
     (void)snprintf(hdr, sizeof hdr, "X-Sandbox-Token: %s\r\n", b->token);
@@ -559,7 +620,7 @@ static int setup_variants(bench_t *b)
         int r = 0;
         if (i == V_DIRECT || i == V_DIRECT_KA || i == V_RUN)
             r = build_req(v->req, sizeof v->req, "POST", "/v1/exec", hdr, EXEC_BODY);
-        if (i == V_CONTROL) {
+        if (i == V_CONTROL || i == V_CONTROL_KA) {
             char h2[1024];
             (void)snprintf(h2, sizeof h2, "Authorization: Bearer %s\r\n%s", b->admin, hdr);
             (void)snprintf(target, sizeof target, "/v1/jobs/%s/%s/proxy/%u/v1/exec", b->ns, b->job,
@@ -611,6 +672,8 @@ static void print_cpu(bench_t *b)
         { V_NODE, P_NODE, "sbx-node, (b) through the node" },
         { V_CONTROL, P_NODE, "sbx-node, (c) through control -> node" },
         { V_CONTROL, P_CONTROL, "sbx-control, (c) through control -> node" },
+        { V_CONTROL_KA, P_NODE, "sbx-node, (c) on keep-alive" },
+        { V_CONTROL_KA, P_CONTROL, "sbx-control, (c) on keep-alive" },
     };
     char title[160];
     (void)snprintf(title, sizeof title,
@@ -671,7 +734,9 @@ static int bench_exec(bench_t *b, double cap_p50_us)
     section("3. added latency per hop (difference of the p50s)");
     hop(b, "node hop: (b) - (a)", V_NODE, V_DIRECT, 0);
     hop(b, "control hop: (c) - (b)", V_CONTROL, V_NODE, 0);
-    hop(b, "full path adds: (c) - (a)", V_CONTROL, V_DIRECT, TARGET_ADDED_MS);
+    hop(b, "full path adds, new connections: (c) - (a)", V_CONTROL, V_DIRECT, 0);
+    hop(b, "full path adds, keep-alive: (c) ka - (a) ka", V_CONTROL_KA, V_DIRECT_KA,
+        TARGET_ADDED_MS);
     if (b->v[V_RUN].on) {
         hop(b, "  of which the run's agent: (a') - (a)", V_RUN, V_DIRECT, 0);
         hop(b, "  of which the node itself: (b) - (a')", V_NODE, V_RUN, 0);
@@ -679,14 +744,19 @@ static int bench_exec(bench_t *b, double cap_p50_us)
     hop(b, "ref: new connection vs keep-alive, (a) - ka", V_DIRECT, V_DIRECT_KA, 0);
     print_cpu(b);
 
-    double add = pc - pa;
-    printf("\nexec true p50: direct %.3f ms, through node %.3f ms, through control -> node %.3f ms "
-           "(%llu requests each)\n",
-           pa, pb, pc, (unsigned long long)(b->rounds * b->per_round));
-    printf("added p50: node hop %+.3f ms, control hop %+.3f ms, full path %+.3f ms\n", pb - pa,
-           pc - pb, add);
-    printf("target: full path adds <= %.1f ms p50: %s (%+.3f ms)\n", TARGET_ADDED_MS,
-           add <= TARGET_ADDED_MS ? "met" : "MISSED", add);
+    double pka = ms(p50_of(&b->v[V_DIRECT_KA])), pcka = ms(p50_of(&b->v[V_CONTROL_KA]));
+    double add = pcka - pka;
+    const char *tr = b->tls ? "TLS" : "plain HTTP";
+    printf("\nexec true p50 (%s): direct %.3f ms, through node %.3f ms, through control -> node "
+           "%.3f ms (%llu requests each, new connections)\n",
+           tr, pa, pb, pc, (unsigned long long)(b->rounds * b->per_round));
+    printf("added p50, new connections: node hop %+.3f ms, control hop %+.3f ms, full path "
+           "%+.3f ms\n",
+           pb - pa, pc - pb, pc - pa);
+    printf("keep-alive p50: direct %.3f ms, full path %.3f ms\n", pka, pcka);
+    printf("target: %s + two hops add <= %.1f ms p50 (keep-alive, full path vs direct): %s "
+           "(%+.3f ms)\n",
+           tr, TARGET_ADDED_MS, add <= TARGET_ADDED_MS ? "met" : "MISSED", add);
     printf("target: capability verification + comparison <= %.0f us: %s (p50 %.1f us)\n",
            TARGET_CAP_US, cap_p50_us <= TARGET_CAP_US ? "met" : "MISSED", cap_p50_us);
     return 0;
@@ -788,6 +858,7 @@ static void bench_free(bench_t *b)
     free(b->rbuf);
     nd_free(&b->nd);
     store_close(b->store);
+    tls_ctx_unref(b->tls);
     sodium_memzero(b->admin, sizeof b->admin);
 }
 
@@ -804,6 +875,12 @@ static int bench_main(bench_t *b)
         fprintf(stderr, "bench-platform: cannot read the admin token from %s\n", b->admin_file);
         return -EINVAL;
     }
+    (void)snprintf(path, sizeof path, "%s/tls/ca.crt", b->control_state);
+    if (access(path, R_OK) == 0 && tls_client_ctx_new(path, NULL, &b->tls) < 0) {
+        fprintf(stderr, "bench-platform: cannot use the CA %s: %s\n", path, tls_last_error());
+        return -EINVAL;
+    }
+    printf("transport to control and node: %s\n", b->tls ? "TLS 1.3 (the platform's CA)" : "plain");
     (void)snprintf(path, sizeof path, "%s/store.db", b->control_state);
     int r = access(path, R_OK | W_OK) < 0 ? negative_errno() : store_open_sqlite(path, &b->store);
     if (r < 0) {

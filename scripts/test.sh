@@ -19,7 +19,7 @@ cd "$(dirname "$SELF")/.." || exit 1
 PY=/usr/bin/python3
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 LOG_DIR=build-logs
-FUZZERS=(http_head request_decode cap_decode httpc_response)
+FUZZERS=(http_head request_decode cap_decode httpc_response relay_response)
 
 # ---- stage bodies (each runs as `scripts/test.sh --stage NAME` under timeout) ---------------
 
@@ -95,6 +95,7 @@ stage_fuzz_http_head() { fuzz_one http_head; }
 stage_fuzz_request_decode() { fuzz_one request_decode; }
 stage_fuzz_cap_decode() { fuzz_one cap_decode; }
 stage_fuzz_httpc_response() { fuzz_one httpc_response; }
+stage_fuzz_relay_response() { fuzz_one relay_response; }
 
 # A fixed sample of the security mutants (tests/mutants/mutants.toml, quick = true): each check
 # broken in turn must be caught by its tests. The full set: bash scripts/mutants.sh.
@@ -124,6 +125,7 @@ STAGES=(
     "fuzz_request_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_cap_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_httpc_response:$((FUZZ_SECONDS + 120)):fuzz_build"
+    "fuzz_relay_response:$((FUZZ_SECONDS + 120)):fuzz_build"
     "mutants_quick:900:build"
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"

@@ -23,6 +23,8 @@ static void keys_tick(loop_t *l, timer_t_ *t)
 {
     control_t *ctl = t->data;
     keyring_t kr;
+    if (l)
+        edge_conns_sweep(ctl, false); /* idle connections to nodes past their keep time */
     if (keys_load(ctl->store, &kr) >= 0)
         ctl->keys = kr;
     sodium_memzero(&kr, sizeof kr);
@@ -232,6 +234,7 @@ void control_done(control_t *ctl)
     reconciler_stop(ctl);
     if (ctl->srv.loop)
         timer_disarm(ctl->srv.loop, &ctl->keys_t);
+    edge_conns_sweep(ctl, true);
     server_done(&ctl->srv);
     routecache_free(&ctl->routes);
     tls_ctx_unref(ctl->tls_server);

@@ -78,6 +78,21 @@ typedef struct {
     uint64_t expires_ms;
 } token_cache_t;
 
+/* Connections to nodes kept for the next request (edge.c), per node. */
+#define CTL_POOL_NODES 32
+#define CTL_POOL_CONNS 16
+typedef struct {
+    char node[CAP_ID_MAX];
+    char host[64];
+    uint16_t port;
+    int n;
+    struct {
+        int fd;
+        sockio_t *io;
+        uint64_t since_ms;
+    } c[CTL_POOL_CONNS];
+} node_conns_t;
+
 typedef struct control {
     server_t srv;
     cap_identity_t identity;               /* the long-term identity nodes pin at join */
@@ -97,6 +112,7 @@ typedef struct control {
         uint8_t pin[TLS_PIN_BYTES];
         uint64_t at_ms;
     } pins[32]; /* the edge's cache of registered node key pins (the loop thread's) */
+    node_conns_t conns[CTL_POOL_NODES]; /* the edge's idle connections to nodes */
     /* reconciler */
     pthread_t rec_thread;
     bool rec_started;
@@ -166,6 +182,8 @@ int node_pin_load(store_t *st, const char *name, uint8_t pin[TLS_PIN_BYTES]);
  * or process route (health, listings on pool hosts); write for everything else: exec, process
  * control, file writes, any method to any other port of the run. */
 role_t edge_role_needed(sv_t method, uint16_t port, sv_t path);
+/* Close idle node connections older than their keep time (every second), or all. */
+void edge_conns_sweep(control_t *ctl, bool all);
 void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint16_t port,
                 sv_t rest);
 

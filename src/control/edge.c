@@ -22,10 +22,14 @@
 #include "common/log.h"
 #include "control.h"
 #include "server/proxy.h"
+#include "server/relay.h"
 
 #define EDGE_CONNECT_TIMEOUT_MS 10000
 #define EDGE_ANSWER_TIMEOUT_MS 120000 /* replayable requests: the node's answer head */
 #define EDGE_HEAD_MAX (64 * 1024)
+/* An idle connection to a node is used again within this time; nodes keep idle connections
+ * for 75 s, so one taken from here was not closed by its node. */
+#define EDGE_KEEP_MS 10000
 
 typedef struct {
     control_t *ctl;
@@ -36,8 +40,10 @@ typedef struct {
     char *rest; /* path after /proxy/{port} plus the query */
     route_t route;
     bool retried, replayable, sent_any;
-    buf_t out; /* head (+ body) for the node, not yet sent */
-    buf_t in;  /* the node's answer so far */
+    bool keep;   /* known in full, no upgrade: relayed, the node connection kept */
+    bool reused; /* this attempt runs on a kept connection */
+    buf_t out;   /* head (+ body) for the node, not yet sent */
+    buf_t in;    /* the node's answer so far */
     size_t out_total;
     watcher_t w;
     sockio_t *io; /* TLS to the node, or NULL (plain) */
@@ -234,7 +240,7 @@ static int build_request(edge_t *e)
     static const char *const drop[] = { "authorization", "x-sbx-capability", "x-forwarded-for",
                                         NULL };
     buf_free(&e->out);
-    r = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, extra, &e->out);
+    r = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, extra, e->keep, &e->out);
     if (r >= 0 && e->replayable && c->body.len > 0) {
         e->out.max += c->body.len;
         r = buf_append(&e->out, buf_head(&c->body), c->body.len);
@@ -245,6 +251,107 @@ static int build_request(edge_t *e)
 static void edge_on_event(loop_t *l, watcher_t *w, uint32_t ev);
 static void edge_on_timeout(loop_t *l, timer_t_ *t);
 
+/* ---- kept connections to nodes ------------------------------------------------------------ */
+
+static void conn_close_kept(int fd, sockio_t *io)
+{
+    if (io)
+        io->ops->close_notify(io);
+    sockio_free(io);
+    safe_close(fd);
+}
+
+static node_conns_t *node_conns(control_t *ctl, const route_t *rt, bool create)
+{
+    node_conns_t *free_slot = NULL;
+    for (size_t i = 0; i < CTL_POOL_NODES; i++) {
+        node_conns_t *p = &ctl->conns[i];
+        if (p->node[0] && streq(p->node, rt->run.node) && streq(p->host, rt->host) &&
+            p->port == rt->port)
+            return p;
+        if (!free_slot && (!p->node[0] || p->n == 0))
+            free_slot = p;
+    }
+    if (!create || !free_slot)
+        return NULL;
+    node_conns_t *p = free_slot;
+    p->n = 0;
+    (void)snprintf(p->node, sizeof p->node, "%s", rt->run.node);
+    (void)snprintf(p->host, sizeof p->host, "%s", rt->host);
+    p->port = rt->port;
+    return p;
+}
+
+/* A kept connection to the route's node that is still open and fresh, or -1. */
+static int conns_take(control_t *ctl, const route_t *rt, sockio_t **ret_io)
+{
+    node_conns_t *p = node_conns(ctl, rt, false);
+    uint64_t now = loop_now_ms(ctl->srv.loop);
+    while (p && p->n > 0) {
+        p->n--; /* the most recent first */
+        int fd = p->c[p->n].fd;
+        sockio_t *io = p->c[p->n].io;
+        char b;
+        /* closed, or bytes nobody asked for (an alert): not for a request */
+        ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (p->c[p->n].since_ms + EDGE_KEEP_MS > now && k < 0 && errno == EAGAIN) {
+            *ret_io = io;
+            return fd;
+        }
+        conn_close_kept(fd, io);
+    }
+    return -1;
+}
+
+static void conns_put(control_t *ctl, const route_t *rt, int fd, sockio_t *io)
+{
+    node_conns_t *p = node_conns(ctl, rt, true);
+    if (!p) {
+        conn_close_kept(fd, io);
+        return;
+    }
+    if (p->n == CTL_POOL_CONNS) { /* full: the oldest goes */
+        conn_close_kept(p->c[0].fd, p->c[0].io);
+        memmove(&p->c[0], &p->c[1], sizeof p->c[0] * (CTL_POOL_CONNS - 1));
+        p->n--;
+    }
+    p->c[p->n].fd = fd;
+    p->c[p->n].io = io;
+    p->c[p->n].since_ms = loop_now_ms(ctl->srv.loop);
+    p->n++;
+}
+
+void edge_conns_sweep(control_t *ctl, bool all)
+{
+    uint64_t now = ctl->srv.loop ? loop_now_ms(ctl->srv.loop) : 0;
+    for (size_t i = 0; i < CTL_POOL_NODES; i++) {
+        node_conns_t *p = &ctl->conns[i];
+        int keep = 0;
+        for (int k = 0; k < p->n; k++) {
+            if (!all && p->c[k].since_ms + EDGE_KEEP_MS > now)
+                p->c[keep++] = p->c[k];
+            else
+                conn_close_kept(p->c[k].fd, p->c[k].io);
+        }
+        p->n = keep;
+    }
+}
+
+typedef struct {
+    control_t *ctl;
+    route_t route;
+} kept_t;
+
+static void edge_relay_done(relay_t *rl, void *data, int fd, sockio_t *io, bool ok)
+{
+    kept_t *k = data;
+    (void)rl;
+    (void)ok;
+    if (fd >= 0)
+        conns_put(k->ctl, &k->route, fd, io);
+    free(k);
+}
+
 static void start_attempt(edge_t *e)
 {
     loop_t *l = e->ctl->srv.loop;
@@ -253,17 +360,22 @@ static void start_attempt(edge_t *e)
         edge_fail(e, r == -ENOKEY ? 503 : 500, "edge: cannot build the request: %s", strerror(-r));
         return;
     }
-    int fd;
-    r = connect_node(&e->route, &fd);
-    if (r < 0) {
-        edge_fail(e, 502, "edge: cannot connect to the node: %s", strerror(-r));
-        return;
-    }
     loop_unwatch(l, &e->w); /* a retry: the refused connection goes */
     sockio_free(TAKE_PTR(e->io));
-    safe_close(e->w.fd);
+    e->w.fd = safe_close(e->w.fd);
+    sockio_t *kept_io = NULL;
+    int fd = e->keep ? conns_take(e->ctl, &e->route, &kept_io) : -1;
+    e->reused = fd >= 0;
+    if (fd < 0) {
+        r = connect_node(&e->route, &fd);
+        if (r < 0) {
+            edge_fail(e, 502, "edge: cannot connect to the node: %s", strerror(-r));
+            return;
+        }
+    }
     watcher_init(&e->w, fd, edge_on_event, e);
-    e->st = E_CONNECTING;
+    e->io = kept_io;
+    e->st = e->reused ? E_SENDING : E_CONNECTING; /* a kept connection is ready */
     e->sent_any = false;
     buf_clear(&e->in);
     if (loop_watch(l, &e->w, EPOLLOUT) < 0 ||
@@ -271,7 +383,8 @@ static void start_attempt(edge_t *e)
         edge_fail(e, 500, "edge: %s", "cannot watch the node connection");
 }
 
-/* Hand the client socket to a tunnel with the node: what the node already answered goes first. */
+/* Hand the client socket to a tunnel with the node (what the node already answered goes
+ * first), or, for a request known in full, the answer to a relay that keeps both connections. */
 static void commit(edge_t *e)
 {
     conn_t *c = e->conn;
@@ -281,7 +394,14 @@ static void commit(edge_t *e)
     buf_t up = e->out, down = e->in;
     buf_init(&e->out, 0);
     buf_init(&e->in, 0);
+    kept_t *k = e->keep && up.len == 0 ? malloc(sizeof *k) : NULL;
+    if (k)
+        *k = (kept_t){ .ctl = e->ctl, .route = e->route };
     edge_release(e); /* detaches from c */
+    if (k) {
+        (void)proxy_relay_start(c, fd, io, &up, &down, edge_relay_done, k);
+        return;
+    }
     (void)proxy_tunnel_start(c, fd, io, &up, &down, NULL, NULL);
     buf_free(&up);
     buf_free(&down);
@@ -536,6 +656,8 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
     e->conn = c;
     conn_set_handler(c, &edge_ops, e);
     e->replayable = !rq->has_transfer_encoding && rq->content_length <= CTL_RETRY_BODY_MAX;
+    sv_t up;
+    e->keep = e->replayable && !http_header_get(rq, "upgrade", &up);
     if (e->replayable && rq->content_length > 0)
         conn_collect_body(c, CTL_RETRY_BODY_MAX, edge_begin);
     else

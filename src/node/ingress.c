@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "node.h"
 #include "server/proxy.h"
+#include "server/relay.h"
 
 #define VERDICT_BODY_MAX 512
 
@@ -240,6 +241,15 @@ static bool parse_ports_tail(sv_t tail, uint16_t *port, sv_t *rest)
     return true;
 }
 
+static void lease_relay_done(relay_t *rl, void *data, int fd, sockio_t *io, bool ok)
+{
+    (void)rl;
+    (void)ok;
+    sockio_free(io);
+    safe_close(fd); /* the agent closes after each answer anyway */
+    run_lease_on_close(NULL, data);
+}
+
 /* Forward an allowed request over the verified bridge (with its body when it was collected to
  * check its digest), the stream leased to the run. */
 static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool with_body)
@@ -268,7 +278,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     }
     static const char *const drop[] = { "x-sbx-capability", "authorization", NULL };
     buf_t head;
-    rc = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, NULL, &head);
+    rc = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, NULL, false, &head);
     if (rc >= 0 && with_body && c->body.len > 0) {
         head.max += c->body.len;
         rc = buf_append(&head, buf_head(&c->body), c->body.len);
@@ -286,7 +296,17 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
         conn_respond_errno(c, -ENOMEM, "forward");
         return;
     }
-    /* The stream is leased to this run: replacing or retiring it cuts the tunnel. */
+    /* The stream is leased to this run: replacing or retiring it cuts the relay or tunnel. A
+     * request known in full (no body, or the body collected) goes through a relay: the
+     * answer is framed, and the connection from the control plane carries the next request. */
+    sv_t up;
+    bool upgrade = http_header_get(rq, "upgrade", &up);
+    if (!upgrade && (with_body || (rq->content_length == 0 && !rq->has_transfer_encoding))) {
+        l->relay = proxy_relay_start(c, fd, NULL, &head, NULL, lease_relay_done, l);
+        if (!l->relay)
+            run_lease_on_close(NULL, l);
+        return;
+    }
     tunnel_t *t = proxy_tunnel_start(c, fd, NULL, &head, NULL, run_lease_on_close, l);
     buf_free(&head);
     if (!t)

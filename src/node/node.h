@@ -30,10 +30,14 @@ typedef struct lease lease_t;
 typedef struct install install_t;
 typedef struct run run_t;
 
-/* A stream bound to a run's identity epoch: an established tunnel to the run's agent. */
+typedef struct relay relay_t;
+
+/* A stream bound to a run's identity epoch: a relay or an established tunnel to the run's
+ * agent. */
 struct lease {
     run_t *run;
     tunnel_t *tunnel;
+    relay_t *relay;
     lease_t *prev, *next;
 };
 

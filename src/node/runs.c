@@ -26,6 +26,7 @@
 #include "isolation/userns.h"
 #include "node.h"
 #include "server/proxy.h"
+#include "server/relay.h"
 #include "substrate.h"
 
 extern char **environ;
@@ -76,7 +77,9 @@ void run_cut_leases(run_t *r)
 {
     while (r->leases) {
         lease_t *l = r->leases;
-        if (l->tunnel)
+        if (l->relay)
+            proxy_relay_cut(l->relay); /* its callback unlinks and frees l */
+        else if (l->tunnel)
             proxy_tunnel_close(l->tunnel); /* its callback unlinks and frees l */
         else
             run_lease_on_close(NULL, l);

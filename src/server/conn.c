@@ -468,6 +468,31 @@ int conn_stream_end(conn_t *c)
     return 0;
 }
 
+/* ---- responses that others framed (a proxy passing a backend's answer on) ------------------ */
+
+int conn_raw_begin(conn_t *c, int status) { return conn_start(c, status); }
+
+int conn_raw_write(conn_t *c, const void *p, size_t n)
+{
+    if (c->dead)
+        return -EPIPE;
+    int r = buf_append(&c->out, p, n);
+    if (r < 0) {
+        conn_abort(c);
+        return r;
+    }
+    conn_flush(c);
+    return c->dead ? -EPIPE : 0;
+}
+
+void conn_raw_end(conn_t *c)
+{
+    if (c->dead)
+        return;
+    c->resp_done = true;
+    conn_flush(c);
+}
+
 /* ---- request plumbing -------------------------------------------------------------------- */
 
 void conn_set_handler(conn_t *c, const handler_ops_t *ops, void *data)

@@ -88,6 +88,12 @@ int conn_stream_begin(conn_t *c, int status, const char *content_type, const cha
 int conn_stream_chunk_fill(conn_t *c, size_t max, size_t (*fill)(void *ctx, char *dst), void *ctx);
 int conn_stream_chunk(conn_t *c, const void *p, size_t n);
 int conn_stream_end(conn_t *c);
+/* A response framed by someone else (a proxy): conn_raw_begin() starts it (and may clear
+ * keep_alive: the head written after it must then say "Connection: close"), conn_raw_write()
+ * queues bytes as they are (head and body), conn_raw_end() says the response is complete. */
+int conn_raw_begin(conn_t *c, int status);
+int conn_raw_write(conn_t *c, const void *p, size_t n);
+void conn_raw_end(conn_t *c);
 size_t conn_out_pending(const conn_t *c);
 static inline bool conn_out_full(const conn_t *c) { return c->out.len >= CONN_OUT_HIGH; }
 void conn_flush(conn_t *c);

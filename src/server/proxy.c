@@ -181,7 +181,7 @@ static int build_head(const conn_t *c, const route_params_t *p, buf_t *out)
 }
 
 int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const *drop,
-                       const char *extra, buf_t *out)
+                       const char *extra, bool keep, buf_t *out)
 {
     sv_t up;
     /* Only a WebSocket upgrade keeps its connection (and its tunnel) past the first answer; any
@@ -194,7 +194,8 @@ int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const 
         bool skip = sv_eq_lit_nocase(h->name, "connection") ||
                     sv_eq_lit_nocase(h->name, "keep-alive") ||
                     sv_eq_lit_nocase(h->name, "proxy-connection") ||
-                    (!upgrade && sv_eq_lit_nocase(h->name, "upgrade"));
+                    (!upgrade && sv_eq_lit_nocase(h->name, "upgrade")) ||
+                    (keep && sv_eq_lit_nocase(h->name, "expect")); /* the body is sent whole */
         for (size_t d = 0; !skip && drop && drop[d]; d++)
             skip = sv_eq_lit_nocase(h->name, drop[d]);
         if (!skip)
@@ -204,7 +205,9 @@ int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const 
         r = buf_append(out, extra, strlen(extra));
     /* One request per forwarded connection: the next request on the client's connection is
      * authorized again, never carried by this hop's tunnel. Upgrades keep their tunnel. */
-    if (r >= 0)
+    if (r >= 0 && keep && !upgrade) /* a relay: HTTP/1.1 keeps the connection by default */
+        r = buf_append(out, "\r\n", 2);
+    else if (r >= 0)
         r = buf_printf(out, "Connection: %s\r\n\r\n", upgrade ? "Upgrade" : "close");
     if (r < 0)
         buf_free(out);

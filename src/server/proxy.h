@@ -34,9 +34,10 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
 /* A request head for a forwarding hop: "METHOD target HTTP/1.1", the client's headers except
  * those named in drop (case-insensitive, NULL-terminated list) and the hop-by-hop Connection,
  * Keep-Alive and Proxy-Connection, then extra ("Name: value\r\n" lines, may be NULL), then
- * "Connection: close" (or "Connection: Upgrade" when the client asks for an upgrade). */
+ * "Connection: close" (or "Connection: Upgrade" when the client asks for an upgrade; with keep,
+ * for a relay whose connection carries more requests, no Connection header and no Expect). */
 int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const *drop,
-                       const char *extra, buf_t *out);
+                       const char *extra, bool keep, buf_t *out);
 
 /* Cut a tunnel in both directions now (its cb runs). */
 void proxy_tunnel_close(tunnel_t *t);

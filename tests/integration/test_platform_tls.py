@@ -347,3 +347,44 @@ def test_a_new_ca_makes_new_join_material_and_old_pins_refuse_it(plat):
     for want in ("IP Address:127.0.0.7", "DNS:sbx.example", "DNS:control.sbx.invalid",
                  "IP Address:127.0.0.1", "DNS:localhost"):
         assert want in out.stdout, out.stdout
+
+
+def established(port, pid=None):
+    """Established TCP connections to 127.0.0.1:port (owned by pid, when given)."""
+    out = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True, timeout=10).stdout
+    return [line for line in out.splitlines() if pid is None or f"pid={pid}," in line]
+
+
+def test_one_client_connection_and_one_node_connection_carry_many_requests(plat):
+    """Keep-alive on both hops: requests on one TLS connection to the control plane are relayed
+    over one kept TLS connection to the node (one handshake per node, not per request). Each
+    answer is complete and framed: streamed exec (chunked), a file read (Content-Length), a
+    refusal; the next request on the same connections works."""
+    import json
+    job = plat.create_on("tl-a")
+    node = plat.node("tl-a")
+    c = __import__("sbxplatform").connection(plat.control.port)
+    hdr = {"Authorization": f"Bearer {plat.admin}", "X-Sandbox-Token": job.token}
+    try:
+        for i in range(6):
+            c.request("POST", job.path(f"/proxy/49983/v1/exec"),
+                      body=json.dumps({"cmd": f"echo kept-{i} > /tmp/f{i}; cat /tmp/f{i}"}),
+                      headers=hdr)
+            r = c.getresponse()
+            body = r.read()
+            assert r.status == 200 and f"kept-{i}".encode() in body and b'"exit"' in body, body
+            assert r.getheader("connection") is None  # not closed after the answer
+            c.request("GET", job.path(f"/proxy/49983/v1/files/read?path=/tmp/f{i}"), headers=hdr)
+            r = c.getresponse()
+            assert (r.status, r.read()) == (200, f"kept-{i}\n".encode())
+        c.request("GET", job.path("/proxy/49983/v1/files/read?path=/nope"), headers=hdr)
+        r = c.getresponse()
+        assert r.status == 404, r.read()
+        r.read()
+        ctl_pid = plat.control.proc.proc.pid
+        to_node = established(node.port, ctl_pid)
+        assert len(to_node) == 1, to_node  # 13 requests, one connection to the node
+        assert len(established(plat.control.port)) >= 1
+    finally:
+        c.close()

@@ -1,0 +1,525 @@
+/* SPDX-License-Identifier: MIT */
+/* The relay (relay.h): a request to a backend and its framed answer back, both connections
+ * kept. The answer's head is parsed strictly (digits-only Content-Length, one value; chunked
+ * with Content-Length refused), its body is passed on as it arrives with a chunk scanner that
+ * finds where a chunked body ends without changing a byte. Backpressure: the backend is not
+ * read while the client's output holds CONN_OUT_HIGH bytes. */
+#include "relay.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/macro.h"
+#include "common/strutil.h"
+#include "conn.h"
+#include "http.h"
+#include "server.h"
+
+#define RELAY_HEAD_MAX (64 * 1024)
+#define RELAY_READ 16384
+#define RELAY_ROUNDS 16
+
+struct relay {
+    server_t *srv;
+    conn_t *c;
+    watcher_t w;
+    sockio_t *io;
+    buf_t out; /* request bytes not yet sent */
+    buf_t in;  /* answer bytes not yet passed on */
+    enum { RL_HEAD, RL_BODY } st;
+    enum { FR_LENGTH, FR_CHUNKED, FR_EOF } fr;
+    bool passed;   /* the client has had bytes of the answer */
+    bool deferred; /* a pump is scheduled (bytes the layer holds, or an answer read early) */
+    bool close;    /* the backend said it closes */
+    bool ended;
+    uint64_t left;
+    relay_chunks_t ck;
+    relay_done_cb cb;
+    void *data;
+};
+
+/* ---- parsing what the backend says ---------------------------------------------------------- */
+
+static bool has_token(sv_t v, const char *tok)
+{
+    size_t tl = strlen(tok);
+    for (size_t i = 0; i < v.len;) {
+        while (i < v.len && (v.p[i] == ' ' || v.p[i] == '\t' || v.p[i] == ','))
+            i++;
+        size_t s = i;
+        while (i < v.len && v.p[i] != ',')
+            i++;
+        size_t e = i;
+        while (e > s && (v.p[e - 1] == ' ' || v.p[e - 1] == '\t'))
+            e--;
+        if (e - s == tl && sv_eq_lit_nocase(sv_make(v.p + s, tl), tok))
+            return true;
+    }
+    return false;
+}
+
+ssize_t relay_parse_head(const char *p, size_t n, relay_head_t *ret)
+{
+    const char *end = memmem(p, MIN(n, (size_t)RELAY_HEAD_MAX), "\r\n\r\n", 4);
+    if (!end)
+        return n >= RELAY_HEAD_MAX ? -E2BIG : 0;
+    size_t hl = (size_t)(end - p) + 4;
+    relay_head_t h = { 0 };
+    /* lines end in CRLF, and nothing else is a control character but a tab in a value */
+    for (size_t i = 0; i < hl; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '\r'   ? p[i + 1] != '\n'
+            : ch == '\n' ? i == 0 || p[i - 1] != '\r'
+                         : ch < 0x20 && ch != '\t')
+            return -EPROTO;
+        if (ch == 0x7f)
+            return -EPROTO;
+    }
+    /* "HTTP/1.x SSS[ reason]" */
+    const char *eol = memmem(p, hl, "\r\n", 2);
+    if ((size_t)(eol - p) < 12 || memcmp(p, "HTTP/1.", 7) != 0 || (p[7] != '0' && p[7] != '1') ||
+        p[8] != ' ' || p[9] < '1' || p[9] > '5' || p[10] < '0' || p[10] > '9' || p[11] < '0' ||
+        p[11] > '9' || (eol - p > 12 && p[12] != ' '))
+        return -EPROTO;
+    h.status = (p[9] - '0') * 100 + (p[10] - '0') * 10 + (p[11] - '0');
+    h.close = p[7] == '0'; /* HTTP/1.0 closes unless it says keep-alive (we do not ask it to) */
+    bool te = false;
+    for (const char *l = eol + 2; l < end + 2;) {
+        const char *le = memmem(l, (size_t)(end + 2 - l), "\r\n", 2);
+        const char *colon = memchr(l, ':', (size_t)(le - l));
+        if (!colon || colon == l)
+            return -EPROTO;
+        sv_t name = sv_make(l, (size_t)(colon - l));
+        for (size_t i = 0; i < name.len; i++)
+            if (name.p[i] == ' ' || name.p[i] == '\t')
+                return -EPROTO; /* no space before the colon */
+        const char *v = colon + 1, *ve = le;
+        while (v < ve && (*v == ' ' || *v == '\t'))
+            v++;
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+            ve--;
+        sv_t val = sv_make(v, (size_t)(ve - v));
+        if (sv_eq_lit_nocase(name, "content-length")) {
+            uint64_t len;
+            if (parse_u64(val, UINT64_MAX / 2, &len) < 0 || (h.has_length && len != h.length))
+                return -EPROTO;
+            h.has_length = true;
+            h.length = len;
+        } else if (sv_eq_lit_nocase(name, "transfer-encoding")) {
+            te = true;
+            h.chunked = has_token(val, "chunked");
+        } else if (sv_eq_lit_nocase(name, "connection")) {
+            if (has_token(val, "close"))
+                h.close = true;
+        }
+        l = le + 2;
+    }
+    if (te && (h.has_length || !h.chunked))
+        return -EPROTO; /* ambiguous framing: nothing is passed on */
+    *ret = h;
+    return (ssize_t)hl;
+}
+
+enum { CK_SIZE, CK_EXT, CK_SIZE_LF, CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_TRAILER, CK_TLINE, CK_END };
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+ssize_t relay_scan_chunks(relay_chunks_t *k, const char *p, size_t n, bool *done)
+{
+    *done = false;
+    for (size_t i = 0; i < n;) {
+        char ch = p[i];
+        switch (k->st) {
+        case CK_SIZE: {
+            int v = hexval(ch);
+            if (v >= 0 && k->digits < 15) {
+                k->size = k->size * 16 + (uint64_t)v;
+                k->digits++;
+            } else if (k->digits > 0 && (ch == ';' || ch == ' ' || ch == '\t'))
+                k->st = CK_EXT;
+            else if (k->digits > 0 && ch == '\r')
+                k->st = CK_SIZE_LF;
+            else
+                return -1;
+            i++;
+            break;
+        }
+        case CK_EXT:
+            if (ch == '\r')
+                k->st = CK_SIZE_LF;
+            else if (ch == '\n')
+                return -1;
+            i++;
+            break;
+        case CK_SIZE_LF:
+            if (ch != '\n')
+                return -1;
+            k->st = k->size == 0 ? CK_TRAILER : CK_DATA;
+            i++;
+            break;
+        case CK_DATA: {
+            uint64_t take = MIN(k->size, (uint64_t)(n - i));
+            i += (size_t)take;
+            k->size -= take;
+            if (k->size == 0)
+                k->st = CK_DATA_CR;
+            break;
+        }
+        case CK_DATA_CR:
+            if (ch != '\r')
+                return -1;
+            k->st = CK_DATA_LF;
+            i++;
+            break;
+        case CK_DATA_LF:
+            if (ch != '\n')
+                return -1;
+            *k = (relay_chunks_t){ .st = CK_SIZE };
+            i++;
+            break;
+        case CK_TRAILER: /* at the start of a trailer line, or of the final empty line */
+            k->st = ch == '\r' ? CK_END : CK_TLINE;
+            i++;
+            break;
+        case CK_TLINE:
+            if (ch == '\n')
+                k->st = CK_TRAILER;
+            i++;
+            break;
+        case CK_END:
+            if (ch != '\n')
+                return -1;
+            *done = true;
+            return (ssize_t)(i + 1);
+        default: return -1;
+        }
+    }
+    return (ssize_t)n;
+}
+
+/* ---- the relay ------------------------------------------------------------------------------ */
+
+static void relay_free(void *p)
+{
+    relay_t *r = p;
+    buf_free(&r->out);
+    buf_free(&r->in);
+    free(r);
+}
+
+/* Ends the relay: hands the backend back (reusable) or closes it, tells the owner. */
+static void relay_end(relay_t *r, bool reusable, bool ok)
+{
+    if (r->ended)
+        return;
+    r->ended = true;
+    loop_unwatch(r->srv->loop, &r->w);
+    int fd = -1;
+    sockio_t *io = NULL;
+    if (reusable) {
+        fd = TAKE_FD(r->w.fd);
+        io = TAKE_PTR(r->io);
+    } else {
+        if (r->io)
+            r->io->ops->close_notify(r->io);
+        sockio_free(TAKE_PTR(r->io));
+        r->w.fd = safe_close(r->w.fd);
+    }
+    if (r->cb)
+        r->cb(r, r->data, fd, io, ok);
+    if (loop_defer(r->srv->loop, relay_free, r) < 0)
+        relay_free(r);
+}
+
+_printf_(2, 3) static void relay_fail(relay_t *r, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    conn_t *c = r->c;
+    r->c = NULL;
+    if (c) {
+        conn_set_handler(c, NULL, NULL);
+        if (!r->passed) {
+            c->keep_alive = false;
+            conn_respond_error(c, 502, "%s", msg);
+        } else
+            conn_abort(c); /* the answer was cut: the client sees the cut */
+    }
+    log_debug("relay: %s", msg);
+    relay_end(r, false, false);
+}
+
+static void relay_complete(relay_t *r)
+{
+    conn_t *c = r->c;
+    r->c = NULL;
+    bool reusable = r->fr != FR_EOF && !r->close && r->out.len == 0 && r->in.len == 0;
+    conn_set_handler(c, NULL, NULL);
+    relay_end(r, reusable, true);
+    conn_raw_end(c);
+}
+
+/* The backend's head is complete: the client gets it, rewritten for its own connection. */
+static int pass_head(relay_t *r, const relay_head_t *h, size_t hl)
+{
+    conn_t *c = r->c;
+    bool bodyless = h->status == 204 || h->status == 304 || sv_eq(c->req.method, SV("HEAD"));
+    r->close = h->close;
+    r->fr = bodyless ? FR_LENGTH : h->chunked ? FR_CHUNKED : h->has_length ? FR_LENGTH : FR_EOF;
+    r->left = bodyless ? 0 : h->length;
+    r->ck = (relay_chunks_t){ .st = CK_SIZE };
+    int rc = conn_raw_begin(c, h->status);
+    if (rc < 0)
+        return rc;
+    if (r->fr == FR_EOF || c->req.minor == 0)
+        c->keep_alive = false; /* the answer ends when the connection does */
+    const char *p = buf_head(&r->in);
+    buf_t head;
+    buf_init(&head, RELAY_HEAD_MAX + 64);
+    const char *eol = memchr(p, '\r', hl);
+    rc = buf_append(&head, p, (size_t)(eol - p) + 2);
+    for (const char *l = eol + 2; rc >= 0 && l < p + hl - 2;) {
+        const char *le = memmem(l, (size_t)(p + hl - l), "\r\n", 2);
+        const char *colon = memchr(l, ':', (size_t)(le - l));
+        sv_t name = sv_make(l, (size_t)(colon - l));
+        if (!sv_eq_lit_nocase(name, "connection") && !sv_eq_lit_nocase(name, "keep-alive") &&
+            !sv_eq_lit_nocase(name, "proxy-connection"))
+            rc = buf_append(&head, l, (size_t)(le - l) + 2);
+        l = le + 2;
+    }
+    if (rc >= 0 && !c->keep_alive)
+        rc = buf_append(&head, "Connection: close\r\n", 19);
+    if (rc >= 0)
+        rc = buf_append(&head, "\r\n", 2);
+    buf_consume(&r->in, hl);
+    r->passed = true;
+    if (rc >= 0)
+        rc = conn_raw_write(c, buf_head(&head), head.len);
+    buf_free(&head);
+    return rc;
+}
+
+/* Pass on what the buffer holds. Returns 1 when the answer is complete, 0 for more, < 0. */
+static int relay_process(relay_t *r)
+{
+    while (r->in.len > 0 || (r->st == RL_BODY && r->fr == FR_LENGTH && r->left == 0)) {
+        if (r->st == RL_HEAD) {
+            relay_head_t h;
+            ssize_t hl = relay_parse_head(buf_head(&r->in), r->in.len, &h);
+            if (hl < 0)
+                return -EPROTO;
+            if (hl == 0)
+                return 0;
+            if (h.status >= 100 && h.status < 200) {
+                if (h.status == 101)
+                    return -EPROTO;              /* upgrades go through tunnels, never here */
+                buf_consume(&r->in, (size_t)hl); /* 100 Continue and the like: not ours */
+                continue;
+            }
+            int rc = pass_head(r, &h, (size_t)hl);
+            if (rc < 0)
+                return rc;
+            r->st = RL_BODY;
+            continue;
+        }
+        size_t take = r->in.len;
+        bool done = false;
+        if (r->fr == FR_LENGTH) {
+            take = (size_t)MIN((uint64_t)take, r->left);
+            r->left -= take;
+            done = r->left == 0;
+        } else if (r->fr == FR_CHUNKED) {
+            ssize_t k = relay_scan_chunks(&r->ck, buf_head(&r->in), r->in.len, &done);
+            if (k < 0)
+                return -EPROTO;
+            take = (size_t)k;
+        }
+        if (take > 0) {
+            int rc = conn_raw_write(r->c, buf_head(&r->in), take);
+            if (rc < 0)
+                return rc;
+            buf_consume(&r->in, take);
+        }
+        if (done) {
+            if (r->in.len > 0)
+                r->close = true; /* more than it framed: this connection is not trusted again */
+            buf_clear(&r->in);
+            return 1;
+        }
+        if (take == 0)
+            return 0;
+    }
+    return 0;
+}
+
+static void relay_watch(relay_t *r)
+{
+    if (r->ended)
+        return;
+    uint32_t ev = 0;
+    bool paused = r->c && conn_out_full(r->c);
+    if (!paused)
+        ev |= EPOLLIN;
+    if (r->out.len > 0 || (r->io && r->io->want_write))
+        ev |= EPOLLOUT;
+    if (loop_watch(r->srv->loop, &r->w, ev) < 0)
+        relay_fail(r, "cannot watch the backend");
+}
+
+static void relay_send(relay_t *r)
+{
+    while (r->out.len > 0) {
+        ssize_t n = sock_send(r->w.fd, r->io, buf_head(&r->out), r->out.len);
+        if (n == -EAGAIN)
+            break;
+        if (n < 0) {
+            /* it may have answered (413, 401) and closed before reading all: read that */
+            buf_clear(&r->out);
+            r->close = true;
+            break;
+        }
+        buf_consume(&r->out, (size_t)n);
+    }
+}
+
+static void relay_deferred(void *p);
+
+static void relay_pump(relay_t *r)
+{
+    relay_send(r);
+    for (int round = 0; round < RELAY_ROUNDS && !r->ended; round++) {
+        if (r->c && conn_out_full(r->c))
+            break; /* on_drain resumes */
+        char *space;
+        if (buf_reserve(&r->in, RELAY_READ, &space) < 0) {
+            relay_fail(r, "the backend's head is too large");
+            return;
+        }
+        ssize_t n = sock_recv(r->w.fd, r->io, space, RELAY_READ);
+        if (n == -EAGAIN)
+            break;
+        if (n <= 0) {
+            if (n == 0 && r->st == RL_BODY && r->fr == FR_EOF) {
+                relay_complete(r);
+                return;
+            }
+            relay_fail(r, "the backend closed %s",
+                       r->st == RL_HEAD ? "before answering" : "in the middle of its answer");
+            return;
+        }
+        r->in.len += (size_t)n;
+        int rc = relay_process(r);
+        if (rc < 0) {
+            relay_fail(r, "the backend's answer is malformed");
+            return;
+        }
+        if (rc > 0) {
+            relay_complete(r);
+            return;
+        }
+    }
+    relay_watch(r);
+    if (!r->ended && !r->deferred && sock_pending(r->io) && !(r->c && conn_out_full(r->c))) {
+        r->deferred = true; /* decrypted bytes the socket will not report */
+        if (loop_defer(r->srv->loop, relay_deferred, r) < 0)
+            r->deferred = false;
+    }
+}
+
+/* Settle what relay_process said before the loop ran, or read what the layer holds. */
+static void relay_deferred(void *p)
+{
+    relay_t *r = p;
+    r->deferred = false;
+    if (r->ended)
+        return;
+    int rc = relay_process(r);
+    if (rc > 0)
+        relay_complete(r);
+    else if (rc < 0)
+        relay_fail(r, "the backend's answer is malformed");
+    else
+        relay_pump(r);
+}
+
+static void relay_on_event(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    relay_t *r = w->data;
+    (void)l;
+    (void)ev; /* errors show in the reads and writes */
+    if (!r->ended)
+        relay_pump(r);
+}
+
+static void relay_on_close(conn_t *c, bool aborted)
+{
+    relay_t *r = c->hdata;
+    (void)aborted;
+    r->c = NULL;
+    relay_end(r, false, false);
+}
+
+static void relay_on_drain(conn_t *c)
+{
+    relay_t *r = c->hdata;
+    if (!r->ended)
+        relay_pump(r);
+}
+
+static const handler_ops_t relay_ops = { .on_close = relay_on_close, .on_drain = relay_on_drain };
+
+relay_t *proxy_relay_start(conn_t *c, int bfd, sockio_t *bio, buf_t *out, buf_t *in,
+                           relay_done_cb cb, void *data)
+{
+    relay_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        if (bio)
+            sockio_free(bio);
+        safe_close(bfd);
+        buf_free(out);
+        if (in)
+            buf_free(in);
+        conn_respond_errno(c, -ENOMEM, "relay");
+        return NULL;
+    }
+    *r = (relay_t){ .srv = c->srv, .c = c, .io = bio, .out = *out, .cb = cb, .data = data };
+    buf_init(out, 0);
+    if (in) {
+        r->in = *in;
+        buf_init(in, 0);
+    }
+    r->in.max = RELAY_HEAD_MAX + RELAY_READ;
+    watcher_init(&r->w, bfd, relay_on_event, r);
+    conn_set_handler(c, &relay_ops, r);
+    /* The request goes now; what arrived with the head (and anything after it) is passed on
+     * from the loop, so that cb never runs before the owner has r. */
+    relay_send(r);
+    relay_watch(r);
+    if (r->in.len > 0 && !r->ended) {
+        r->deferred = true;
+        if (loop_defer(c->srv->loop, relay_deferred, r) < 0)
+            r->deferred = false;
+    }
+    return r;
+}
+
+void proxy_relay_cut(relay_t *r)
+{
+    conn_t *c = r->c;
+    r->c = NULL;
+    if (c) {
+        conn_set_handler(c, NULL, NULL);
+        conn_abort(c);
+    }
+    relay_end(r, false, false);
+}
