@@ -21,7 +21,7 @@ static void keys_tick(loop_t *l, timer_t_ *t)
 {
     control_t *ctl = t->data;
     keyring_t kr;
-    if (keys_load(ctl->store, &kr) >= 0)
+    if (keys_load(ctl->store, &ctl->seal, &kr) >= 0)
         ctl->keys = kr;
     sodium_memzero(&kr, sizeof kr);
     /* the signed key set nodes receive (re-signed only when its version changes) */
@@ -41,7 +41,7 @@ static void keys_tick(loop_t *l, timer_t_ *t)
 static void rotate_done(conn_t *c)
 {
     control_t *ctl = c->srv->app;
-    int r = keys_rotate(ctl->store, ctl->cfg.publish_delay_ms);
+    int r = keys_rotate(ctl->store, &ctl->seal, ctl->cfg.publish_delay_ms);
     if (r < 0) {
         conn_respond_errno(c, r, "rotate");
         return;
@@ -121,9 +121,17 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         log_error("identity key in %s: %s", cfg->state_dir, strerror(-r));
         return r;
     }
+    r = secrets_keys_open(cfg, &ctl->seal);
+    if (r < 0)
+        return r;
     r = auth_bootstrap(ctl);
     if (r >= 0)
-        r = keys_ensure(ctl->store, cfg->publish_delay_ms);
+        r = keys_ensure(ctl->store, &ctl->seal, cfg->publish_delay_ms);
+    if (r == -EBADMSG)
+        log_error("a signing key in the store cannot be read (above): not starting");
+    size_t bad = 0; /* job secrets left in plaintext by an older version, or under an old key */
+    if (r >= 0 && job_secrets_reseal_all(ctl->store, &ctl->seal, &bad) >= 0 && bad)
+        log_error("%zu job secret record(s) cannot be decrypted: their jobs cannot start", bad);
     if (r >= 0)
         keys_tick(NULL, &ctl->keys_t); /* the key ring and the signed set */
     if (r >= 0 && !ctl->keyset_wire[0])
@@ -154,6 +162,7 @@ void control_done(control_t *ctl)
     ctl->store = NULL;
     sodium_memzero(&ctl->keys, sizeof ctl->keys);
     sodium_memzero(&ctl->identity, sizeof ctl->identity);
+    sodium_memzero(&ctl->seal, sizeof ctl->seal);
     pthread_mutex_destroy(&ctl->rec_lock);
     pthread_cond_destroy(&ctl->rec_cond);
 }
