@@ -42,7 +42,7 @@ int secrets_keys_open(const control_config_t *cfg, seal_keys_t *ret)
 }
 
 /* Whether every sealed value in the store carries kid; counts the others. */
-static int count_not_under(store_t *st, const char *kid, size_t *ret_n)
+static int count_not_under(store_t *st, const char *kid, bool verbose, size_t *ret_n)
 {
     static const char *const prefixes[] = { "signing-keys/", "secrets/" };
     size_t left = 0;
@@ -61,7 +61,8 @@ static int count_not_under(store_t *st, const char *kid, size_t *ret_n)
                 len = v ? strlen(v) : 0;
             }
             if (!v || !seal_has_kid(v, len, kid)) {
-                log_error("%s: still not sealed under secrets key %s", kvs[i].key, kid);
+                if (verbose)
+                    log_error("%s: still not sealed under secrets key %s", kvs[i].key, kid);
                 left++;
             }
             json_decref(j);
@@ -69,6 +70,35 @@ static int count_not_under(store_t *st, const char *kid, size_t *ret_n)
         store_kv_free(kvs, n);
     }
     *ret_n = left;
+    return 0;
+}
+
+int secrets_migrate(store_t *st, const seal_keys_t *seal)
+{
+    size_t left = 0, bad = 0;
+    int r = count_not_under(st, seal->keys[0].kid, false, &left);
+    if (r < 0 || left == 0)
+        return r;
+    keyring_t kr;
+    r = keys_load(st, seal, &kr);
+    sodium_memzero(&kr, sizeof kr);
+    if (r < 0)
+        return r;
+    r = job_secrets_reseal_all(st, seal, &bad);
+    if (r < 0)
+        return r;
+    if (bad)
+        log_error("%zu job secret record(s) cannot be decrypted: their jobs cannot start", bad);
+    if (bad == left)
+        return 0; /* nothing re-sealed */
+    r = store_compact(st);
+    if (r < 0)
+        log_warn("store: cannot compact it after re-sealing (%s): the replaced values' bytes "
+                 "may stay in its free pages until SQLite reuses them",
+                 strerror(-r));
+    else
+        log_info("store: %zu value(s) re-sealed under secrets key %s, store compacted", left - bad,
+                 seal->keys[0].kid);
     return 0;
 }
 
@@ -117,12 +147,18 @@ int secrets_rotate(const control_config_t *cfg)
         r = job_secrets_reseal_all(st, &both, &bad);
     /* 3. read back */
     if (r >= 0)
-        r = count_not_under(st, both.keys[0].kid, &left);
+        r = count_not_under(st, both.keys[0].kid, true, &left);
     if (r >= 0 && (bad || left)) {
         log_error("rotation stopped: %zu value(s) not re-sealed; the old keys stay in %s", left,
                   path);
         r = -EBADMSG;
     }
+    /* the old ciphertexts' bytes out of the store's free space and WAL: the old key, if it
+     * leaked, opens nothing in this store's files any more */
+    if (r >= 0 && (r = store_compact(st)) < 0)
+        log_error("store %s: cannot compact it (%s): is a control still running? the old keys "
+                  "stay in %s",
+                  db, strerror(-r), path);
     /* 4. drop the old keys */
     seal_keys_t cur = { .n = 1, .keys = { both.keys[0] } };
     if (r >= 0)

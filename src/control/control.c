@@ -124,14 +124,13 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
     r = secrets_keys_open(cfg, &ctl->seal);
     if (r < 0)
         return r;
-    r = auth_bootstrap(ctl);
+    r = secrets_migrate(ctl->store, &ctl->seal);
+    if (r >= 0)
+        r = auth_bootstrap(ctl);
     if (r >= 0)
         r = keys_ensure(ctl->store, &ctl->seal, cfg->publish_delay_ms);
     if (r == -EBADMSG)
         log_error("a signing key in the store cannot be read (above): not starting");
-    size_t bad = 0; /* job secrets left in plaintext by an older version, or under an old key */
-    if (r >= 0 && job_secrets_reseal_all(ctl->store, &ctl->seal, &bad) >= 0 && bad)
-        log_error("%zu job secret record(s) cannot be decrypted: their jobs cannot start", bad);
     if (r >= 0)
         keys_tick(NULL, &ctl->keys_t); /* the key ring and the signed set */
     if (r >= 0 && !ctl->keyset_wire[0])

@@ -149,6 +149,10 @@ int job_secrets_reseal_all(store_t *st, const seal_keys_t *seal, size_t *ret_bad
 int secrets_key_path(const control_config_t *cfg, char *out, size_t cap);
 /* Load or make the key file; logs why it is refused. */
 int secrets_keys_open(const control_config_t *cfg, seal_keys_t *ret);
+/* At start: re-seal values left in plaintext by an older version, or under an older secrets key
+ * (an interrupted rotation), then compact the store so that their old bytes are gone.
+ * -EBADMSG when a signing key cannot be opened. */
+int secrets_migrate(store_t *st, const seal_keys_t *seal);
 /* sbx-control --rotate-secrets-key: a new current key, every sealed value re-sealed under it,
  * then the old keys dropped from the file (kept there until every value is re-sealed). */
 int secrets_rotate(const control_config_t *cfg);

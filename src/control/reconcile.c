@@ -337,7 +337,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     int status = 0;
     char msg[512] = "";
     r = install_body(rc, job, id, restore, &body);
-    if (r == -EBADMSG || r == -ENOKEY)
+    bool secrets_lost = r == -EBADMSG || r == -ENOKEY;
+    if (secrets_lost)
         (void)snprintf(msg, sizeof msg, "the job's secrets cannot be decrypted (%s)",
                        r == -EBADMSG ? "altered in the store"
                                      : "sealed under a secrets key no longer in the key file");
@@ -365,6 +366,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         return;
     }
     nr.attempts++;
+    if (secrets_lost) /* no retry opens them: say so now */
+        nr.attempts = INSTALL_ATTEMPTS;
     memcpy(nr.state, "failed", 7);
     (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
     log_warn("job %s/%s: install of generation %llu on %s failed (attempt %d): %s", ns, id,
