@@ -9,6 +9,7 @@ The runs still get their secrets and capabilities still verify, across a control
 rotation of the secrets key; an altered or moved ciphertext is refused loudly and never starts a
 run; a key file that group or other may read, or that another user owns, stops the control."""
 import base64
+import hashlib
 import json
 import os
 import re
@@ -420,3 +421,24 @@ def test_key_file_mode_owner_and_path(tmp_path):
     # that store is sealed under that file: without it, the control does not start
     rc, out = try_control(state2, token_file=token)
     assert rc not in (None, 0) and "does not hold" in out, out
+
+
+def test_admin_token_rotation(plat):
+    """docs/platform.md's API token rotation: make the new token, then revoke the old one."""
+    old = plat.admin
+    r = plat.request("POST", "/v1/tokens", {"principal": "ops", "namespace": "*", "role": "admin"})
+    assert r.status == 201, r
+    new, new_id = r.json()["token"], r.json()["id"]
+    listed = {t["id"]: t for t in plat.request("GET", "/v1/tokens", token=new).json()}
+    old_id = "t-" + hashlib.sha256(old.encode()).hexdigest()[:16]
+    assert old_id in listed and new_id in listed, listed
+    r = plat.request("DELETE", f"/v1/tokens/{old_id}", token=new)
+    assert r.status == 200, r
+    assert wait_until(lambda: plat.request("GET", "/v1/tokens", token=old).status == 401, 2), \
+        "token rotation: the old admin token still works"
+    assert plat.request("GET", "/v1/tokens", token=new).status == 200
+    plat.admin = new  # the operator's token file gets the new token
+    with open(plat.token_file, "w") as f:
+        f.write(new + "\n")
+    job = plat.create("t")
+    assert job.exec("echo ok").out == "ok\n"
