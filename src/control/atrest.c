@@ -123,11 +123,17 @@ int secrets_rotate(const control_config_t *cfg)
         sodium_memzero(&old, sizeof old);
         return r < 0 ? r : -ENOENT;
     }
-    /* 1. [new, old...]; the oldest is dropped when the file is full (its values are re-sealed
-     * by every start and rotation, so only a store untouched for 7 rotations could hold one) */
+    /* 1. [new, old...]: every old key stays until step 4 */
+    if (old.n >= SEAL_KEYS_MAX) {
+        log_error("secrets key file %s holds %zu keys already: start a control once (it re-seals "
+                  "everything under the first), then remove the others by hand",
+                  path, old.n);
+        sodium_memzero(&old, sizeof old);
+        return -E2BIG;
+    }
     r = seal_key_generate(&both.keys[0]);
     both.n = 1;
-    for (size_t i = 0; r == 0 && i < old.n && both.n < SEAL_KEYS_MAX; i++)
+    for (size_t i = 0; r == 0 && i < old.n; i++)
         both.keys[both.n++] = old.keys[i];
     sodium_memzero(&old, sizeof old);
     if (r == 0)
