@@ -16,11 +16,10 @@ import re
 import secrets
 import signal
 import subprocess
-import time
 
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import assert_no_sanitizer_report, free_port, wait_until
 from sbxplatform import CAPMINT_BIN, CONTROL_BIN, Control, Platform, http_request
 
 NODES = ("sec-n1", "sec-n2")
@@ -156,13 +155,16 @@ def try_control(state, extra=(), token_file=None, timeout=10):
             p.wait()
     out = p.stdout.read().decode(errors="replace")
     p.stdout.close()
+    assert_no_sanitizer_report(out)
     return rc, out
 
 
 def rotate(plat):
     out = subprocess.run([CONTROL_BIN, "--state", plat.ctl_state, "--rotate-secrets-key"],
                          capture_output=True, timeout=30)
-    return out.returncode, out.stdout.decode() + out.stderr.decode()
+    text = out.stdout.decode() + out.stderr.decode()
+    assert_no_sanitizer_report(text)
+    return out.returncode, text
 
 
 def move_to_other(job):
