@@ -91,18 +91,23 @@ control_ready() {
 node_registered() { grep -q 'registered with the control plane' "$WORK/node.log"; }
 
 echo "command: $INVOKED"
+# The bench's client speaks plain HTTP (TLS in the bench: the trust-chain issue's next slice),
+# so the platform runs with --insecure-plain-http here (loopback only).
 echo "control: env -i PATH=\$PATH SBX_HOME=$WORK/home $CONTROL --state $WORK/control" \
-    "--listen 127.0.0.1:$CPORT"
+    "--listen 127.0.0.1:$CPORT --insecure-plain-http"
 (cd "$WORK" && exec env -i PATH="$PATH" SBX_HOME="$WORK/home" "$CONTROL" \
-    --state "$WORK/control" --listen "127.0.0.1:$CPORT") 2>"$WORK/control.log" &
+    --state "$WORK/control" --listen "127.0.0.1:$CPORT" --insecure-plain-http) \
+    2>"$WORK/control.log" &
 CPID=$!
 wait_for "$CPID" "$WORK/control.log" control_ready
 
 echo "node:    env -i PATH=\$PATH $NODE --state $WORK/node --listen 127.0.0.1:$NPORT" \
-    "--control 127.0.0.1:$CPORT --join-token-file $WORK/control/node-join.token --agent $AGENT"
+    "--control 127.0.0.1:$CPORT --join-token-file $WORK/control/node-join.token --agent $AGENT" \
+    "--insecure-plain-http"
 (cd "$WORK" && exec env -i PATH="$PATH" "$NODE" --state "$WORK/node" \
     --listen "127.0.0.1:$NPORT" --control "127.0.0.1:$CPORT" \
-    --join-token-file "$WORK/control/node-join.token" --agent "$AGENT") 2>"$WORK/node.log" &
+    --join-token-file "$WORK/control/node-join.token" --agent "$AGENT" --insecure-plain-http) \
+    2>"$WORK/node.log" &
 NPID=$!
 wait_for "$NPID" "$WORK/node.log" node_registered
 

@@ -39,8 +39,9 @@ for _ in $(seq 100); do [ -s "$WORK/control/node-join.token" ] && break; sleep 0
     --join-token-file "$WORK/control/node-join.token" --name node-1 2>"$WORK/node.log" &
 PIDS+=($!)
 TOKEN=$(cat "$SBX_HOME/token")
-C=http://127.0.0.1:$CPORT
-api() { curl -fsS -H "Authorization: Bearer $TOKEN" "$@"; }
+C=https://127.0.0.1:$CPORT # TLS 1.3; the platform's CA is made on the first start
+CA=$WORK/control/tls/ca.crt
+api() { curl -fsS --cacert "$CA" -H "Authorization: Bearer $TOKEN" "$@"; }
 for _ in $(seq 100); do
     api "$C/v1/nodes" 2>/dev/null | grep -q '"live":true' && break
     sleep 0.1
@@ -96,7 +97,7 @@ done
 say "pause and resume the dedicated sandbox: a new generation, its files kept"
 api -X POST "$C/v1/jobs/demo/$J1/pause" >/dev/null
 wait_stage "$J1" PAUSED
-curl -sS -H "Authorization: Bearer $TOKEN" -H "X-Sandbox-Token: $T1" "$P1/v1/exec" -d '{"cmd":"true"}'; echo
+curl -sS --cacert "$CA" -H "Authorization: Bearer $TOKEN" -H "X-Sandbox-Token: $T1" "$P1/v1/exec" -d '{"cmd":"true"}'; echo
 api -X POST "$C/v1/jobs/demo/$J1/resume" >/dev/null
 wait_stage "$J1" RUNNING
 api "$C/v1/jobs/demo/$J1" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("generation", j["run"]["generation"], "activation", j["run"]["activation"])'
@@ -110,5 +111,5 @@ api -X POST "$C/v1/jobs/demo/$J2/cancel" >/dev/null
 wait_stage "$J1" CANCELED
 wait_stage "$J2" CANCELED
 say "a wrong API token is refused"
-curl -sS -H "Authorization: Bearer wrong" "$C/v1/jobs/demo"; echo
+curl -sS --cacert "$CA" -H "Authorization: Bearer wrong" "$C/v1/jobs/demo"; echo
 say "demo finished"

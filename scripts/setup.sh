@@ -9,8 +9,8 @@ PACKAGES=(
     clang clang-format
     libsodium-dev libjansson-dev libseccomp-dev libcap-dev libsqlite3-dev sqlite3 musl-tools
     python3 python3-pytest python3-websockets
-    curl iproute2 procps
-    libarchive-dev debootstrap
+    curl openssl iproute2 procps
+    libarchive-dev libssl-dev debootstrap
     e2fsprogs passt nftables util-linux
 )
 

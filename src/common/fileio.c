@@ -3,7 +3,9 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include "macro.h"
@@ -30,5 +32,34 @@ int file_write_atomic(const char *path, const void *p, size_t n, mode_t mode)
     }
     if (fsync(fd) < 0 || rename(tmp, path) < 0)
         return negative_errno();
+    return 0;
+}
+
+int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len)
+{
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+        return negative_errno();
+    if (!S_ISREG(st.st_mode))
+        return -EINVAL;
+    if ((uint64_t)st.st_size > max)
+        return -EFBIG;
+    char *b = malloc((size_t)st.st_size + 1);
+    if (!b)
+        return -ENOMEM;
+    size_t n = 0;
+    while (n < (size_t)st.st_size) {
+        ssize_t k = read(fd, b + n, (size_t)st.st_size - n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    b[n] = 0;
+    *ret = b;
+    if (ret_len)
+        *ret_len = n;
     return 0;
 }

@@ -39,6 +39,7 @@
  * rbuf[off, off + len)). */
 typedef struct {
     int fd;
+    sockio_t *io; /* TLS over fd, or NULL */
     uint64_t deadline_ns;
     char *rbuf;
     size_t off;
@@ -47,6 +48,8 @@ typedef struct {
 
 static void conn_done(conn_t *c)
 {
+    sockio_free(c->io);
+    c->io = NULL;
     c->fd = safe_close(c->fd);
     free(c->rbuf);
     c->rbuf = NULL;
@@ -341,8 +344,22 @@ static int conn_open(const httpc_request_t *rq, uint64_t deadline_ns, int *ret_f
 
 /* ---- socket I/O ---- */
 
+/* Wait until the layer (or the socket) can make progress on what it said it waits for. */
+static int wait_io(conn_t *c)
+{
+    return wait_fd(c->fd, c->io && c->io->want_write ? POLLOUT : POLLIN, c->deadline_ns);
+}
+
 static int send_all(conn_t *c, struct iovec *iov, size_t n)
 {
+    for (; c->io && n > 0; iov++, n--) /* a layer: piece by piece, records as they fill */
+        for (size_t off = 0; off < iov->iov_len;) {
+            ssize_t k = sock_send(c->fd, c->io, (char *)iov->iov_base + off, iov->iov_len - off);
+            int r = k == -EAGAIN ? wait_io(c) : k < 0 ? (int)k : 0;
+            if (r < 0)
+                return r;
+            off += k > 0 ? (size_t)k : 0;
+        }
     while (n > 0) {
         if (iov->iov_len == 0) {
             iov++;
@@ -387,17 +404,15 @@ static int conn_fill(conn_t *c)
     if (room == 0)
         return -ENOBUFS;
     for (;;) {
-        int r = wait_fd(c->fd, POLLIN, c->deadline_ns);
+        /* read first: a layer may hold bytes that poll() would not report */
+        ssize_t k = sock_recv(c->fd, c->io, c->rbuf + c->off + c->len, room);
+        if (k >= 0) {
+            c->len += (size_t)k;
+            return (int)k;
+        }
+        int r = k == -EAGAIN ? wait_io(c) : (int)k;
         if (r < 0)
             return r;
-        ssize_t k = recv(c->fd, c->rbuf + c->off + c->len, room, MSG_DONTWAIT);
-        if (k < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            return negative_errno();
-        }
-        c->len += (size_t)k;
-        return (int)k;
     }
 }
 
@@ -788,6 +803,16 @@ int httpc_do(const httpc_request_t *rq, httpc_response_t *ret)
     r = conn_open(rq, c.deadline_ns, &c.fd);
     if (r < 0)
         return r;
+    if (rq->transport.wrap) { /* TLS: nothing is sent before the peer proved who it is */
+        c.io = rq->transport.wrap(rq->transport.arg, c.fd);
+        if (!c.io)
+            return -ENOMEM;
+        while ((r = c.io->ops->handshake(c.io)) == -EAGAIN)
+            if ((r = wait_io(&c)) < 0)
+                return r;
+        if (r < 0)
+            return r == -EPERM ? -EPERM : -ECONNREFUSED;
+    }
 
     /* Head and body in one sendmsg where they fit, so a small request is one segment. */
     struct iovec iov[2] = {

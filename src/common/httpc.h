@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/sock.h"
+
 #define HTTPC_HEAD_MAX (16 * 1024)
 #define HTTPC_BODY_MAX_DEFAULT (4 * 1024 * 1024)
 
@@ -28,6 +30,9 @@ typedef struct {
     /* If >= 0, the response body is written to this fd (blocking writes) instead of being
      * kept in memory; body_max does not apply then. */
     int body_fd;
+    /* TLS: a layer over the connected socket (tls_wrap_peer with a tls_peer_t); the handshake,
+     * with the peer's certificate checked, completes before anything is sent. */
+    sockio_wrap_t transport;
 } httpc_request_t;
 
 typedef struct {
@@ -42,7 +47,8 @@ void httpc_request_init(httpc_request_t *rq);
 
 /* Perform the exchange. Response bodies may be Content-Length, chunked, or until close.
  * Returns 0 with *ret filled (any status), or -errno: -ECONNREFUSED/-ENOENT (cannot connect),
- * -ETIMEDOUT, -EPROTO (malformed response), -EFBIG (over a cap), -EINVAL (bad request). */
+ * -ETIMEDOUT, -EPROTO (malformed response), -EFBIG (over a cap), -EINVAL (bad request),
+ * -EPERM (the TLS peer is not the one expected: nothing was sent). */
 int httpc_do(const httpc_request_t *rq, httpc_response_t *ret);
 
 /* Read and parse one response from fd as httpc_do() does after sending rq (rq->method decides

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "strutil.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <errno.h>
 #include <string.h>
@@ -222,4 +224,12 @@ bool utf8_valid(const unsigned char *buf, size_t len)
 {
     size_t inc;
     return utf8_valid_prefix(buf, len, &inc) == len && inc == 0;
+}
+
+bool addr_is_loopback(const char *s)
+{
+    unsigned char a[16];
+    if (inet_pton(AF_INET, s, a) == 1)
+        return a[0] == 127;
+    return inet_pton(AF_INET6, s, a) == 1 && memcmp(a, in6addr_loopback.s6_addr, 16) == 0;
 }

@@ -41,3 +41,6 @@ bool query_get_raw(sv_t query, const char *name, sv_t *ret);
  * that start a valid but unfinished sequence (0..3). Invalid bytes stop the scan. */
 size_t utf8_valid_prefix(const unsigned char *buf, size_t len, size_t *ret_incomplete);
 bool utf8_valid(const unsigned char *buf, size_t len);
+
+/* Whether s is a numeric loopback address (127.0.0.0/8 or ::1). */
+bool addr_is_loopback(const char *s);

@@ -105,7 +105,8 @@ int auth_bootstrap(control_t *ctl)
     }
     /* The join material nodes register with: the join token (its hash in the store) and the
      * control plane's identity public key, which the node pins, as one string in the state
-     * dir: "sbxjoin1.<token>.<base64url identity public key>". */
+     * dir: "sbxjoin2.<token>.<base64url identity public key>.<base64url SHA-256 of the TLS CA
+     * certificate>" ("sbxjoin1.<token>.<key>" under --insecure-plain-http). */
     char path[PATH_MAX + 32], pk[64], text[256] = "", tok[64] = "", hash[65];
     (void)snprintf(path, sizeof path, "%s/node-join.token", ctl->cfg.state_dir);
     r = identity_pk_b64(&ctl->identity, pk, sizeof pk);
@@ -119,7 +120,8 @@ int auth_bootstrap(control_t *ctl)
         text[strcspn(text, "\r\n")] = 0;
     }
     /* an existing token (this format, or the bare token of before) stays valid */
-    const char *t = strncmp(text, "sbxjoin1.", 9) == 0 ? text + 9 : text;
+    const char *t =
+        strncmp(text, "sbxjoin1.", 9) == 0 || strncmp(text, "sbxjoin2.", 9) == 0 ? text + 9 : text;
     size_t tl = strcspn(t, ".");
     if (tl > 0 && tl < sizeof tok) {
         memcpy(tok, t, tl);
@@ -144,7 +146,10 @@ int auth_bootstrap(control_t *ctl)
         }
     }
     char want[256];
-    (void)snprintf(want, sizeof want, "sbxjoin1.%s.%s", tok, pk);
+    if (ctl->tls_server) /* TLS: the CA's pin too */
+        (void)snprintf(want, sizeof want, "sbxjoin2.%s.%s.%s", tok, pk, ctl->ca_pin_b64);
+    else
+        (void)snprintf(want, sizeof want, "sbxjoin1.%s.%s", tok, pk);
     r = streq(want, text) ? 0 : write_secret(path, want);
     sodium_memzero(tok, sizeof tok);
     sodium_memzero(text, sizeof text);

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 #include "control.h"
 
+#include <arpa/inet.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 
 void control_kick(control_t *ctl)
@@ -99,6 +101,83 @@ static void control_dispatch(conn_t *c)
     conn_respond_error(c, 404, "no such route");
 }
 
+/* The CA (made on the first start, or the operator's in --tls-dir), the control plane's own
+ * certificate for its addresses (issued again at every start: the CA is what is pinned), the
+ * listener's and the node client's contexts, and the CA pin for the join material. */
+static int control_tls_init(control_t *ctl)
+{
+    control_config_t *cfg = &ctl->cfg;
+    if (cfg->plain_http) {
+        log_warn("--insecure-plain-http: serving plain HTTP on %s; nodes are reached without TLS",
+                 cfg->listen_ip);
+        return 0;
+    }
+    if (!cfg->tls_dir[0] && (size_t)snprintf(cfg->tls_dir, sizeof cfg->tls_dir, "%.*s/tls",
+                                             PATH_MAX - 8, cfg->state_dir) >= sizeof cfg->tls_dir)
+        return -ENAMETOOLONG;
+    if (mkdir(cfg->tls_dir, 0700) < 0 && errno != EEXIST)
+        return negative_errno();
+    int r = tls_ca_ensure(cfg->tls_dir);
+    if (r < 0) {
+        log_error("TLS CA in %s: %s", cfg->tls_dir, tls_last_error());
+        return r;
+    }
+    char kp[PATH_MAX + 16], cp[PATH_MAX + 16], cap_[PATH_MAX + 16];
+    (void)snprintf(kp, sizeof kp, "%s/control.key", cfg->tls_dir);
+    (void)snprintf(cp, sizeof cp, "%s/control.crt", cfg->tls_dir);
+    (void)snprintf(cap_, sizeof cap_, "%s/ca.crt", cfg->tls_dir);
+    _cleanup_free_ char *pub = NULL, *chain = NULL;
+    r = tls_key_ensure(kp, &pub);
+    if (r < 0) {
+        log_error("TLS key %s: %s", kp, tls_last_error());
+        return r;
+    }
+    /* the listen address (unless a wildcard), loopback, and what the operator names */
+    const char *ips[12], *dns[12];
+    size_t ni = 0, nd = 0;
+    unsigned char a[16];
+    bool wildcard = streq(cfg->listen_ip, "0.0.0.0") || streq(cfg->listen_ip, "::");
+    if (!wildcard && !addr_is_loopback(cfg->listen_ip))
+        ips[ni++] = cfg->listen_ip;
+    ips[ni++] = "127.0.0.1";
+    ips[ni++] = "::1";
+    dns[nd++] = "localhost";
+    for (int i = 0; i < cfg->n_tls_sans; i++) {
+        bool ip = inet_pton(AF_INET, cfg->tls_sans[i], a) == 1 ||
+                  inet_pton(AF_INET6, cfg->tls_sans[i], a) == 1;
+        if (ip)
+            ips[ni++] = cfg->tls_sans[i];
+        else
+            dns[nd++] = cfg->tls_sans[i];
+    }
+    ips[ni] = dns[nd] = NULL;
+    r = tls_issue(cfg->tls_dir, pub, "sbx-control", ips, dns, &chain);
+    if (r >= 0)
+        r = file_write_atomic(cp, chain, strlen(chain), 0644);
+    if (r >= 0)
+        r = tls_server_ctx_new(cp, kp, &ctl->tls_server);
+    if (r >= 0)
+        r = tls_client_ctx_new(cap_, NULL, &ctl->tls_client);
+    _cleanup_free_ char *ca = NULL;
+    size_t calen = 0;
+    uint8_t pin[TLS_PIN_BYTES];
+    if (r >= 0)
+        r = file_read_all(cap_, 64 * 1024, &ca, &calen);
+    if (r >= 0)
+        r = tls_cert_pin(ca, calen, pin);
+    if (r < 0) {
+        log_error("TLS setup in %s: %s (%s)", cfg->tls_dir, strerror(-r), tls_last_error());
+        return r;
+    }
+    sodium_bin2base64(ctl->ca_pin_b64, sizeof ctl->ca_pin_b64, pin, sizeof pin,
+                      sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    if (wildcard && cfg->n_tls_sans == 0)
+        log_warn("listening on %s: the certificate names only loopback; give --tls-san for the "
+                 "addresses clients and nodes use",
+                 cfg->listen_ip);
+    return 0;
+}
+
 int control_init(control_t *ctl, const control_config_t *cfg, const server_config_t *scfg)
 {
     *ctl = (control_t){ .cfg = *cfg };
@@ -121,10 +200,11 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         log_error("identity key in %s: %s", cfg->state_dir, strerror(-r));
         return r;
     }
-    r = secrets_keys_open(cfg, &ctl->seal);
-    if (r < 0)
-        return r;
-    r = secrets_migrate(ctl->store, &ctl->seal);
+    r = control_tls_init(ctl);
+    if (r >= 0)
+        r = secrets_keys_open(cfg, &ctl->seal);
+    if (r >= 0)
+        r = secrets_migrate(ctl->store, &ctl->seal);
     if (r >= 0)
         r = auth_bootstrap(ctl);
     if (r >= 0)
@@ -144,6 +224,8 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         return r;
     ctl->srv.dispatch = control_dispatch;
     ctl->srv.app = ctl;
+    if (ctl->tls_server)
+        ctl->srv.transport = (sockio_wrap_t){ tls_wrap_server, ctl->tls_server };
     (void)timer_arm(ctl->srv.loop, &ctl->keys_t, 1000);
     return reconciler_start(ctl);
 }
@@ -157,6 +239,9 @@ void control_done(control_t *ctl)
         timer_disarm(ctl->srv.loop, &ctl->keys_t);
     server_done(&ctl->srv);
     routecache_free(&ctl->routes);
+    tls_ctx_unref(ctl->tls_server);
+    tls_ctx_unref(ctl->tls_client);
+    ctl->tls_server = ctl->tls_client = NULL;
     store_close(ctl->store);
     ctl->store = NULL;
     sodium_memzero(&ctl->keys, sizeof ctl->keys);

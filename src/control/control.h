@@ -17,6 +17,7 @@
 #include "seal.h"
 #include "server/server.h"
 #include "store/store.h"
+#include "tls/tls.h"
 
 #define CTL_KEYS_MAX 8
 #define CTL_NODE_LIVE_MS 5000        /* a node not heard from for this long gets no new runs */
@@ -51,8 +52,15 @@ typedef struct {
 typedef struct {
     char state_dir[PATH_MAX];
     char admin_token_file[PATH_MAX];
-    uint64_t publish_delay_ms;       /* a new signing key is published this long before use */
-    char default_image[64];          /* a job that names no image runs this one */
+    uint64_t publish_delay_ms; /* a new signing key is published this long before use */
+    char default_image[64];    /* a job that names no image runs this one */
+    /* transport: TLS unless plain_http (loopback only); the CA and the control plane's key and
+     * certificate live in tls_dir (default <state>/tls) */
+    bool plain_http;
+    char tls_dir[PATH_MAX];
+    char listen_ip[64];
+    char tls_sans[8][64]; /* more addresses and names for the control plane's certificate */
+    int n_tls_sans;
     char secrets_key_file[PATH_MAX]; /* "" = <state_dir>/secrets.key (seal.h) */
 } control_config_t;
 
@@ -84,6 +92,14 @@ typedef struct control {
     keyring_t keys;
     seal_keys_t seal; /* the secrets key(s): read-only after control_init */
     timer_t_ keys_t;
+    /* TLS (NULL when plain): what the listener serves, how nodes are checked, the CA's pin */
+    tls_ctx_t *tls_server, *tls_client;
+    char ca_pin_b64[48];
+    struct {
+        char node[CAP_ID_MAX];
+        uint8_t pin[TLS_PIN_BYTES];
+        uint64_t at_ms;
+    } pins[32]; /* the edge's cache of registered node key pins (the loop thread's) */
     /* reconciler */
     pthread_t rec_thread;
     bool rec_started;
@@ -165,6 +181,9 @@ void route_nodes(control_t *ctl, conn_t *c, sv_t rest);
 bool image_on_live_node(store_t *st, const char *name, uint64_t *ret_size);
 /* Whether a node record's "images" ([{name, digest, size}]) holds `name` ("host": yes). */
 bool node_rec_has_image(json_t *rec, const char *name);
+
+/* The registered key pin of node `name` (its record's tls_pin): 0, or -ENOENT. */
+int node_pin_load(store_t *st, const char *name, uint8_t pin[TLS_PIN_BYTES]);
 
 /* edge.c */
 /* The role a request through the edge needs on its namespace: read for reading files (GET/HEAD

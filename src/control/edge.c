@@ -40,13 +40,15 @@ typedef struct {
     buf_t in;  /* the node's answer so far */
     size_t out_total;
     watcher_t w;
+    sockio_t *io; /* TLS to the node, or NULL (plain) */
     timer_t_ deadline;
-    enum { E_CONNECTING, E_SENDING, E_READING } st;
+    enum { E_CONNECTING, E_HANDSHAKE, E_SENDING, E_READING } st;
 } edge_t;
 
 static void edge_free(void *p)
 {
     edge_t *e = p;
+    sockio_free(e->io);
     safe_close(e->w.fd);
     buf_free(&e->out);
     buf_free(&e->in);
@@ -131,6 +133,37 @@ role_t edge_role_needed(sv_t method, uint16_t port, sv_t path)
         return port == CAP_AGENT_PORT && read && agent_read_route(path) ? ROLE_READ : ROLE_WRITE;
     default: return ROLE_WRITE; /* exec, processes, file writes */
     }
+}
+
+/* The key pin registered for a node, cached for a few seconds (a node that registers again
+ * with a new key is re-read after a failed handshake). */
+#define EDGE_PIN_TTL_MS 5000
+static int edge_node_pin(control_t *ctl, const char *node, uint8_t pin[TLS_PIN_BYTES])
+{
+    uint64_t now = loop_now_ms(ctl->srv.loop);
+    size_t n = ELEMENTSOF(ctl->pins), slot = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (streq(ctl->pins[i].node, node) && ctl->pins[i].at_ms + EDGE_PIN_TTL_MS > now) {
+            memcpy(pin, ctl->pins[i].pin, TLS_PIN_BYTES);
+            return 0;
+        }
+        if (ctl->pins[i].at_ms < ctl->pins[slot].at_ms)
+            slot = i;
+    }
+    int r = node_pin_load(ctl->store, node, pin);
+    if (r < 0)
+        return r;
+    (void)snprintf(ctl->pins[slot].node, sizeof ctl->pins[slot].node, "%s", node);
+    memcpy(ctl->pins[slot].pin, pin, TLS_PIN_BYTES);
+    ctl->pins[slot].at_ms = now;
+    return 0;
+}
+
+static void edge_node_pin_forget(control_t *ctl, const char *node)
+{
+    for (size_t i = 0; i < ELEMENTSOF(ctl->pins); i++)
+        if (streq(ctl->pins[i].node, node))
+            ctl->pins[i].at_ms = 0;
 }
 
 static int connect_node(const route_t *rt, int *ret_fd)
@@ -227,6 +260,7 @@ static void start_attempt(edge_t *e)
         return;
     }
     loop_unwatch(l, &e->w); /* a retry: the refused connection goes */
+    sockio_free(TAKE_PTR(e->io));
     safe_close(e->w.fd);
     watcher_init(&e->w, fd, edge_on_event, e);
     e->st = E_CONNECTING;
@@ -243,11 +277,12 @@ static void commit(edge_t *e)
     conn_t *c = e->conn;
     loop_unwatch(e->ctl->srv.loop, &e->w); /* before the fd changes hands */
     int fd = TAKE_FD(e->w.fd);
+    sockio_t *io = TAKE_PTR(e->io);
     buf_t up = e->out, down = e->in;
     buf_init(&e->out, 0);
     buf_init(&e->in, 0);
     edge_release(e); /* detaches from c */
-    (void)proxy_tunnel_start(c, fd, &up, &down, NULL, NULL);
+    (void)proxy_tunnel_start(c, fd, io, &up, &down, NULL, NULL);
     buf_free(&up);
     buf_free(&down);
 }
@@ -294,7 +329,13 @@ static void transport_failed(edge_t *e, int err)
         }
     }
     routecache_drop(&e->ctl->routes, e->key, &e->route);
-    edge_fail(e, 502, "edge: the node did not answer: %s", strerror(-err));
+    if (err == -EPERM || err == -ENOKEY)
+        edge_fail(e, 502,
+                  "edge: node %s did not prove its registered TLS identity; nothing was "
+                  "sent to it",
+                  e->route.run.node);
+    else
+        edge_fail(e, 502, "edge: the node did not answer: %s", strerror(-err));
 }
 
 /* The node's answer head is complete: RefreshRoute -> one retry; anything else -> commit. */
@@ -333,16 +374,17 @@ static void on_readable(edge_t *e)
             commit(e); /* a huge head: not a refusal, pass it through */
             return;
         }
-        ssize_t n = recv(e->w.fd, space, 16384, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN)
+        ssize_t n = sock_recv(e->w.fd, e->io, space, 16384);
+        if (n == -EAGAIN) {
+            if (e->io) /* a layer that must write to read on */
+                (void)loop_watch(e->ctl->srv.loop, &e->w, e->io->want_write ? EPOLLOUT : EPOLLIN);
             return;
+        }
         if (n <= 0) {
             if (e->in.len > 0)
                 commit(e); /* whatever the node said before closing */
             else
-                transport_failed(e, n < 0 ? negative_errno() : -ECONNRESET);
+                transport_failed(e, n < 0 ? (int)n : -ECONNRESET);
             return;
         }
         buf_commit(&e->in, (size_t)n);
@@ -369,6 +411,34 @@ static void on_writable(edge_t *e)
             transport_failed(e, -err);
             return;
         }
+        e->st = E_HANDSHAKE;
+        if (e->ctl->tls_client) {
+            uint8_t pin[TLS_PIN_BYTES];
+            if (edge_node_pin(e->ctl, e->route.run.node, pin) < 0) {
+                transport_failed(e, -ENOKEY);
+                return;
+            }
+            e->io = tls_connect(e->ctl->tls_client, e->w.fd, e->route.host, pin);
+            if (!e->io) {
+                transport_failed(e, -ENOMEM);
+                return;
+            }
+        }
+    }
+    if (e->st == E_HANDSHAKE) {
+        /* TLS: the node proves its registered key before it sees the capability */
+        int r = e->io ? e->io->ops->handshake(e->io) : 0;
+        if (r == -EAGAIN) {
+            (void)loop_watch(l, &e->w, e->io->want_write ? EPOLLOUT : EPOLLIN);
+            return;
+        }
+        if (r < 0) {
+            log_warn("edge: %s: TLS with node %s at %s failed: %s", e->key, e->route.run.node,
+                     e->route.host, tls_last_error());
+            edge_node_pin_forget(e->ctl, e->route.run.node);
+            transport_failed(e, r);
+            return;
+        }
         e->st = E_SENDING;
         if (!e->replayable) { /* streamed: the tunnel sends head and body */
             commit(e);
@@ -376,13 +446,14 @@ static void on_writable(edge_t *e)
         }
     }
     while (e->out.len > 0) {
-        ssize_t n = send(e->w.fd, buf_head(&e->out), e->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN)
+        ssize_t n = sock_send(e->w.fd, e->io, buf_head(&e->out), e->out.len);
+        if (n == -EAGAIN) {
+            if (e->io && !e->io->want_write)
+                (void)loop_watch(l, &e->w, EPOLLIN);
             return;
+        }
         if (n < 0) {
-            transport_failed(e, negative_errno());
+            transport_failed(e, (int)n);
             return;
         }
         e->sent_any = true;
@@ -399,10 +470,9 @@ static void edge_on_event(loop_t *l, watcher_t *w, uint32_t ev)
     (void)l;
     if (!e->conn)
         return;
+    (void)ev; /* SO_ERROR, the layer or the read tells what happened */
     if (e->st == E_READING)
         on_readable(e);
-    else if ((ev & (EPOLLERR | EPOLLHUP)) && e->st == E_CONNECTING)
-        on_writable(e); /* SO_ERROR tells what failed */
     else
         on_writable(e);
 }
@@ -411,7 +481,7 @@ static void edge_on_timeout(loop_t *l, timer_t_ *t)
 {
     edge_t *e = t->data;
     (void)l;
-    if (e->st == E_CONNECTING)
+    if (e->st == E_CONNECTING || e->st == E_HANDSHAKE) /* nothing was sent */
         transport_failed(e, -ETIMEDOUT);
     else
         edge_fail(e, 504, "edge: %s", "the node did not answer in time");

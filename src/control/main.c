@@ -10,18 +10,24 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: sbx-control --state DIR [--listen ADDR:PORT] [--admin-token-file FILE]\n"
-               "                   [--key-publish-delay-ms N] [--default-image NAME]\n"
-               "                   [--secrets-key-file FILE] [--rotate-secrets-key]\n"
-               "Jobs that name no image run --default-image (default \"debian\", built by\n"
-               "scripts/build-image.sh); \"host\" (the nodes' own /usr) is for admins unless it\n"
-               "is the default.\n"
-               "The sbx control plane (embedded SQLite store in DIR/store.db).\n"
-               "Default listen 127.0.0.1:49980; the admin token goes to $SBX_HOME/token\n"
-               "($SBX_HOME defaults to ~/.sbx) on the first start of an empty store.\n"
-               "Signing keys and job secrets are sealed in the store under the secrets key file\n"
-               "(default DIR/secrets.key, 0600, made on the first start); --rotate-secrets-key\n"
-               "(every control stopped) replaces that key and re-seals the store, then exits.\n");
+    fprintf(f,
+            "usage: sbx-control --state DIR [--listen ADDR:PORT] [--admin-token-file FILE]\n"
+            "                   [--key-publish-delay-ms N] [--default-image NAME]\n"
+            "                   [--tls-dir DIR] [--tls-san ADDR|NAME]... [--insecure-plain-http]\n"
+            "                   [--secrets-key-file FILE] [--rotate-secrets-key]\n"
+            "TLS 1.3 on the listener and to every node: the CA, key and certificate are made\n"
+            "in DIR/tls (or --tls-dir, where an operator may put a CA of their own: ca.key +\n"
+            "ca.crt) on the first start; clients trust DIR/tls/ca.crt. --insecure-plain-http\n"
+            "(loopback addresses only) serves plain HTTP and talks plain HTTP to nodes.\n"
+            "Jobs that name no image run --default-image (default \"debian\", built by\n"
+            "scripts/build-image.sh); \"host\" (the nodes' own /usr) is for admins unless it\n"
+            "is the default.\n"
+            "The sbx control plane (embedded SQLite store in DIR/store.db).\n"
+            "Default listen 127.0.0.1:49980; the admin token goes to $SBX_HOME/token\n"
+            "($SBX_HOME defaults to ~/.sbx) on the first start of an empty store.\n"
+            "Signing keys and job secrets are sealed in the store under the secrets key file\n"
+            "(default DIR/secrets.key, 0600, made on the first start); --rotate-secrets-key\n"
+            "(every control stopped) replaces that key and re-seals the store, then exits.\n");
 }
 
 int main(int argc, char **argv)
@@ -32,6 +38,9 @@ int main(int argc, char **argv)
         { "admin-token-file", required_argument, NULL, 't' },
         { "key-publish-delay-ms", required_argument, NULL, 'd' },
         { "default-image", required_argument, NULL, 'i' },
+        { "insecure-plain-http", no_argument, NULL, 'P' },
+        { "tls-dir", required_argument, NULL, 'T' },
+        { "tls-san", required_argument, NULL, 'S' },
         { "secrets-key-file", required_argument, NULL, 'K' },
         { "rotate-secrets-key", no_argument, NULL, 'R' },
         { "help", no_argument, NULL, 'h' },
@@ -77,6 +86,24 @@ int main(int argc, char **argv)
             }
             memcpy(cfg.default_image, optarg, strlen(optarg) + 1);
             break;
+        case 'P': cfg.plain_http = true; break;
+        case 'T':
+            if (strlen(optarg) >= sizeof cfg.tls_dir || optarg[0] != '/') {
+                log_error("--tls-dir takes an absolute path");
+                return 2;
+            }
+            memcpy(cfg.tls_dir, optarg, strlen(optarg) + 1);
+            break;
+        case 'S':
+            if (cfg.n_tls_sans == (int)ELEMENTSOF(cfg.tls_sans) ||
+                strlen(optarg) >= sizeof cfg.tls_sans[0] || !optarg[0] ||
+                optarg[strspn(optarg, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                      "0123456789.:-")]) {
+                log_error("--tls-san takes an IP address or a DNS name (at most 8)");
+                return 2;
+            }
+            memcpy(cfg.tls_sans[cfg.n_tls_sans++], optarg, strlen(optarg) + 1);
+            break;
         case 'K':
             if (strlen(optarg) >= sizeof cfg.secrets_key_file || optarg[0] != '/') {
                 log_error("--secrets-key-file takes an absolute path");
@@ -105,6 +132,13 @@ int main(int argc, char **argv)
     memcpy(scfg.bind, listen, (size_t)(colon - listen));
     scfg.bind[colon - listen] = 0;
     scfg.port = (uint16_t)port;
+    (void)snprintf(cfg.listen_ip, sizeof cfg.listen_ip, "%s", scfg.bind);
+    if (cfg.plain_http && !addr_is_loopback(scfg.bind)) {
+        log_error("--insecure-plain-http serves only a loopback address (127.0.0.0/8 or ::1); "
+                  "%s is not one: drop the flag to serve TLS",
+                  scfg.bind);
+        return 2;
+    }
     if (tokfile)
         (void)snprintf(cfg.admin_token_file, sizeof cfg.admin_token_file, "%s", tokfile);
     else {

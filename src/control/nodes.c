@@ -114,7 +114,8 @@ bool image_on_live_node(store_t *st, const char *name, uint64_t *ret_size)
 }
 
 /* The key set goes out signed by the control plane's identity (nodes refuse anything else). */
-static void respond_keys(control_t *ctl, conn_t *c, int status, const char *token)
+static void respond_keys(control_t *ctl, conn_t *c, int status, const char *token,
+                         const char *tls_cert)
 {
     if (!ctl->keyset_wire[0]) {
         conn_respond_error(c, 503, "no signed key set yet");
@@ -124,6 +125,8 @@ static void respond_keys(control_t *ctl, conn_t *c, int status, const char *toke
                           (json_int_t)ctl->keyset_version, "heartbeat_ms", 1000);
     if (j && token)
         json_object_set_new(j, "node_token", json_string(token));
+    if (j && tls_cert)
+        json_object_set_new(j, "tls_cert", json_string(tls_cert));
     conn_respond_json(c, status, j);
 }
 
@@ -149,8 +152,9 @@ static void register_done(conn_t *c)
     uint64_t port;
     const char *colon;
     json_t *images = NULL;
-    if (json_unpack(b, "{s:s,s:s,s?I,s?o}", "name", &name, "url", &url, "capacity", &capacity,
-                    "images", &images) < 0 ||
+    const char *tls_pub = NULL;
+    if (json_unpack(b, "{s:s,s:s,s?I,s?o,s?s}", "name", &name, "url", &url, "capacity", &capacity,
+                    "images", &images, "tls_pubkey", &tls_pub) < 0 ||
         (images && !(images = images_from_report(images))) || !cap_id_valid(name) ||
         !(colon = strrchr(url, ':')) || (size_t)(colon - url) >= sizeof host ||
         parse_u64_str(colon + 1, 65535, &port) < 0 || capacity < 1) {
@@ -158,11 +162,34 @@ static void register_done(conn_t *c)
         json_decref(b);
         conn_respond_error(c, 400,
                            "register: expected {name, url: \"ip:port\", capacity, images: "
-                           "[{name, digest, size}]}");
+                           "[{name, digest, size}], tls_pubkey}");
         return;
     }
     memcpy(host, url, (size_t)(colon - url));
     host[colon - url] = 0;
+    /* TLS: the node's key is certified for its address and pinned in its record */
+    _cleanup_free_ char *cert = NULL;
+    char pin_b64[48] = "";
+    if (ctl->tls_server) {
+        uint8_t pin[TLS_PIN_BYTES];
+        const char *ips[] = { host, NULL };
+        int tr = !tls_pub ? -ENOKEY
+                 : tls_pubkey_pin(tls_pub, strlen(tls_pub), pin) < 0
+                     ? -EINVAL
+                     : tls_issue(ctl->cfg.tls_dir, tls_pub, name, ips, NULL, &cert);
+        if (tr < 0) {
+            json_decref(images);
+            json_decref(b);
+            conn_respond_error(c, 400,
+                               tr == -ENOKEY ? "register: this control plane speaks TLS: send "
+                                               "tls_pubkey (the node's public key, PEM)"
+                                             : "register: cannot certify tls_pubkey for %s: %s",
+                               host, tls_last_error());
+            return;
+        }
+        sodium_bin2base64(pin_b64, sizeof pin_b64, pin, sizeof pin,
+                          sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+    }
     char tok[64], hex[41], thash[65], key[96];
     random_hex(hex, 20);
     (void)snprintf(tok, sizeof tok, "sbxnode_%s", hex);
@@ -208,6 +235,8 @@ static void register_done(conn_t *c)
         json_object_set_new(rec, "images", images ? images : json_array());
     else
         json_decref(images);
+    if (rec && pin_b64[0])
+        json_object_set_new(rec, "tls_pin", json_string(pin_b64));
     log_info("node %s registered at %s:%llu", name, host, (unsigned long long)port);
     json_decref(b);
     char *v = rec ? json_dumps(rec, JSON_COMPACT) : NULL;
@@ -223,7 +252,7 @@ static void register_done(conn_t *c)
         return;
     }
     control_kick(ctl);
-    respond_keys(ctl, c, 200, tok);
+    respond_keys(ctl, c, 200, tok, cert);
     sodium_memzero(tok, sizeof tok);
 }
 
@@ -299,7 +328,7 @@ static void heartbeat_done(conn_t *c, const char *name)
     json_array_foreach(json_object_get(b, "runs"), i, rep)
         run_exited(ctl, name, rep);
     json_decref(b);
-    respond_keys(ctl, c, 200, NULL);
+    respond_keys(ctl, c, 200, NULL, NULL);
 }
 
 typedef struct {
@@ -377,4 +406,25 @@ void route_nodes(control_t *ctl, conn_t *c, sv_t rest)
         return;
     }
     conn_respond_error(c, 404, "no such route");
+}
+
+int node_pin_load(store_t *st, const char *name, uint8_t pin[TLS_PIN_BYTES])
+{
+    char key[96];
+    store_kv_t kv;
+    (void)snprintf(key, sizeof key, "nodes/%s", name);
+    if (store_get(st, key, &kv) < 0)
+        return -ENOENT;
+    json_t *rec = json_loadb(kv.value, kv.value_len, 0, NULL);
+    store_kv_clear(&kv);
+    const char *b = json_string_value(json_object_get(rec, "tls_pin"));
+    size_t len = 0;
+    int r = b &&
+                    sodium_base642bin(pin, TLS_PIN_BYTES, b, strlen(b), NULL, &len, NULL,
+                                      sodium_base64_VARIANT_URLSAFE_NO_PADDING) == 0 &&
+                    len == TLS_PIN_BYTES
+                ? 0
+                : -ENOENT;
+    json_decref(rec);
+    return r;
 }

@@ -65,6 +65,21 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
                    wire);
     httpc_request_t rq;
     httpc_request_init(&rq);
+    /* TLS: the node's certificate must chain to our CA, name its address and carry the key its
+     * registration pinned; nothing (no capability, no secret) is sent to anyone else */
+    uint8_t pin[TLS_PIN_BYTES];
+    tls_peer_t peer = { .ctx = rc->ctl->tls_client, .ip = host, .key_pin = pin };
+    if (rc->ctl->tls_client) {
+        if (node_pin_load(rc->st, run->node, pin) < 0) {
+            (void)snprintf(msg, msgcap, "node %s has no registered TLS key", run->node);
+            if (b) {
+                sodium_memzero(b, strlen(b));
+                free(b);
+            }
+            return -ENOKEY;
+        }
+        rq.transport = (sockio_wrap_t){ tls_wrap_peer, &peer };
+    }
     rq.host = host;
     rq.port = port;
     rq.method = method;
@@ -83,7 +98,8 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
         free(b);
     }
     if (r < 0) {
-        (void)snprintf(msg, msgcap, "node %s:%u: %s", host, port, strerror(-r));
+        (void)snprintf(msg, msgcap, "node %s:%u: %s%s%s", host, port, strerror(-r),
+                       r == -EPERM ? ": " : "", r == -EPERM ? tls_last_error() : "");
         return r;
     }
     *ret_status = resp.status;

@@ -27,6 +27,8 @@ static int call(node_t *n, const char *target, const char *bearer, const char *e
                    extra ? extra : "");
     httpc_request_t rq;
     httpc_request_init(&rq);
+    tls_peer_t peer;
+    node_tls_peer(n, n->cfg.control_host, &peer, &rq); /* the pinned CA's chain, or nothing */
     rq.host = n->cfg.control_host;
     rq.port = n->cfg.control_port;
     rq.method = "POST";
@@ -132,6 +134,8 @@ static int do_register(node_t *n)
     json_t *body = json_pack("{s:s,s:s,s:I,s:[s],s:o}", "name", n->cfg.name, "url",
                              n->cfg.advertise, "capacity", (json_int_t)n->cfg.capacity,
                              "substrates", "process", "images", node_images_json(n));
+    if (body && n->tls_pub) /* the control plane certifies this key for our address */
+        json_object_set_new(body, "tls_pubkey", json_string(n->tls_pub));
     json_t *resp = NULL;
     /* our previous token proves this name is ours when the control plane knows it already */
     char extra[200] = "";
@@ -145,7 +149,13 @@ static int do_register(node_t *n)
     if (r < 0)
         return r;
     const char *tok = json_string_value(json_object_get(resp, "node_token"));
-    if (!tok || strlen(tok) >= sizeof n->node_token || apply_keys(n, resp) < 0) {
+    const char *cert = json_string_value(json_object_get(resp, "tls_cert"));
+    if (!tok || strlen(tok) >= sizeof n->node_token || (n->tls_pub && !cert) ||
+        apply_keys(n, resp) < 0) {
+        json_decref(resp);
+        return -EPROTO;
+    }
+    if (cert && node_tls_install_cert(n, cert) < 0) {
         json_decref(resp);
         return -EPROTO;
     }
@@ -185,6 +195,7 @@ static void *agent_main(void *p)
 {
     node_t *n = p;
     bool was_ok = false;
+    int last_err = 0;
     while (!n->stopping) {
         int r = n->registered ? do_heartbeat(n) : do_register(n);
         if (r == -EACCES && n->registered) {
@@ -194,12 +205,16 @@ static void *agent_main(void *p)
             pthread_mutex_unlock(&n->keys_lock);
             continue;
         }
-        if (r < 0 && was_ok)
+        if (r == -EPERM && last_err != r) /* every time it changes: an impostor is news */
+            log_warn("refused the TLS identity of whatever answers at %s:%u: %s",
+                     n->cfg.control_host, n->cfg.control_port, tls_last_error());
+        else if (r < 0 && was_ok)
             log_warn("control plane unreachable: %s", strerror(-r));
         else if (r >= 0 && !was_ok)
             log_info("registered with the control plane at %s:%u as %s", n->cfg.control_host,
                      n->cfg.control_port, n->cfg.name);
         was_ok = r >= 0;
+        last_err = r;
         for (int i = 0; i < HEARTBEAT_MS / 50 && !n->stopping; i++) {
             struct timespec ts = { 0, 50 * 1000 * 1000 };
             nanosleep(&ts, NULL);

@@ -287,7 +287,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
         return;
     }
     /* The stream is leased to this run: replacing or retiring it cuts the tunnel. */
-    tunnel_t *t = proxy_tunnel_start(c, fd, &head, NULL, run_lease_on_close, l);
+    tunnel_t *t = proxy_tunnel_start(c, fd, NULL, &head, NULL, run_lease_on_close, l);
     buf_free(&head);
     if (!t)
         run_lease_on_close(NULL, l);

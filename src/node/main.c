@@ -15,10 +15,13 @@ static void usage(FILE *f)
     fprintf(f, "usage: sbx-node --state DIR --listen ADDR:PORT --control ADDR:PORT\n"
                "                (--join-token-file FILE | --join STRING) [--control-key B64]\n"
                "                [--name ID] [--advertise ADDR:PORT] [--agent PATH] [--capacity N]\n"
-               "                [--id-range START:COUNT] [--images DIR]\n"
+               "                [--id-range START:COUNT] [--images DIR] [--insecure-plain-http]\n"
                "Runs sandbox runs for sbx-control on this machine (needs root).\n"
-               "The join material is \"sbxjoin1.<token>.<control identity key>\" (the control\n"
-               "plane's node-join.token); a bare join token needs --control-key.\n");
+               "The join material is the control plane's node-join.token:\n"
+               "\"sbxjoin2.<token>.<control identity key>.<CA pin>\". The node speaks TLS 1.3\n"
+               "(its key and certificate in DIR/tls) and trusts only the pinned CA.\n"
+               "--insecure-plain-http (loopback only) speaks plain HTTP and also accepts\n"
+               "\"sbxjoin1.<token>.<key>\" or a bare token with --control-key.\n");
 }
 
 static int parse_hostport(const char *s, char *host, size_t hcap, uint16_t *port)
@@ -56,22 +59,42 @@ static int read_token_file(const char *path, char *out, size_t cap)
     return n > 0 ? 0 : -EINVAL;
 }
 
-/* "sbxjoin1.<token>.<base64url identity public key>", or a bare token with --control-key. */
+/* "sbxjoin2.<token>.<base64url identity public key>.<base64url SHA-256 of the CA certificate>";
+ * under --insecure-plain-http also "sbxjoin1.<token>.<key>" or a bare token with --control-key. */
 static int parse_join(const char *text, const char *key_b64, node_config_t *cfg)
 {
     const char *tok = text, *pk = key_b64;
+    char pkbuf[64];
     size_t tl = strlen(text);
-    if (strncmp(text, "sbxjoin1.", 9) == 0) {
+    bool v2 = strncmp(text, "sbxjoin2.", 9) == 0;
+    if (!v2 && !cfg->plain_http) {
+        log_error("the join material pins no TLS CA: use the control plane's node-join.token "
+                  "(sbxjoin2.…), or --insecure-plain-http with a control plane that has it too");
+        return -EINVAL;
+    }
+    if (v2 || strncmp(text, "sbxjoin1.", 9) == 0) {
         tok = text + 9;
         const char *dot = strchr(tok, '.');
         if (!dot)
             return -EINVAL;
         tl = (size_t)(dot - tok);
-        if (pk && !streq(pk, dot + 1)) {
+        const char *k = dot + 1, *end = v2 ? strchr(k, '.') : k + strlen(k);
+        if (!end || (size_t)(end - k) >= sizeof pkbuf)
+            return -EINVAL;
+        memcpy(pkbuf, k, (size_t)(end - k));
+        pkbuf[end - k] = 0;
+        if (pk && !streq(pk, pkbuf)) {
             log_error("--control-key differs from the key in the join material");
             return -EINVAL;
         }
-        pk = dot + 1;
+        pk = pkbuf;
+        size_t pl = 0;
+        if (v2 && (sodium_base642bin(cfg->ca_pin, TLS_PIN_BYTES, end + 1, strlen(end + 1), NULL,
+                                     &pl, NULL, sodium_base64_VARIANT_URLSAFE_NO_PADDING) != 0 ||
+                   pl != TLS_PIN_BYTES)) {
+            log_error("malformed CA pin in the join material");
+            return -EINVAL;
+        }
     }
     if (!pk) {
         log_error("the join material names no control identity key: use the control plane's "
@@ -114,6 +137,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         { "capacity", required_argument, NULL, 'k' },
         { "id-range", required_argument, NULL, 'i' },
         { "images", required_argument, NULL, 'I' },
+        { "insecure-plain-http", no_argument, NULL, 'P' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -145,6 +169,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
             break;
         case 'i': r = idrange_parse(optarg, &cfg->id_start, &cfg->id_count); break;
         case 'I': r = copy_str(cfg->images_dir, sizeof cfg->images_dir, optarg); break;
+        case 'P': cfg->plain_http = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -172,6 +197,12 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         return -EINVAL;
     }
     scfg->port = port;
+    if (cfg->plain_http &&
+        (!addr_is_loopback(scfg->bind) || !addr_is_loopback(cfg->control_host))) {
+        log_error("--insecure-plain-http: the listen and control addresses must be loopback "
+                  "(127.0.0.0/8 or ::1)");
+        return -EINVAL;
+    }
     (void)snprintf(cfg->advertise, sizeof cfg->advertise, "%s", advertise ? advertise : listen);
     char text[512];
     if (tokfile && read_token_file(tokfile, text, sizeof text) < 0) {

@@ -49,6 +49,7 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
 {
     *n = (node_t){ .cfg = *cfg };
     pthread_mutex_init(&n->keys_lock, NULL);
+    pthread_mutex_init(&n->tls_lock, NULL);
     timer_init(&n->report_t, report_runs, n); /* first: node_done disarms it */
     struct stat st;
     if (stat(cfg->agent_bin, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -108,6 +109,9 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
         return r;
     n->srv.dispatch = node_dispatch;
     n->srv.app = n;
+    r = node_tls_init(n);
+    if (r < 0)
+        return r;
     /* Runs are our children (reaped through the registry); install threads wait for their own
      * tar and rm. Orphans go to init, not to us: nothing here would reap them. */
     n->srv.reap_registered_only = true;
@@ -151,5 +155,6 @@ void node_done(node_t *n)
     seccomp_filter_done(&n->filter_pool);
     free(n->ld_cache);
     json_decref(n->runs_report);
+    node_tls_done(n);
     pthread_mutex_destroy(&n->keys_lock);
 }

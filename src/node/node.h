@@ -11,11 +11,13 @@
 #include <sys/types.h>
 
 #include "cap/cap.h"
+#include "common/httpc.h"
 #include "isolation/cgroup.h"
 #include "isolation/filter.h"
 #include "isolation/idrange.h"
 #include "node/image.h"
 #include "server/server.h"
+#include "tls/tls.h"
 
 #define NODE_MAX_EXPOSE 16
 #define NODE_INSTALL_BODY_MAX (1024 * 1024)
@@ -84,8 +86,10 @@ typedef struct {
     uint8_t control_pk[CAP_PK_BYTES]; /* the control plane's identity, pinned at join */
     char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
     uint64_t capacity;
-    uint32_t id_start, id_count; /* subordinate ids for runs' user namespaces */
-    char images_dir[PATH_MAX];   /* OCI image layouts (image.h); IMAGE_DEFAULT_DIR */
+    uint32_t id_start, id_count;   /* subordinate ids for runs' user namespaces */
+    char images_dir[PATH_MAX];     /* OCI image layouts (image.h); IMAGE_DEFAULT_DIR */
+    bool plain_http;               /* --insecure-plain-http: no TLS (loopback only) */
+    uint8_t ca_pin[TLS_PIN_BYTES]; /* the control plane's CA, pinned at join */
 } node_config_t;
 
 /* The images this node verified and unpacked (images.c); v and bad under lock. */
@@ -128,7 +132,18 @@ typedef struct node {
     install_t *installs; /* in progress */
     timer_t_ report_t;
     node_images_t images;
+    /* TLS (tlsid.c): the listener's context (swapped under tls_lock), the client's */
+    pthread_mutex_t tls_lock;
+    tls_ctx_t *tls_server, *tls_client;
+    char *tls_pub; /* our public key, PEM, for registration */
 } node_t;
+
+/* tlsid.c */
+int node_tls_init(node_t *n);
+int node_tls_install_cert(node_t *n, const char *chain);
+/* Make rq a TLS request to ip checked against the pinned CA (no-op in plain mode). */
+void node_tls_peer(node_t *n, const char *ip, tls_peer_t *peer, httpc_request_t *rq);
+void node_tls_done(node_t *n);
 
 /* node.c */
 int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg);

@@ -509,7 +509,8 @@ int run_probe_ready(run_t *r, char *err, size_t errlen)
 }
 
 /* Fetch a paused run's root from the node that holds it, as a tar stream, into root. */
-static int restore_remote(json_t *rs, const run_t *r, const char *root, char *err, size_t errlen)
+static int restore_remote(node_t *n, json_t *rs, const run_t *r, const char *root, char *err,
+                          size_t errlen)
 {
     const char *host, *cap, *sandbox;
     json_int_t port;
@@ -545,6 +546,8 @@ static int restore_remote(json_t *rs, const run_t *r, const char *root, char *er
     (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\n", cap);
     httpc_request_t rq;
     httpc_request_init(&rq);
+    tls_peer_t peer; /* the other node: a certificate from our control plane's CA for host */
+    node_tls_peer(n, host, &peer, &rq);
     rq.host = host;
     rq.port = (uint16_t)port;
     rq.method = "GET";
@@ -781,7 +784,7 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
     if (rc < 0)
         return rc;
     if (restore && !keep_root)
-        rc = restore_remote(restore, r, root, err, errlen);
+        rc = restore_remote(n, restore, r, root, err, errlen);
     if (rc < 0 || streq(r->image, "host"))
         return rc;
     /* an image run: its verified rootfs (unpacked once per manifest) under the layer kept on

@@ -35,6 +35,9 @@ static void conn_destroy(void *p)
     c->sb = NULL;
     timer_disarm(s->loop, &c->deadline);
     loop_unwatch(s->loop, &c->w);
+    if (c->io) /* a TLS peer reads the end as an end, not as a cut */
+        c->io->ops->close_notify(c->io);
+    sockio_free(c->io);
     safe_close(c->fd);
     safe_close(c->file_fd);
     buf_free(&c->in);
@@ -93,6 +96,16 @@ int conn_accept(server_t *srv, int fd)
     watcher_init(&c->w, fd, conn_on_event, c);
     timer_init(&c->deadline, conn_on_deadline, c);
     c->last_progress_ms = loop_now_ms(srv->loop);
+    if (srv->transport.wrap) {
+        /* the handshake runs inside the first reads, under the head deadline */
+        c->io = srv->transport.wrap(srv->transport.arg, fd);
+        if (!c->io) {
+            safe_close(fd);
+            free(c);
+            return -ENOMEM;
+        }
+        c->head_started_ms = c->last_progress_ms;
+    }
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->next = srv->conns;
@@ -127,20 +140,30 @@ static void conn_maybe_finish(conn_t *c)
 static int conn_write_some(conn_t *c)
 {
     while (c->out.len > 0) {
-        ssize_t n = send(c->fd, buf_head(&c->out), c->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN)
-                return 0;
-            return negative_errno();
-        }
+        ssize_t n = sock_send(c->fd, c->io, buf_head(&c->out), c->out.len);
+        if (n < 0)
+            return n == -EAGAIN ? 0 : (int)n;
         buf_consume(&c->out, (size_t)n);
         c->last_progress_ms = loop_now_ms(c->srv->loop);
     }
     while (c->file_left > 0) {
         off_t off = (off_t)c->file_off;
         size_t want = (size_t)MIN(c->file_left, (uint64_t)1 << 30);
+        if (c->io) { /* a layer encrypts: the file's bytes pass through our memory */
+            char chunk[16384];
+            ssize_t k = pread(c->file_fd, chunk, MIN(want, sizeof chunk), off);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0)
+                return k < 0 ? negative_errno() : -EIO;
+            ssize_t n = sock_send(c->fd, c->io, chunk, (size_t)k);
+            if (n < 0)
+                return n == -EAGAIN ? 0 : (int)n;
+            c->file_off += (uint64_t)n;
+            c->file_left -= (uint64_t)n;
+            c->last_progress_ms = loop_now_ms(c->srv->loop);
+            continue;
+        }
         ssize_t n = sendfile(c->fd, c->file_fd, &off, want);
         if (n < 0) {
             if (errno == EINTR)
@@ -504,13 +527,14 @@ void conn_resume_body(conn_t *c)
     conn_process_input(c);
 }
 
-int conn_hijack(conn_t *c, int *ret_fd, buf_t *ret_pending)
+int conn_hijack(conn_t *c, int *ret_fd, sockio_t **ret_io, buf_t *ret_pending)
 {
     if (c->dead || c->resp_started)
         return -EALREADY;
     *ret_pending = c->in;
     buf_init(&c->in, CONN_IN_MAX);
     *ret_fd = c->fd;
+    *ret_io = TAKE_PTR(c->io);
     loop_unwatch(c->srv->loop, &c->w);
     c->fd = -EBADF;
     c->state = CS_HIJACKED;
@@ -621,7 +645,7 @@ static ssize_t conn_read(conn_t *c, size_t max, bool *ret_short)
     size_t want = MIN((size_t)CONN_READ_CHUNK, max);
     /* A request head is usually small: read 4 KiB first and grow with what has arrived. A
      * 64 KiB reserve per read pinned a 128 KiB block on every idle keep-alive connection. */
-    if (c->state == CS_HEAD)
+    if (c->state == CS_HEAD && !c->io) /* a layer reads whole records (16 KiB) at once */
         want = MIN(want, MAX((size_t)4096, c->in.len));
     if (want == 0)
         return -ENOBUFS;
@@ -630,18 +654,15 @@ static ssize_t conn_read(conn_t *c, size_t max, bool *ret_short)
         if (want == 0 || buf_reserve(&c->in, want, &space) < 0)
             return -ENOBUFS;
     }
-    for (;;) {
-        ssize_t n = recv(c->fd, space, want, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return errno == EAGAIN ? -EAGAIN : negative_errno();
-        c->in.len += (size_t)n;
-        if (n > 0)
-            c->last_progress_ms = loop_now_ms(c->srv->loop);
-        *ret_short = (size_t)n < want;
+    ssize_t n = sock_recv(c->fd, c->io, space, want);
+    if (n < 0)
         return n;
-    }
+    c->in.len += (size_t)n;
+    if (n > 0)
+        c->last_progress_ms = loop_now_ms(c->srv->loop);
+    /* a layer returns one record at a time: a short read says nothing about the socket */
+    *ret_short = (size_t)n < want && !c->io;
+    return n;
 }
 
 static void conn_process_input(conn_t *c)
@@ -723,7 +744,7 @@ static void conn_finish_response(void *p)
     free(c->head_copy);
     c->head_copy = NULL;
     if (!c->keep_alive) {
-        (void)shutdown(c->fd, SHUT_WR);
+        sock_shutdown_write(c->fd, c->io);
         conn_abort(c);
         return;
     }
@@ -740,6 +761,17 @@ static void conn_finish_response(void *p)
 
 /* ---- events and deadlines ---------------------------------------------------------------- */
 
+/* Between requests, with nothing of the next one read (a handshake in progress is not idle). */
+static bool conn_idle(const conn_t *c) { return c->in.len == 0 && (!c->io || c->io->handshaken); }
+
+static void conn_deferred_input(void *p)
+{
+    conn_t *c = p;
+    c->input_deferred = false;
+    if (!c->dead)
+        conn_process_input(c);
+}
+
 static void conn_update_interest(conn_t *c)
 {
     if (c->dead)
@@ -748,17 +780,23 @@ static void conn_update_interest(conn_t *c)
     bool reading = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
     if (reading)
         ev |= EPOLLIN;
-    if (c->out.len > 0 || c->file_left > 0)
+    if (c->out.len > 0 || c->file_left > 0 || (reading && c->io && c->io->want_write))
         ev |= EPOLLOUT;
     if (loop_watch(c->srv->loop, &c->w, ev) < 0) {
         conn_abort(c);
         return;
     }
+    /* Bytes the layer decrypted but we did not take yet: the socket will not report them. */
+    if (reading && sock_pending(c->io) && !c->input_deferred) {
+        c->input_deferred = true;
+        if (loop_defer(c->srv->loop, conn_deferred_input, c) < 0)
+            c->input_deferred = false;
+    }
     const server_config_t *cfg = &c->srv->cfg;
     uint64_t due;
     if (c->state == CS_HEAD)
-        due = c->in.len == 0 ? c->last_progress_ms + cfg->keepalive_ms
-                             : c->head_started_ms + cfg->head_timeout_ms;
+        due = conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
+                           : c->head_started_ms + cfg->head_timeout_ms;
     else if (reading)
         due = c->last_progress_ms + cfg->body_timeout_ms;
     else if (ev & EPOLLOUT)
@@ -783,8 +821,8 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
     bool writing = c->out.len > 0 || c->file_left > 0;
     uint64_t due;
     if (c->state == CS_HEAD)
-        due = c->in.len == 0 ? c->last_progress_ms + cfg->keepalive_ms
-                             : c->head_started_ms + cfg->head_timeout_ms;
+        due = conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
+                           : c->head_started_ms + cfg->head_timeout_ms;
     else if (reading)
         due = c->last_progress_ms + cfg->body_timeout_ms;
     else if (writing)
@@ -796,7 +834,7 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
         return;
     }
     if (c->state == CS_HEAD && c->in.len == 0) {
-        conn_abort(c); /* idle keep-alive connection */
+        conn_abort(c); /* idle keep-alive connection, or a handshake that did not finish */
         return;
     }
     if ((c->state == CS_HEAD || reading) && !c->resp_started) {
@@ -834,7 +872,7 @@ static void conn_on_event(loop_t *l, watcher_t *w, uint32_t ev)
         if (c->dead)
             return;
     }
-    if (ev & EPOLLIN) {
+    if ((ev & EPOLLIN) || ((ev & EPOLLOUT) && c->io && c->io->want_write)) {
         conn_process_input(c);
         if (c->dead)
             return;

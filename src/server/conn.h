@@ -10,6 +10,7 @@
 
 #include "common/buf.h"
 #include "common/loop.h"
+#include "common/sock.h"
 #include "http.h"
 
 typedef struct server server_t;
@@ -37,6 +38,8 @@ typedef struct {
 struct conn {
     server_t *srv;
     int fd;
+    sockio_t *io;        /* the transport over fd (TLS), NULL: plain */
+    bool input_deferred; /* a read of what io holds decrypted is scheduled */
     watcher_t w;
     timer_t_ deadline;
     uint64_t last_progress_ms;
@@ -98,5 +101,5 @@ void conn_resume_body(conn_t *c);
 uint64_t conn_body_left(const conn_t *c); /* bytes not yet delivered */
 /* Take the socket away from HTTP (proxy). Bytes already read past the head are returned in
  * *ret_pending (owned by the caller). The connection object is freed later. */
-int conn_hijack(conn_t *c, int *ret_fd, buf_t *ret_pending);
+int conn_hijack(conn_t *c, int *ret_fd, sockio_t **ret_io, buf_t *ret_pending);
 void conn_abort(conn_t *c);

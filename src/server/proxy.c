@@ -45,7 +45,8 @@ typedef struct {
 
 typedef struct {
     watcher_t w;
-    bool gone; /* HUP or ERR seen: unwatched, nothing more can be written to it */
+    bool gone;    /* HUP or ERR seen: unwatched, nothing more can be written to it */
+    sockio_t *io; /* the transport over w.fd (TLS), NULL: plain */
 } tside_t;
 
 struct tunnel {
@@ -217,6 +218,12 @@ static void tunnel_free(void *p)
     tunnel_t *t = p;
     loop_unwatch(t->srv->loop, &t->client.w);
     loop_unwatch(t->srv->loop, &t->backend.w);
+    if (t->client.io)
+        t->client.io->ops->close_notify(t->client.io);
+    if (t->backend.io)
+        t->backend.io->ops->close_notify(t->backend.io);
+    sockio_free(t->client.io);
+    sockio_free(t->backend.io);
     safe_close(t->client.w.fd);
     safe_close(t->backend.w.fd);
     buf_free(&t->up.pend);
@@ -254,16 +261,11 @@ void proxy_free_all(server_t *s)
         tunnel_close(s->tunnels);
 }
 
-/* Write what fd takes now: bytes written, 0 when it would block, or -errno. */
-static ssize_t send_some(int fd, const char *p, size_t n)
+/* Write what x takes now: bytes written, 0 when it would block, or -errno. */
+static ssize_t send_some(const tside_t *x, const char *p, size_t n)
 {
-    for (;;) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w >= 0)
-            return w;
-        if (errno != EINTR)
-            return errno == EAGAIN ? 0 : negative_errno();
-    }
+    ssize_t w = sock_send(x->w.fd, x->io, p, n);
+    return w == -EAGAIN ? 0 : w;
 }
 
 /* Copy one direction until a side would block. Returns 0, or -errno when the tunnel must
@@ -274,7 +276,7 @@ static int tdir_pump(tdir_t *d, const tside_t *src, const tside_t *dst, bool *mo
     /* A gone source is not watched any more: read it to the end now, it cannot block. */
     for (int round = 0; (round < TUNNEL_ROUNDS || src->gone) && !d->shut; round++) {
         if (d->pend.len > 0) {
-            ssize_t w = send_some(dst->w.fd, buf_head(&d->pend), d->pend.len);
+            ssize_t w = send_some(dst, buf_head(&d->pend), d->pend.len);
             if (w <= 0)
                 return (int)w; /* 0: EPOLLOUT on dst resumes the copy */
             buf_consume(&d->pend, (size_t)w);
@@ -285,21 +287,19 @@ static int tdir_pump(tdir_t *d, const tside_t *src, const tside_t *dst, bool *mo
         }
         if (d->eof)
             break;
-        ssize_t n = recv(src->w.fd, chunk, sizeof chunk, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN) {
+        ssize_t n = sock_recv(src->w.fd, src->io, chunk, sizeof chunk);
+        if (n == -EAGAIN) {
             d->eof = src->gone; /* nothing would wake us for more */
             break;
         }
         if (n < 0)
-            return negative_errno();
+            return (int)n;
         if (n == 0) {
             d->eof = true;
             break;
         }
         *moved = true;
-        ssize_t w = send_some(dst->w.fd, chunk, (size_t)n);
+        ssize_t w = send_some(dst, chunk, (size_t)n);
         if (w < 0)
             return (int)w;
         if (w < n) {
@@ -309,11 +309,11 @@ static int tdir_pump(tdir_t *d, const tside_t *src, const tside_t *dst, bool *mo
         }
         /* A short read emptied the socket: another recv() would only say EAGAIN (epoll is
          * level-triggered: later bytes are reported again). A gone source is read to the end. */
-        if ((size_t)n < sizeof chunk && !src->gone)
+        if ((size_t)n < sizeof chunk && !src->gone && !src->io)
             break;
     }
     if (d->eof && d->pend.len == 0 && !d->shut) {
-        (void)shutdown(dst->w.fd, SHUT_WR);
+        sock_shutdown_write(dst->w.fd, dst->io);
         d->shut = true;
     }
     return 0;
@@ -377,11 +377,12 @@ void proxy_tunnel_close(tunnel_t *t) { tunnel_close(t); }
 
 /* The backend accepted: take the client socket away from HTTP and start copying. Takes bfd
  * and the contents of head (and of down_pre). */
-tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, tunnel_close_cb cb,
-                             void *cb_data)
+tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf_t *down_pre,
+                             tunnel_close_cb cb, void *cb_data)
 {
     server_t *s = c->srv;
     _cleanup_close_ int fd = bfd;
+    _cleanup_(sockio_freep) sockio_t *bio_owned = bio;
     char *space;
     if (c->dead)
         return NULL;
@@ -401,9 +402,10 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, t
         return NULL;
     }
     int cfd;
+    sockio_t *cio;
     buf_t early;
     sandbox_t *sb = sandbox_hold(c->sb); /* taken while c is still ours */
-    if (conn_hijack(c, &cfd, &early) < 0) {
+    if (conn_hijack(c, &cfd, &cio, &early) < 0) {
         sandbox_release(sb);
         free(t);
         return NULL;
@@ -422,6 +424,8 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, t
         buf_init(&t->down.pend, PROXY_CHUNK);
     watcher_init(&t->client.w, cfd, tunnel_on_event, t);
     watcher_init(&t->backend.w, TAKE_FD(fd), tunnel_on_event, t);
+    t->client.io = cio;
+    t->backend.io = TAKE_PTR(bio_owned);
     t->next = s->tunnels;
     if (s->tunnels)
         s->tunnels->prev = t;
@@ -430,11 +434,10 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, t
     /* What is ready to go is sent now (the sockets are connected and usually have room);
      * anything else, errors included, is left to the loop, so cb never runs before the caller
      * has t. */
-    ssize_t w =
-        t->up.pend.len ? send_some(t->backend.w.fd, buf_head(&t->up.pend), t->up.pend.len) : 0;
+    ssize_t w = t->up.pend.len ? send_some(&t->backend, buf_head(&t->up.pend), t->up.pend.len) : 0;
     if (w > 0)
         buf_consume(&t->up.pend, (size_t)w);
-    w = t->down.pend.len ? send_some(t->client.w.fd, buf_head(&t->down.pend), t->down.pend.len) : 0;
+    w = t->down.pend.len ? send_some(&t->client, buf_head(&t->down.pend), t->down.pend.len) : 0;
     if (w > 0)
         buf_consume(&t->down.pend, (size_t)w);
     int r = tside_watch(t, &t->client, &t->up, &t->down);
@@ -504,7 +507,7 @@ static void pending_on_connect(loop_t *l, watcher_t *w, uint32_t ev)
             proxy_fail(c, -err, port);
         return;
     }
-    (void)proxy_tunnel_start(c, fd, &head, NULL, NULL, NULL);
+    (void)proxy_tunnel_start(c, fd, NULL, &head, NULL, NULL, NULL);
     buf_free(&head);
 }
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "common/buf.h"
+#include "common/sock.h"
 #include "http.h"
 
 typedef struct server server_t;
@@ -21,14 +22,15 @@ typedef struct conn conn_t;
 typedef struct tunnel tunnel_t;
 typedef void (*tunnel_close_cb)(tunnel_t *t, void *data);
 
-/* Take c's socket away from HTTP and splice it with the connected backend socket bfd (taken).
+/* Take c's socket away from HTTP and splice it with the connected backend socket bfd (taken,
+ * with bio, its transport layer or NULL).
  * head: bytes for the backend first (taken; bytes the client sent past its head follow);
  * down_pre: bytes for the client first (taken; may be NULL). cb(t, data) runs exactly once when
  * the tunnel ends, whoever ends it, never before this returns. Returns the tunnel (valid until
  * cb runs), or NULL when it could not start (the client has then been answered or dropped, and
  * cb never runs). */
-tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, buf_t *head, buf_t *down_pre, tunnel_close_cb cb,
-                             void *cb_data);
+tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf_t *down_pre,
+                             tunnel_close_cb cb, void *cb_data);
 /* A request head for a forwarding hop: "METHOD target HTTP/1.1", the client's headers except
  * those named in drop (case-insensitive, NULL-terminated list) and the hop-by-hop Connection,
  * Keep-Alive and Proxy-Connection, then extra ("Name: value\r\n" lines, may be NULL), then

@@ -64,6 +64,8 @@ struct server {
     pool_t *pool; /* host mode only */
     /* Daemons built on this HTTP core (sbx-node, sbx-control) route requests themselves. */
     void (*dispatch)(conn_t *c);
+    /* The transport of accepted connections (TLS); wrap NULL: plain HTTP. */
+    sockio_wrap_t transport;
     void *app;
     bool reap_registered_only; /* waitpid() only the children in `children` */
     uint64_t pool_empty_since_ms;

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -62,11 +63,52 @@ class Response:
         return f"Response({self.status}, {self.headers.get('x-sbx-verdict')}, {self.body[:600]!r})"
 
 
+# Ports of platform daemons that speak TLS, with the client context that trusts their CA (the
+# control plane's tls/ca.crt). Any other port (an agent under test) is plain HTTP.
+TLS_PORTS = {}
+
+
+def tls_context(cafile):
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return ctx
+
+
+def connection(port, timeout=30, host="127.0.0.1"):
+    """An http.client connection to a daemon: HTTPS checked against its CA where it speaks TLS."""
+    ctx = TLS_PORTS.get(port)
+    if ctx:
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx)
+    return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def open_socket(port, timeout=10, host="127.0.0.1"):
+    """A connected stream socket to a daemon (TLS-wrapped where it speaks TLS)."""
+    s = socket.create_connection((host, port), timeout=timeout)
+    ctx = TLS_PORTS.get(port)
+    if ctx:
+        try:
+            s = ctx.wrap_socket(s, server_hostname=host)
+        except BaseException:
+            s.close()
+            raise
+    return s
+
+
+def fresh_pubkey():
+    """A new P-256 public key (PEM): what a node registers (tls_pubkey) to get a certificate."""
+    key = subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt",
+                          "ec_paramgen_curve:P-256"], capture_output=True, check=True,
+                         timeout=10).stdout
+    return subprocess.run(["openssl", "pkey", "-pubout"], input=key, capture_output=True,
+                          check=True, timeout=10).stdout.decode()
+
+
 def http_request(port, method, path, body=None, headers=None, timeout=30):
     """One request on a fresh connection to 127.0.0.1:port; returns a Response."""
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c = connection(port, timeout)
     try:
         c.request(method, path, body=body, headers=headers or {})
         r = c.getresponse()
@@ -90,7 +132,7 @@ class Stream:
         self.ended_at = None
         self.error = None
         self.status = None
-        self._conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        self._conn = connection(port, timeout)
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
         self._conn.request(method, path, body=body, headers=headers)
@@ -196,6 +238,10 @@ class Node:
         self.port = port or free_port()
         self.state = os.path.join(platform.dir, name)
         how = ["--join", join] if join else ["--join-token-file", platform.join_token_file]
+        if platform.tls:
+            TLS_PORTS[self.port] = platform.tls_ctx
+        else:
+            how.append("--insecure-plain-http")
         self.images = images or os.path.join(platform.dir, f"{name}-images")
         self.proc = Proc(name, [NODE_BIN, "--state", self.state, "--listen",
                                 f"127.0.0.1:{self.port}", "--control",
@@ -262,6 +308,9 @@ class Control:
         argv = [CONTROL_BIN, "--state", state, "--listen", f"127.0.0.1:{self.port}",
                 "--admin-token-file", platform.token_file,
                 "--default-image", platform.default_image]
+        if not platform.tls:
+            argv.append("--insecure-plain-http")
+        argv += platform.control_args
         if publish_delay_ms is not None:
             argv += ["--key-publish-delay-ms", str(publish_delay_ms)]
         self.proc = Proc(name, argv, os.path.join(platform.dir, f"{name}.log"))
@@ -270,6 +319,12 @@ class Control:
             raise RuntimeError(f"{name} did not start:\n{self.proc.log()}")
 
     def _healthy(self):
+        if self.platform.tls:  # the CA exists once the control plane has started
+            if not os.path.exists(self.platform.ca_file):
+                return False
+            if self.platform.tls_ctx is None:
+                self.platform.tls_ctx = tls_context(self.platform.ca_file)
+            TLS_PORTS[self.port] = self.platform.tls_ctx
         try:
             return http_request(self.port, "GET", "/v1/health", timeout=2).status == 200
         except OSError:
@@ -390,17 +445,22 @@ class Platform:
     each with its own port; nodes register with the first."""
 
     def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, images=None,
-                 default_image="host", agent=None):
+                 default_image="host", agent=None, tls=True, control_args=()):
         """images: {node name: --images directory} for nodes that should serve images.
         default_image: what jobs that name none run (the suites' default: "host", which needs
         no image on the nodes; the platform's own default is "debian"). agent: every node's
-        --agent binary (default the build's sbx-server)."""
+        --agent binary (default the build's sbx-server). tls: False runs every daemon with
+        --insecure-plain-http. control_args: more sbx-control arguments."""
         self.default_image = default_image
+        self.tls = tls
+        self.tls_ctx = None
+        self.control_args = list(control_args)
         self.dir = tempfile.mkdtemp(prefix="sbxp-")  # short: unix socket paths live below
         os.chmod(self.dir, 0o700)
         self.ctl_state = os.path.join(self.dir, "ctl")
         self.token_file = os.path.join(self.dir, "home", "token")
         self.join_token_file = os.path.join(self.ctl_state, "node-join.token")
+        self.ca_file = os.path.join(self.ctl_state, "tls", "ca.crt")
         self.controls = []
         self._retired = []  # controls replaced by restart_control (their logs are checked too)
         self.nodes = []
@@ -575,6 +635,8 @@ class Platform:
         if self._stopped:
             return
         self._stopped = True
+        for x in self.controls + self._retired + self.nodes:  # a port may serve plain HTTP next
+            TLS_PORTS.pop(x.port, None)
         logs = []
         for p in self._procs():
             p.stop()

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from sbxplatform import AGENT_PORT, Platform, http_request
+from sbxplatform import AGENT_PORT, Platform, fresh_pubkey, http_request, open_socket
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_no_request_rides_a_refused_upgrade(plat, upgrade):
              f"X-Sandbox-Token: {job.token}\r\nUpgrade: {upgrade}\r\nConnection: Upgrade\r\n\r\n")
     second = (f"POST /v1/exec HTTP/1.1\r\nHost: x\r\nX-Sandbox-Token: {job.token}\r\n"
               f"Content-Length: {len(smuggled)}\r\n\r\n").encode() + smuggled
-    s = socket.create_connection(("127.0.0.1", plat.control.port), timeout=10)
+    s = open_socket(plat.control.port, timeout=10)
     s.sendall(first.encode() + second)
     data, closed = read_response(s)
     s.close()
@@ -99,8 +99,8 @@ def test_state_read_capability_cannot_manage(plat):
 
 def test_registered_node_name_cannot_be_taken_over(plat):
     with open(plat.join_token_file) as f:
-        join = f.read().strip().split(".")[1]  # sbxjoin1.<token>.<control identity key>
-    body = {"name": "hd-a", "url": "127.0.0.1:9", "capacity": 1}
+        join = f.read().strip().split(".")[1]  # sbxjoin2.<token>.<identity key>.<CA pin>
+    body = {"name": "hd-a", "url": "127.0.0.1:9", "capacity": 1, "tls_pubkey": fresh_pubkey()}
     r = http_request(plat.control.port, "POST", "/v1/nodes/register", body,
                      {"Authorization": f"Bearer {join}"})
     assert r.status == 409, r

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from sbxplatform import AGENT_PORT, Platform
+from sbxplatform import AGENT_PORT, Platform, connection, fresh_pubkey
 
 IMAGES = os.environ.get("SBX_IMAGES", "/var/lib/sbx/images")
 
@@ -130,9 +130,9 @@ def test_a_flavor_whose_disk_is_below_the_image_is_refused(plat):
     import json as _json
     with open(plat.join_token_file) as f:
         token = f.read().strip().split(".")[1]
-    body = {"name": "ir-fake", "url": "127.0.0.1:9", "capacity": 1,
+    body = {"name": "ir-fake", "url": "127.0.0.1:9", "capacity": 1, "tls_pubkey": fresh_pubkey(),
             "images": [{"name": "huge", "digest": "sha256:" + "ab" * 32, "size": 5 << 30}]}
-    c = http.client.HTTPConnection("127.0.0.1", plat.control.port, timeout=10)
+    c = connection(plat.control.port, timeout=10)
     c.request("POST", "/v1/nodes/register", body=_json.dumps(body),
               headers={"Authorization": f"Bearer {token}"})
     resp = c.getresponse()

@@ -133,7 +133,7 @@ def try_control(state, extra=(), token_file=None, timeout=10):
     port = free_port()
     argv = [CONTROL_BIN, "--state", state, "--listen", f"127.0.0.1:{port}",
             "--admin-token-file", token_file or os.path.join(state, "..", "try-token"),
-            "--default-image", "host", *extra]
+            "--default-image", "host", "--insecure-plain-http", *extra]
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT)
 

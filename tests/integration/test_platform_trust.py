@@ -9,7 +9,11 @@
   data-path capability only for its method, target (and body, when it names one).
 - Roles per purpose at the edge: read tokens read files and list, exec needs write.
 
-Every refusal comes with a positive control that shows the effect would have been seen."""
+Every refusal comes with a positive control that shows the effect would have been seen.
+
+The identity tests run the platform with --insecure-plain-http: a signed key set must hold even
+where the transport does not (an attacker on the control plane's address speaks plain HTTP
+here). test_platform_tls.py attacks the transport itself."""
 import http.server
 import json
 import os
@@ -29,7 +33,7 @@ from sbxplatform import (AGENT_PORT, CONTROL_BIN, NODE_BIN, Control, Node, Platf
 
 @pytest.fixture
 def plat():
-    p = Platform(nodes=("tr-a",))
+    p = Platform(nodes=("tr-a",), tls=False)
     yield p
     p.stop()
 
@@ -57,7 +61,8 @@ class OwnControl:
         self.port = port or free_port()
         self.token_file = os.path.join(plat.dir, f"{name}.admin")
         self.proc = Proc(name, [CONTROL_BIN, "--state", self.state, "--listen",
-                                f"127.0.0.1:{self.port}", "--admin-token-file", self.token_file],
+                                f"127.0.0.1:{self.port}", "--admin-token-file", self.token_file,
+                                "--insecure-plain-http"],
                          os.path.join(plat.dir, f"{name}.log"))
         plat._retired.append(self)  # stopped (and its log checked) at teardown
         ok = wait_until(lambda: self._healthy() or not self.proc.alive(), 10)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import struct
 import time
 import urllib.parse
@@ -21,7 +22,7 @@ import urllib.parse
 import pytest
 
 from conftest import wait_until
-from sbxplatform import AGENT_PORT, Platform
+from sbxplatform import AGENT_PORT, Platform, open_socket
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 WS_PORT = 8081  # exposed as websocket only
@@ -234,7 +235,7 @@ class WsClient:
 
     def __init__(self, plat, job, port, rest="/ws", timeout=10, extra=None):
         self.key = base64.b64encode(os.urandom(16)).decode()
-        self.sock = socket.create_connection(("127.0.0.1", plat.control.port), timeout=timeout)
+        self.sock = open_socket(plat.control.port, timeout=timeout)
         self.buf = b""
         lines = [f"GET {job.path(f'/proxy/{port}{rest}')} HTTP/1.1",
                  f"Host: 127.0.0.1:{plat.control.port}",
@@ -398,7 +399,7 @@ def test_plain_http_to_websocket_only_port_is_denied(plat, wsjob):
 def test_websocket_without_credentials_is_refused(plat, wsjob):
     """No bearer: the control plane refuses before anything is forwarded."""
     key = base64.b64encode(os.urandom(16)).decode()
-    with socket.create_connection(("127.0.0.1", plat.control.port), timeout=10) as s:
+    with open_socket(plat.control.port, timeout=10) as s:
         s.sendall((f"GET {wsjob.path(f'/proxy/{WS_PORT}/ws')} HTTP/1.1\r\nHost: x\r\n"
                    f"X-Sandbox-Token: {wsjob.token}\r\nUpgrade: websocket\r\n"
                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
@@ -478,7 +479,7 @@ def test_exec_stream_arrives_incrementally_through_the_edge(plat, wsjob):
 def raw_request(plat, head_lines, body_parts=(), pause=0.0, timeout=30):
     """Send a request on a raw connection to the control plane (body parts sent one by one,
     `pause` seconds apart) and read the response to EOF."""
-    with socket.create_connection(("127.0.0.1", plat.control.port), timeout=timeout) as s:
+    with open_socket(plat.control.port, timeout=timeout) as s:
         s.sendall(("\r\n".join(head_lines) + "\r\n\r\n").encode())
         sent = 0
         try:
@@ -487,7 +488,7 @@ def raw_request(plat, head_lines, body_parts=(), pause=0.0, timeout=30):
                     time.sleep(pause)
                 s.sendall(part)
                 sent += 1
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):
             pass  # the peer answered (and closed) before the whole body was sent
         data = b""
         try:
@@ -496,8 +497,8 @@ def raw_request(plat, head_lines, body_parts=(), pause=0.0, timeout=30):
                 if not d:
                     break
                 data += d
-        except ConnectionResetError:
-            pass
+        except (ConnectionResetError, ssl.SSLEOFError):
+            pass  # a close without TLS close_notify: what arrived before it counts
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {}

@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: MIT
+"""TLS between the platform's daemons, attacked from the network.
+
+A squatter is a different process bound to a daemon's address (here: the port of a stopped or
+killed daemon on loopback) that records every byte it gets, and every byte it can decrypt.
+- On the control plane's address it must learn nothing from the nodes that keep calling it:
+  no node token, no join token, no request at all (the node checks the chain against the CA
+  its join material pins, and the address). It must change nothing (the node's key set stays).
+- On a node's address it must get no request from the control plane: neither a client's exec
+  (capability, sandbox token, body) through the edge nor a reconciler's manage call; the client
+  is told honestly that nothing was sent. A certificate from the platform's own CA for the
+  right address is not enough: the control plane pins the key each node registered.
+Positive controls: a squatter holding what the check demands (a certificate from the real CA;
+the node's own key) does receive the requests, so the capture would have seen them.
+And: plain HTTP only on loopback, and only with --insecure-plain-http."""
+import os
+import socket
+import ssl
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import free_port, wait_until
+from sbxplatform import CONTROL_BIN, NODE_BIN, Control, Node, Platform, http_request
+
+
+@pytest.fixture
+def plat():
+    p = Platform(nodes=("tl-a", "tl-b"))
+    yield p
+    p.stop()
+
+
+def openssl(*args, cwd):
+    out = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr.decode()
+
+
+def make_cert(d, name, ca_dir=None, ip="127.0.0.1"):
+    """A P-256 key and a server certificate for ip in directory d: self-signed (a CA of its
+    own), or issued by the CA in ca_dir (its ca.crt + ca.key). Returns (chain path, key path)."""
+    key, crt, chain = (os.path.join(d, f"{name}.{x}") for x in ("key", "crt", "chain"))
+    ext = os.path.join(d, f"{name}.ext")
+    with open(ext, "w") as f:
+        f.write(f"subjectAltName=IP:{ip}\nbasicConstraints=critical,CA:FALSE\n"
+                "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
+    if ca_dir is None:
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                "-nodes", "-keyout", key, "-out", crt, "-days", "1", "-subj", f"/CN={name}",
+                "-addext", f"subjectAltName=IP:{ip}", cwd=d)
+        extra = b""
+    else:
+        csr = os.path.join(d, f"{name}.csr")
+        openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}", cwd=d)
+        openssl("x509", "-req", "-in", csr, "-CA", os.path.join(ca_dir, "ca.crt"), "-CAkey",
+                os.path.join(ca_dir, "ca.key"), "-set_serial", str(int.from_bytes(
+                    os.urandom(8), "big")), "-days", "1", "-extfile", ext, "-out", crt, cwd=d)
+        with open(os.path.join(ca_dir, "ca.crt"), "rb") as f:
+            extra = f.read()
+    with open(crt, "rb") as f, open(chain, "wb") as g:
+        g.write(f.read() + extra)
+    return chain, key
+
+
+class Squatter:
+    """Bound to 127.0.0.1:port: records the raw bytes of every connection and, with a
+    certificate (chain, key), the bytes it could decrypt after a completed handshake."""
+
+    def __init__(self, port, cert=None):
+        self.raw = b""
+        self.plain = b""
+        self.connections = 0
+        self.handshakes = 0
+        self.ctx = None
+        if cert:
+            self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.ctx.load_cert_chain(*cert)
+        self.ls = socket.socket()
+        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.ls.bind(("127.0.0.1", port))
+        self.ls.listen(64)
+        self.ls.settimeout(0.2)
+        self.stopping = False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stopping:
+            try:
+                c, _ = self.ls.accept()
+            except (socket.timeout, OSError):
+                continue
+            threading.Thread(target=self._one, args=(c,), daemon=True).start()
+
+    def _one(self, c):
+        with self.lock:
+            self.connections += 1
+        c.settimeout(2)
+        try:
+            if self.ctx is None:
+                data = c.recv(65536)
+                with self.lock:
+                    self.raw += data
+                return
+            s = self.ctx.wrap_socket(c, server_side=True)
+            with self.lock:
+                self.handshakes += 1
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                data = s.recv(65536)
+                if not data:
+                    break
+                with self.lock:
+                    self.plain += data
+                if b"\r\n\r\n" in self.plain:
+                    break
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            c.close()
+
+    def stop(self):
+        self.stopping = True
+        self.thread.join(5)
+        self.ls.close()
+
+
+def secrets_of(node, plat):
+    with open(os.path.join(node.state, "node.token")) as f:
+        node_token = f.read().strip()
+    with open(plat.join_token_file) as f:
+        join_token = f.read().strip().split(".")[1]
+    return [node_token.encode(), join_token.encode()]
+
+
+def test_a_squatter_on_the_control_address_learns_nothing(plat):
+    node = plat.node("tl-a")
+    secret = secrets_of(node, plat)
+    v0 = node.health()["keyset_version"]
+    d = plat.dir
+    foreign = make_cert(d, "foreign")                                  # a CA of its own
+    stolen_ca = make_cert(d, "ca-issued", os.path.join(plat.ctl_state, "tls"))
+    ctl = plat.control
+    port = ctl.port
+    ctl.proc.stop()
+    plat._retired.append(ctl)
+
+    for what, cert in (("plain TCP", None), ("a foreign CA", foreign)):
+        sq = Squatter(port, cert)
+        try:
+            assert wait_until(lambda: sq.connections >= 3, 10), f"{what}: nodes never called"
+        finally:
+            sq.stop()
+        got = sq.raw + sq.plain
+        for s in secret:
+            assert s not in got, f"ATTACK: a squatter with {what} learned a node secret"
+        assert b"Authorization" not in got and b"POST" not in got, \
+            f"ATTACK: a squatter with {what} saw a request: {got[:200]!r}"
+        assert sq.handshakes == 0 and sq.plain == b"", \
+            f"ATTACK: a node completed a TLS handshake with a squatter with {what}"
+    assert node.health()["keyset_version"] == v0  # changed nothing
+    assert "refused the TLS identity of whatever answers" in node.log(), node.log()[-2000:]
+
+    # positive control: with a certificate from the platform's CA the same capture sees the
+    # heartbeat and the node's token (what the CA check keeps from everyone else)
+    sq = Squatter(port, stolen_ca)
+    try:
+        assert wait_until(lambda: secret[0] in sq.plain, 10), sq.plain[:300]
+    finally:
+        sq.stop()
+
+    # the real control plane comes back on the address and the node is live again
+    c = Control(plat, "control-back", plat.ctl_state, port=port)
+    plat.controls[0] = plat.control = c
+    plat.wait_nodes_live()
+
+
+def test_a_squatter_on_a_node_address_gets_no_request(plat):
+    job = plat.create_on("tl-a")
+    assert job.exec("echo before").out == "before\n"
+    node = plat.node("tl-a")
+    key_path = os.path.join(node.state, "tls", "node.key")
+    crt_path = os.path.join(node.state, "tls", "node.crt")
+    with open(crt_path, "rb") as f:
+        assert f.read().count(b"BEGIN CERTIFICATE") == 2  # issued at registration: leaf + CA
+    node.proc.proc.kill()  # SIGKILL: its record still says running, the route still points here
+    node.proc.proc.wait()
+    node.proc.crashed = False
+    d = plat.dir
+    same_ca = make_cert(d, "other-key", os.path.join(plat.ctl_state, "tls"))  # right CA + IP
+    foreign = make_cert(d, "foreign")
+
+    for what, cert in (("the platform's CA but another key", same_ca),
+                       ("a foreign CA", foreign), ("plain TCP", None)):
+        sq = Squatter(node.port, cert)
+        try:
+            r = job.exec_raw("echo leaked", timeout=20)
+            time.sleep(0.3)
+        finally:
+            sq.stop()
+        got = sq.raw + sq.plain
+        assert sq.connections >= 1, f"{what}: the edge never connected"
+        assert b"X-Sbx-Capability" not in got and b"X-Sandbox-Token" not in got \
+            and job.token.encode() not in got, \
+            f"ATTACK: a squatter with {what} on the node's address got the request"
+        assert sq.plain == b"", f"ATTACK: the edge talked TLS to a squatter with {what}"
+        # honest: nothing was sent, and the client is told so
+        assert r.status == 502, (what, r)
+        assert "nothing was sent" in r.text or "did not answer" in r.text, (what, r)
+
+    # positive control: the node's own key and certificate (what the pin demands) get it
+    sq = Squatter(node.port, (crt_path, key_path))
+    try:
+        job.exec_raw("echo reached", timeout=10)
+        assert wait_until(lambda: b"X-Sbx-Capability" in sq.plain, 5), sq.plain[:300]
+    finally:
+        sq.stop()
+
+
+def test_plain_http_only_on_loopback_and_only_when_asked(plat):
+    # the TLS listener does not answer plain HTTP
+    with socket.create_connection(("127.0.0.1", plat.control.port), timeout=5) as s:
+        s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            data = s.recv(1024)
+        except OSError:
+            data = b""
+        assert not data.startswith(b"HTTP/"), data
+    assert http_request(plat.control.port, "GET", "/v1/health").status == 200  # over TLS
+
+    state = os.path.join(plat.dir, "plain-ctl")
+    for bind in ("0.0.0.0", "192.0.2.1"):
+        out = subprocess.run([CONTROL_BIN, "--state", state, "--listen", f"{bind}:{free_port()}",
+                              "--insecure-plain-http"], capture_output=True, timeout=10)
+        assert out.returncode == 2 and b"loopback" in out.stderr, out
+    out = subprocess.run([NODE_BIN, "--state", os.path.join(plat.dir, "plain-node"), "--listen",
+                          f"0.0.0.0:{free_port()}", "--control", f"127.0.0.1:{plat.control.port}",
+                          "--join", "sbxjoin1.x.y", "--insecure-plain-http"],
+                         capture_output=True, timeout=10)
+    assert out.returncode != 0 and b"loopback" in out.stderr, out
+    # join material without a CA pin is refused unless plain HTTP was asked for
+    out = subprocess.run([NODE_BIN, "--state", os.path.join(plat.dir, "v1-node"), "--listen",
+                          f"127.0.0.1:{free_port()}", "--control",
+                          f"127.0.0.1:{plat.control.port}", "--join", "sbxjoin1.x.y"],
+                         capture_output=True, timeout=10)
+    assert out.returncode != 0 and b"pins no TLS CA" in out.stderr, out
+
+
+def test_nodes_get_certificates_for_their_address_and_are_pinned(plat):
+    r = plat.request("GET", "/v1/nodes")
+    assert r.status == 200
+    for n in r.json():
+        assert len(n.get("tls_pin", "")) == 43, n  # base64url SHA-256 of the registered key
+    node = plat.node("tl-b")
+    out = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-subject",
+                          "-in", os.path.join(node.state, "tls", "node.crt")],
+                         capture_output=True, timeout=10, text=True)
+    assert "IP Address:127.0.0.1" in out.stdout and "CN = tl-b" in out.stdout, out.stdout
+    key_mode = os.stat(os.path.join(node.state, "tls", "node.key")).st_mode & 0o777
+    ca_mode = os.stat(os.path.join(plat.ctl_state, "tls", "ca.key")).st_mode & 0o777
+    assert key_mode == 0o600 and ca_mode == 0o600
+    with open(plat.join_token_file) as f:
+        assert f.read().startswith("sbxjoin2."), "the join material pins the CA"
