@@ -142,6 +142,7 @@ static int control_tls_init(control_t *ctl)
     ips[ni++] = "127.0.0.1";
     ips[ni++] = "::1";
     dns[nd++] = "localhost";
+    dns[nd++] = TLS_CONTROL_NAME; /* what nodes check: no node certificate names it */
     for (int i = 0; i < cfg->n_tls_sans; i++) {
         bool ip = inet_pton(AF_INET, cfg->tls_sans[i], a) == 1 ||
                   inet_pton(AF_INET6, cfg->tls_sans[i], a) == 1;

@@ -418,7 +418,7 @@ static void on_writable(edge_t *e)
                 transport_failed(e, -ENOKEY);
                 return;
             }
-            e->io = tls_connect(e->ctl->tls_client, e->w.fd, e->route.host, pin);
+            e->io = tls_connect(e->ctl->tls_client, e->w.fd, e->route.host, NULL, pin);
             if (!e->io) {
                 transport_failed(e, -ENOMEM);
                 return;

@@ -28,7 +28,7 @@ static int call(node_t *n, const char *target, const char *bearer, const char *e
     httpc_request_t rq;
     httpc_request_init(&rq);
     tls_peer_t peer;
-    node_tls_peer(n, n->cfg.control_host, &peer, &rq); /* the pinned CA's chain, or nothing */
+    node_tls_peer(n, n->cfg.control_host, TLS_CONTROL_NAME, &peer, &rq); /* the pinned CA's chain, or nothing */
     rq.host = n->cfg.control_host;
     rq.port = n->cfg.control_port;
     rq.method = "POST";

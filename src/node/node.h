@@ -141,8 +141,10 @@ typedef struct node {
 /* tlsid.c */
 int node_tls_init(node_t *n);
 int node_tls_install_cert(node_t *n, const char *chain);
-/* Make rq a TLS request to ip checked against the pinned CA (no-op in plain mode). */
-void node_tls_peer(node_t *n, const char *ip, tls_peer_t *peer, httpc_request_t *rq);
+/* Make rq a TLS request to ip (and name, when not NULL: TLS_CONTROL_NAME for the control
+ * plane) checked against the pinned CA (no-op in plain mode). */
+void node_tls_peer(node_t *n, const char *ip, const char *name, tls_peer_t *peer,
+                   httpc_request_t *rq);
 void node_tls_done(node_t *n);
 
 /* node.c */

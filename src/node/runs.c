@@ -547,7 +547,7 @@ static int restore_remote(node_t *n, json_t *rs, const run_t *r, const char *roo
     httpc_request_t rq;
     httpc_request_init(&rq);
     tls_peer_t peer; /* the other node: a certificate from our control plane's CA for host */
-    node_tls_peer(n, host, &peer, &rq);
+    node_tls_peer(n, host, NULL, &peer, &rq);
     rq.host = host;
     rq.port = (uint16_t)port;
     rq.method = "GET";

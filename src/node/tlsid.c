@@ -87,11 +87,12 @@ int node_tls_install_cert(node_t *n, const char *chain)
     return r;
 }
 
-void node_tls_peer(node_t *n, const char *ip, tls_peer_t *peer, httpc_request_t *rq)
+void node_tls_peer(node_t *n, const char *ip, const char *name, tls_peer_t *peer,
+                   httpc_request_t *rq)
 {
     if (!n->tls_client)
         return;
-    *peer = (tls_peer_t){ .ctx = n->tls_client, .ip = ip };
+    *peer = (tls_peer_t){ .ctx = n->tls_client, .ip = ip, .name = name };
     rq->transport = (sockio_wrap_t){ tls_wrap_peer, peer };
 }
 

@@ -35,6 +35,7 @@ typedef struct {
     SSL *ssl;
     tls_ctx_t *ctx;
     char peer_ip[64];
+    char name[64]; /* "" = no name to check */
     uint8_t key_pin[TLS_PIN_BYTES];
     bool has_key_pin, notified;
 } tls_io_t;
@@ -155,6 +156,11 @@ static int verify_peer(X509_STORE_CTX *sctx, void *arg)
     if (X509_check_ip_asc(leaf, t->peer_ip, 0) != 1) {
         (void)snprintf(last_error, sizeof last_error, "the certificate does not name %s",
                        t->peer_ip);
+        goto refuse;
+    }
+    if (t->name[0] &&
+        X509_check_host(leaf, t->name, 0, X509_CHECK_FLAG_NEVER_CHECK_SUBJECT, NULL) != 1) {
+        (void)snprintf(last_error, sizeof last_error, "the certificate does not name %s", t->name);
         goto refuse;
     }
     if (t->has_key_pin && !key_matches(leaf, t->key_pin)) {
@@ -349,14 +355,18 @@ sockio_t *tls_accept(tls_ctx_t *c, int fd)
     return &t->io;
 }
 
-sockio_t *tls_connect(tls_ctx_t *c, int fd, const char *peer_ip, const uint8_t *key_pin)
+sockio_t *tls_connect(tls_ctx_t *c, int fd, const char *peer_ip, const char *name,
+                      const uint8_t *key_pin)
 {
-    if (!peer_ip || strlen(peer_ip) >= sizeof((tls_io_t *)0)->peer_ip)
+    if (!peer_ip || strlen(peer_ip) >= sizeof((tls_io_t *)0)->peer_ip ||
+        (name && strlen(name) >= sizeof((tls_io_t *)0)->name))
         return NULL;
     tls_io_t *t = io_new(c, fd);
     if (!t)
         return NULL;
     memcpy(t->peer_ip, peer_ip, strlen(peer_ip) + 1);
+    if (name)
+        memcpy(t->name, name, strlen(name) + 1);
     if (key_pin) {
         memcpy(t->key_pin, key_pin, TLS_PIN_BYTES);
         t->has_key_pin = true;
@@ -368,7 +378,7 @@ sockio_t *tls_connect(tls_ctx_t *c, int fd, const char *peer_ip, const uint8_t *
 sockio_t *tls_wrap_peer(void *peer, int fd)
 {
     const tls_peer_t *p = peer;
-    return tls_connect(p->ctx, fd, p->ip, p->key_pin);
+    return tls_connect(p->ctx, fd, p->ip, p->name, p->key_pin);
 }
 
 sockio_t *tls_wrap_server(void *ctx, int fd) { return tls_accept(ctx, fd); }

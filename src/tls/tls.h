@@ -31,16 +31,24 @@ int tls_client_ctx_new(const char *ca_path, const uint8_t *ca_pin, tls_ctx_t **r
 tls_ctx_t *tls_ctx_ref(tls_ctx_t *c);
 void tls_ctx_unref(tls_ctx_t *c);
 
+/* The name in the control plane's certificate (a DNS subjectAltName no node certificate has):
+ * what a node checks besides the address, so that another node cannot pose as its control
+ * plane. */
+#define TLS_CONTROL_NAME "control.sbx.invalid"
+
 /* Layers over a socket (not taken). tls_accept: the server side. tls_connect: the client side;
- * the peer's certificate must chain to the trusted CA and name peer_ip (a numeric address);
- * when key_pin is not NULL its public key's SHA-256 must equal it. NULL on allocation failure. */
+ * the peer's certificate must chain to the trusted CA and name peer_ip (a numeric address),
+ * and name (a DNS name) when name is not NULL; when key_pin is not NULL its public key's
+ * SHA-256 must equal it. NULL on allocation failure. */
 sockio_t *tls_accept(tls_ctx_t *c, int fd);
-sockio_t *tls_connect(tls_ctx_t *c, int fd, const char *peer_ip, const uint8_t *key_pin);
+sockio_t *tls_connect(tls_ctx_t *c, int fd, const char *peer_ip, const char *name,
+                      const uint8_t *key_pin);
 
 /* A client peer for sockio_wrap_t: tls_wrap_peer(peer, fd) = tls_connect(ctx, fd, ip, pin). */
 typedef struct {
     tls_ctx_t *ctx;
     const char *ip;
+    const char *name;       /* may be NULL */
     const uint8_t *key_pin; /* may be NULL */
 } tls_peer_t;
 sockio_t *tls_wrap_peer(void *peer, int fd);

@@ -38,18 +38,22 @@ def openssl(*args, cwd):
     assert out.returncode == 0, out.stderr.decode()
 
 
-def make_cert(d, name, ca_dir=None, ip="127.0.0.1"):
-    """A P-256 key and a server certificate for ip in directory d: self-signed (a CA of its
-    own), or issued by the CA in ca_dir (its ca.crt + ca.key). Returns (chain path, key path)."""
+CONTROL_NAME = "control.sbx.invalid"  # the DNS name only the control plane's certificate has
+
+
+def make_cert(d, name, ca_dir=None, ip="127.0.0.1", dns=None, append=None):
+    """A P-256 key and a server certificate for ip (and dns) in directory d: self-signed (a CA
+    of its own), or issued by the CA in ca_dir (its ca.crt + ca.key). Returns (chain, key)."""
     key, crt, chain = (os.path.join(d, f"{name}.{x}") for x in ("key", "crt", "chain"))
     ext = os.path.join(d, f"{name}.ext")
+    san = f"IP:{ip}" + (f",DNS:{dns}" if dns else "")
     with open(ext, "w") as f:
-        f.write(f"subjectAltName=IP:{ip}\nbasicConstraints=critical,CA:FALSE\n"
+        f.write(f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
                 "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
     if ca_dir is None:
         openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                 "-nodes", "-keyout", key, "-out", crt, "-days", "1", "-subj", f"/CN={name}",
-                "-addext", f"subjectAltName=IP:{ip}", cwd=d)
+                "-addext", f"subjectAltName={san}", cwd=d)
         extra = b""
     else:
         csr = os.path.join(d, f"{name}.csr")
@@ -60,6 +64,9 @@ def make_cert(d, name, ca_dir=None, ip="127.0.0.1"):
                     os.urandom(8), "big")), "-days", "1", "-extfile", ext, "-out", crt, cwd=d)
         with open(os.path.join(ca_dir, "ca.crt"), "rb") as f:
             extra = f.read()
+    if append:  # more certificates sent along (the chain does not have to be true)
+        with open(append, "rb") as f:
+            extra += f.read()
     with open(crt, "rb") as f, open(chain, "wb") as g:
         g.write(f.read() + extra)
     return chain, key
@@ -142,14 +149,24 @@ def test_a_squatter_on_the_control_address_learns_nothing(plat):
     secret = secrets_of(node, plat)
     v0 = node.health()["keyset_version"]
     d = plat.dir
-    foreign = make_cert(d, "foreign")                                  # a CA of its own
-    stolen_ca = make_cert(d, "ca-issued", os.path.join(plat.ctl_state, "tls"))
+    ca_dir = os.path.join(plat.ctl_state, "tls")
+    foreign = make_cert(d, "foreign", dns=CONTROL_NAME)                # a CA of its own
+    elsewhere = make_cert(d, "elsewhere", ca_dir, ip="127.0.0.2", dns=CONTROL_NAME)
+    other = plat.node("tl-b")  # a node's own certificate: the right CA and address, no name
+    a_node = (os.path.join(other.state, "tls", "node.crt"),
+              os.path.join(other.state, "tls", "node.key"))
+    # the real CA's certificate is public: sent along, it does not make a leaf it did not sign
+    with_ca = make_cert(d, "with-ca", dns=CONTROL_NAME, append=os.path.join(ca_dir, "ca.crt"))
+    stolen_ca = make_cert(d, "ca-issued", ca_dir, dns=CONTROL_NAME)
     ctl = plat.control
     port = ctl.port
     ctl.proc.stop()
     plat._retired.append(ctl)
 
-    for what, cert in (("plain TCP", None), ("a foreign CA", foreign)):
+    for what, cert in (("plain TCP", None), ("a foreign CA", foreign),
+                       ("the real CA's certificate in a chain it did not sign", with_ca),
+                       ("the platform's CA for another address", elsewhere),
+                       ("another node's certificate", a_node)):
         sq = Squatter(port, cert)
         try:
             assert wait_until(lambda: sq.connections >= 3, 10), f"{what}: nodes never called"
@@ -165,8 +182,9 @@ def test_a_squatter_on_the_control_address_learns_nothing(plat):
     assert node.health()["keyset_version"] == v0  # changed nothing
     assert "refused the TLS identity of whatever answers" in node.log(), node.log()[-2000:]
 
-    # positive control: with a certificate from the platform's CA the same capture sees the
-    # heartbeat and the node's token (what the CA check keeps from everyone else)
+    # positive control: with a certificate from the platform's CA for this address and the
+    # control plane's name, the same capture sees the heartbeat and the node's token (what the
+    # checks keep from everyone else)
     sq = Squatter(port, stolen_ca)
     try:
         assert wait_until(lambda: secret[0] in sq.plain, 10), sq.plain[:300]
@@ -234,14 +252,23 @@ def test_plain_http_only_on_loopback_and_only_when_asked(plat):
 
     state = os.path.join(plat.dir, "plain-ctl")
     for bind in ("0.0.0.0", "192.0.2.1"):
-        out = subprocess.run([CONTROL_BIN, "--state", state, "--listen", f"{bind}:{free_port()}",
-                              "--insecure-plain-http"], capture_output=True, timeout=10)
-        assert out.returncode == 2 and b"loopback" in out.stderr, out
+        p = subprocess.Popen([CONTROL_BIN, "--state", state, "--listen", f"{bind}:{free_port()}",
+                              "--insecure-plain-http"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        try:
+            _, err = p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise AssertionError(f"ATTACK: --insecure-plain-http served {bind}")
+        assert p.returncode == 2 and b"loopback" in err, \
+            f"ATTACK: --insecure-plain-http served {bind}: {err!r}"
     out = subprocess.run([NODE_BIN, "--state", os.path.join(plat.dir, "plain-node"), "--listen",
                           f"0.0.0.0:{free_port()}", "--control", f"127.0.0.1:{plat.control.port}",
                           "--join", "sbxjoin1.x.y", "--insecure-plain-http"],
                          capture_output=True, timeout=10)
-    assert out.returncode != 0 and b"loopback" in out.stderr, out
+    assert out.returncode != 0 and b"loopback" in out.stderr, \
+        f"ATTACK: a node served plain HTTP on 0.0.0.0: {out}"
     # join material without a CA pin is refused unless plain HTTP was asked for
     out = subprocess.run([NODE_BIN, "--state", os.path.join(plat.dir, "v1-node"), "--listen",
                           f"127.0.0.1:{free_port()}", "--control",
@@ -265,3 +292,58 @@ def test_nodes_get_certificates_for_their_address_and_are_pinned(plat):
     assert key_mode == 0o600 and ca_mode == 0o600
     with open(plat.join_token_file) as f:
         assert f.read().startswith("sbxjoin2."), "the join material pins the CA"
+
+
+def test_a_node_key_rotates_by_registering_again(plat):
+    """docs/platform.md: remove a node's key and certificate, start it again: it registers
+    under its name (its node token) and the control plane pins the new key."""
+    job = plat.create_on("tl-b")
+    node = plat.node("tl-b")
+    pin = {n["name"]: n["tls_pin"] for n in plat.request("GET", "/v1/nodes").json()}["tl-b"]
+    node.proc.stop()
+    for f in ("node.key", "node.crt"):
+        os.unlink(os.path.join(node.state, "tls", f))
+    again = Node(plat, "tl-b", plat.control.port, port=node.port)
+    plat.nodes[plat.nodes.index(node)] = again
+
+    def new_pin():
+        nodes = {n["name"]: n for n in plat.request("GET", "/v1/nodes").json()}
+        return nodes["tl-b"]["tls_pin"] != pin and nodes["tl-b"]["live"]
+    assert wait_until(new_pin, 15), again.log()[-2000:]
+    job2 = plat.create_on("tl-b")  # the control plane reaches it with the new key
+    assert job2.exec("echo rotated").out == "rotated\n"
+    job.cancel()
+
+
+def test_a_new_ca_makes_new_join_material_and_old_pins_refuse_it(plat):
+    """docs/platform.md: remove the CA and restart the control plane: a new CA, a new pin in
+    node-join.token; a node still pinned to the old CA refuses to talk to it; a node given the
+    new join material registers. --tls-san names end up in the certificate."""
+    with open(plat.join_token_file) as f:
+        old_join = f.read().strip()
+    ctl = plat.control
+    ctl.proc.stop()
+    plat._retired.append(ctl)
+    tls_dir = os.path.join(plat.ctl_state, "tls")
+    for f in ("ca.key", "ca.crt"):
+        os.unlink(os.path.join(tls_dir, f))
+    plat.tls_ctx = None  # the harness trusts the new CA
+    plat.control_args = ["--tls-san", "127.0.0.7", "--tls-san", "sbx.example"]
+    c = Control(plat, "control-newca", plat.ctl_state, port=ctl.port)
+    plat.controls[0] = plat.control = c
+    with open(plat.join_token_file) as f:
+        new_join = f.read().strip()
+    assert new_join.split(".")[:3] == old_join.split(".")[:3]  # same token and identity
+    assert new_join.split(".")[3] != old_join.split(".")[3]    # another CA pin
+    node = plat.node("tl-a")
+    assert wait_until(lambda: "refused the TLS identity of whatever answers" in node.log(), 10), \
+        "ATTACK: a node pinned to the old CA talked to a control plane of another CA"
+    fresh = Node(plat, "tl-new", c.port)
+    plat.nodes.append(fresh)
+    assert wait_until(lambda: fresh.health().get("registered"), 15), fresh.log()[-2000:]
+    out = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
+                          os.path.join(tls_dir, "control.crt")], capture_output=True, text=True,
+                         timeout=10)
+    for want in ("IP Address:127.0.0.7", "DNS:sbx.example", "DNS:control.sbx.invalid",
+                 "IP Address:127.0.0.1", "DNS:localhost"):
+        assert want in out.stdout, out.stdout
