@@ -92,6 +92,7 @@ typedef struct {
     char admin[256], token[256], job[CAP_ID_MAX];
     cap_run_t run;
     store_t *store;
+    seal_keys_t seal; /* the control's secrets key file: the signing keys are sealed */
     char wire[CAP_WIRE_MAX + 64];
     size_t wire_len;
     uint64_t minted_ns;
@@ -344,7 +345,7 @@ static cap_t exec_cap(const bench_t *b)
 static int mint(bench_t *b)
 {
     keyring_t kr;
-    int r = keys_load(b->store, &kr);
+    int r = keys_load(b->store, &b->seal, &kr);
     cap_t c = exec_cap(b);
     if (r >= 0)
         r = keys_sign(&kr, &c, b->wire, sizeof b->wire);
@@ -405,7 +406,7 @@ static int bench_cap_cost(bench_t *b, double *ret_p50_us)
     keyring_t kr;
     cap_pubkey_t pubs[CAP_KEYSET_MAX];
     cap_keyset_t ks;
-    int r = keys_load(b->store, &kr);
+    int r = keys_load(b->store, &b->seal, &kr);
     size_t npub =
         r < 0 ? 0 : cap_rotation_verify_set(kr.recs, kr.n, time(NULL), pubs, CAP_KEYSET_MAX);
     const cap_keyrec_t *signer = r < 0 ? NULL : cap_rotation_signer(kr.recs, kr.n, time(NULL));
@@ -859,6 +860,7 @@ static void bench_free(bench_t *b)
     nd_free(&b->nd);
     store_close(b->store);
     tls_ctx_unref(b->tls);
+    sodium_memzero(&b->seal, sizeof b->seal);
     sodium_memzero(b->admin, sizeof b->admin);
 }
 
@@ -885,6 +887,13 @@ static int bench_main(bench_t *b)
     int r = access(path, R_OK | W_OK) < 0 ? negative_errno() : store_open_sqlite(path, &b->store);
     if (r < 0) {
         fprintf(stderr, "bench-platform: cannot open %s: %s\n", path, strerror(-r));
+        return r;
+    }
+    char err[PATH_MAX + 200] = "";
+    (void)snprintf(path, sizeof path, "%s/secrets.key", b->control_state);
+    r = seal_keys_load(path, &b->seal, err, sizeof err);
+    if (r < 0) {
+        fprintf(stderr, "bench-platform: %s\n", err[0] ? err : strerror(-r));
         return r;
     }
     b->rbuf = malloc(RECV_BUF);

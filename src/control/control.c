@@ -25,7 +25,7 @@ static void keys_tick(loop_t *l, timer_t_ *t)
     keyring_t kr;
     if (l)
         edge_conns_sweep(ctl, false); /* idle connections to nodes past their keep time */
-    if (keys_load(ctl->store, &kr) >= 0)
+    if (keys_load(ctl->store, &ctl->seal, &kr) >= 0)
         ctl->keys = kr;
     sodium_memzero(&kr, sizeof kr);
     /* the signed key set nodes receive (re-signed only when its version changes) */
@@ -45,7 +45,7 @@ static void keys_tick(loop_t *l, timer_t_ *t)
 static void rotate_done(conn_t *c)
 {
     control_t *ctl = c->srv->app;
-    int r = keys_rotate(ctl->store, ctl->cfg.publish_delay_ms);
+    int r = keys_rotate(ctl->store, &ctl->seal, ctl->cfg.publish_delay_ms);
     if (r < 0) {
         conn_respond_errno(c, r, "rotate");
         return;
@@ -205,9 +205,15 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
     }
     r = control_tls_init(ctl);
     if (r >= 0)
+        r = secrets_keys_open(cfg, &ctl->seal);
+    if (r >= 0)
+        r = secrets_migrate(ctl->store, &ctl->seal);
+    if (r >= 0)
         r = auth_bootstrap(ctl);
     if (r >= 0)
-        r = keys_ensure(ctl->store, cfg->publish_delay_ms);
+        r = keys_ensure(ctl->store, &ctl->seal, cfg->publish_delay_ms);
+    if (r == -EBADMSG)
+        log_error("a signing key in the store cannot be read (above): not starting");
     if (r >= 0)
         keys_tick(NULL, &ctl->keys_t); /* the key ring and the signed set */
     if (r >= 0 && !ctl->keyset_wire[0])
@@ -244,6 +250,7 @@ void control_done(control_t *ctl)
     ctl->store = NULL;
     sodium_memzero(&ctl->keys, sizeof ctl->keys);
     sodium_memzero(&ctl->identity, sizeof ctl->identity);
+    sodium_memzero(&ctl->seal, sizeof ctl->seal);
     pthread_mutex_destroy(&ctl->rec_lock);
     pthread_cond_destroy(&ctl->rec_cond);
 }

@@ -14,6 +14,7 @@
 
 #include "cap/cap.h"
 #include "routecache.h"
+#include "seal.h"
 #include "server/server.h"
 #include "store/store.h"
 #include "tls/tls.h"
@@ -60,6 +61,7 @@ typedef struct {
     char listen_ip[64];
     char tls_sans[8][64]; /* more addresses and names for the control plane's certificate */
     int n_tls_sans;
+    char secrets_key_file[PATH_MAX]; /* "" = <state_dir>/secrets.key (seal.h) */
 } control_config_t;
 
 typedef struct {
@@ -103,6 +105,7 @@ typedef struct control {
     store_t *store; /* the loop thread's handle */
     routecache_t routes;
     keyring_t keys;
+    seal_keys_t seal; /* the secrets key(s): read-only after control_init */
     timer_t_ keys_t;
     /* TLS (NULL when plain): what the listener serves, how nodes are checked, the CA's pin */
     tls_ctx_t *tls_server, *tls_client;
@@ -140,9 +143,11 @@ void route_tokens_list(control_t *ctl, conn_t *c);
 void route_tokens_delete(control_t *ctl, conn_t *c, sv_t id); /* id: t-<16 hex> */
 
 /* keys.c: signing keys in the store, rotation */
-int keys_load(store_t *st, keyring_t *kr);
-int keys_ensure(store_t *st, uint64_t publish_delay_ms);
-int keys_rotate(store_t *st, uint64_t publish_delay_ms);
+/* keys_load re-seals a record that is plaintext (written before secrets at rest) or sealed under
+ * an older secrets key; -EBADMSG (logged, *kr untouched) when a record cannot be opened. */
+int keys_load(store_t *st, const seal_keys_t *seal, keyring_t *kr);
+int keys_ensure(store_t *st, const seal_keys_t *seal, uint64_t publish_delay_ms);
+int keys_rotate(store_t *st, const seal_keys_t *seal, uint64_t publish_delay_ms);
 /* The identity key in <state>/identity.key (made, 0600, when absent). */
 int identity_load_or_create(const char *state_dir, cap_identity_t *ret);
 int identity_pk_b64(const cap_identity_t *id, char *out, size_t cap);
@@ -163,6 +168,26 @@ bool valid_name(const char *s, size_t max); /* [a-z0-9][a-z0-9._-]* namespaces, 
 
 /* jobs.c */
 void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
+/* A job's secrets (secrets/<id>), sealed. job_secrets_get accepts a plaintext record (written
+ * before secrets at rest) or one sealed under an older secrets key and re-seals it. -EBADMSG /
+ * -ENOKEY when it cannot be opened (nothing is returned then). */
+int job_secrets_put(store_t *st, const seal_keys_t *seal, const char *id, json_t *secrets);
+int job_secrets_get(store_t *st, const seal_keys_t *seal, const char *id, json_t **ret);
+/* Re-seal every job's secrets not sealed under the current key; *ret_bad: records that could not
+ * be opened (logged). */
+int job_secrets_reseal_all(store_t *st, const seal_keys_t *seal, size_t *ret_bad);
+
+/* atrest.c: the secrets key file of a control (config), rotation */
+int secrets_key_path(const control_config_t *cfg, char *out, size_t cap);
+/* Load or make the key file; logs why it is refused. */
+int secrets_keys_open(const control_config_t *cfg, seal_keys_t *ret);
+/* At start: re-seal values left in plaintext by an older version, or under an older secrets key
+ * (an interrupted rotation), then compact the store so that their old bytes are gone.
+ * -EBADMSG when a signing key cannot be opened. */
+int secrets_migrate(store_t *st, const seal_keys_t *seal);
+/* sbx-control --rotate-secrets-key: a new current key, every sealed value re-sealed under it,
+ * then the old keys dropped from the file (kept there until every value is re-sealed). */
+int secrets_rotate(const control_config_t *cfg);
 
 /* nodes.c */
 void route_nodes(control_t *ctl, conn_t *c, sv_t rest);

@@ -5,8 +5,9 @@
  *   GET  /v1/jobs/{ns}/{id}                     inspect     (read)
  *   POST /v1/jobs/{ns}/{id}/{cancel|pause|resume|move}     (write)
  *   ANY  /v1/jobs/{ns}/{id}/proxy/{port}/...    edge proxy  (read)
- * A job's secrets are stored apart (secrets/<id>), handed to the node only as the command's
- * environment, and never returned, logged, or allowed as label values. Lifecycle actions only
+ * A job's secrets are stored apart (secrets/<id>, sealed under the secrets key: seal.h), handed
+ * to the node only as the command's environment, and never returned, logged, or allowed as
+ * label values. Lifecycle actions only
  * record what is wanted (desired, move_to); the reconciler makes it so and moves the stage. */
 #include <ctype.h>
 #include <sodium.h>
@@ -215,6 +216,108 @@ static const char *job_from_request(json_t *b, const char *default_image, json_t
     return NULL;
 }
 
+/* ---- secrets/<id> ------------------------------------------------------------------------- */
+
+static int secrets_write(store_t *st, const seal_keys_t *seal, const char *key, json_t *secrets,
+                         int64_t expect)
+{
+    char *pt = json_dumps(secrets, JSON_COMPACT), *v;
+    if (!pt)
+        return -ENOMEM;
+    int r = seal_value(seal, key, pt, strlen(pt), &v);
+    sodium_memzero(pt, strlen(pt));
+    free(pt);
+    if (r < 0)
+        return r;
+    r = store_cas(st, key, v, strlen(v), expect, NULL);
+    free(v);
+    return r;
+}
+
+int job_secrets_put(store_t *st, const seal_keys_t *seal, const char *id, json_t *secrets)
+{
+    char key[64];
+    (void)snprintf(key, sizeof key, "secrets/%s", id);
+    return secrets_write(st, seal, key, secrets, STORE_REV_ABSENT);
+}
+
+/* Open one record; re-seal it when it is plaintext or under an older key. */
+static int secrets_open(store_t *st, const seal_keys_t *seal, const store_kv_t *kv, json_t **ret)
+{
+    json_t *j = NULL;
+    size_t idx = 0;
+    bool plain = !seal_is_sealed(kv->value, kv->value_len);
+    if (plain) { /* written before secrets at rest: accepted once, re-sealed below */
+        j = json_loadb(kv->value, kv->value_len, 0, NULL);
+    } else {
+        char *pt;
+        size_t n;
+        int r = seal_open(seal, kv->key, kv->value, kv->value_len, &pt, &n, &idx);
+        if (r < 0) {
+            log_error("%s: %s", kv->key,
+                      r == -EBADMSG  ? "cannot decrypt: altered, or moved from another record"
+                      : r == -ENOKEY ? "sealed under a secrets key the key file does not hold"
+                                     : "malformed sealed value");
+            return r;
+        }
+        j = json_loadb(pt, n, 0, NULL);
+        sodium_memzero(pt, n);
+        free(pt);
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        log_error("%s: not a JSON object of secrets", kv->key);
+        return -EBADMSG;
+    }
+    if (plain || idx != 0) {
+        int r = secrets_write(st, seal, kv->key, j, kv->rev);
+        if (r >= 0)
+            log_warn("%s: %s, re-sealed under secrets key %s", kv->key,
+                     plain ? "plaintext (written before secrets at rest)" : "an older secrets key",
+                     seal->keys[0].kid);
+        else if (r != -ESTALE)
+            log_error("%s: cannot re-seal: %s", kv->key, strerror(-r));
+    }
+    *ret = j;
+    return 0;
+}
+
+int job_secrets_get(store_t *st, const seal_keys_t *seal, const char *id, json_t **ret)
+{
+    char key[64];
+    store_kv_t kv;
+    (void)snprintf(key, sizeof key, "secrets/%s", id);
+    int r = store_get(st, key, &kv);
+    if (r < 0)
+        return r;
+    r = secrets_open(st, seal, &kv, ret);
+    sodium_memzero(kv.value, kv.value_len);
+    store_kv_clear(&kv);
+    return r;
+}
+
+int job_secrets_reseal_all(store_t *st, const seal_keys_t *seal, size_t *ret_bad)
+{
+    store_kv_t *kvs;
+    size_t n, bad = 0;
+    int r = store_list(st, "secrets/", &kvs, &n);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < n; i++) {
+        json_t *j;
+        if (seal_has_kid(kvs[i].value, kvs[i].value_len, seal->keys[0].kid))
+            continue;
+        if (secrets_open(st, seal, &kvs[i], &j) < 0)
+            bad++;
+        else
+            json_decref(j);
+        sodium_memzero(kvs[i].value, kvs[i].value_len);
+    }
+    store_kv_free(kvs, n);
+    *ret_bad = bad;
+    return 0;
+}
+
 /* What inspect and list show: the job, its run, never the secrets. */
 static json_t *job_view(control_t *ctl, json_t *job)
 {
@@ -290,7 +393,7 @@ static void create_done(conn_t *c)
         json_decref(sec);
         return;
     }
-    char id[25], key[128];
+    char id[25];
     random_hex(id, 12);
     json_object_set_new(job, "id", json_string(id));
     json_object_set_new(job, "namespace", json_string(cx->ns));
@@ -305,14 +408,8 @@ static void create_done(conn_t *c)
     json_t *v;
     json_object_foreach(sec, k, v)
         json_array_append_new(json_object_get(job, "secret_names"), json_string(k));
-    char *sv = json_dumps(sec, JSON_COMPACT);
+    int r = job_secrets_put(ctl->store, &ctl->seal, id, sec);
     json_decref(sec);
-    (void)snprintf(key, sizeof key, "secrets/%s", id);
-    int r = sv ? store_cas(ctl->store, key, sv, strlen(sv), STORE_REV_ABSENT, NULL) : -ENOMEM;
-    if (sv) {
-        sodium_memzero(sv, strlen(sv));
-        free(sv);
-    }
     if (r >= 0)
         r = job_save(ctl->store, cx->ns, id, job, STORE_REV_ABSENT, NULL);
     if (r < 0) {

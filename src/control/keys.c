@@ -3,7 +3,8 @@
  * for signing only after publish_delay, so every node already holds it when the first
  * capability signed with it arrives; the key it replaces stays in the verification set until
  * every capability it signed has expired (cap_rotation_verify_set). Signing keys live in the
- * store because every control replica signs; nodes only ever receive public keys. */
+ * store because every control replica signs; nodes only ever receive public keys. Their secret
+ * parts are sealed (seal.h) under the secrets key, bound to their record. */
 #include <fcntl.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -31,7 +32,28 @@ static int unb64(const char *s, uint8_t *out, size_t n)
     return 0;
 }
 
-static int keyrec_from_json(const char *v, size_t len, cap_keyrec_t *k)
+/* The record's "sk": sealed (seal.h) under the record's own store key, or, in a record written
+ * before secrets at rest, the base64url of the secret key (accepted, and re-sealed by
+ * keys_load). Returns 0 for a value sealed under the current secrets key, 1 for one that must
+ * be re-sealed (plaintext, or an older key), -errno when it cannot be read. */
+static int sk_open(const seal_keys_t *seal, const char *record, const char *sk, uint8_t *out)
+{
+    if (!seal_is_sealed(sk, strlen(sk)))
+        return unb64(sk, out, CAP_SK_BYTES) == 0 ? 1 : -EINVAL;
+    char *pt;
+    size_t n, idx;
+    int r = seal_open(seal, record, sk, strlen(sk), &pt, &n, &idx);
+    if (r < 0)
+        return r;
+    if (n == CAP_SK_BYTES)
+        memcpy(out, pt, n);
+    sodium_memzero(pt, n);
+    free(pt);
+    return n != CAP_SK_BYTES ? -EBADMSG : idx == 0 ? 0 : 1;
+}
+
+static int keyrec_from_json(const seal_keys_t *seal, const char *record, const char *v, size_t len,
+                            cap_keyrec_t *k)
 {
     json_t *j = json_loadb(v, len, 0, NULL);
     const char *kid, *pk, *sk;
@@ -42,51 +64,74 @@ static int keyrec_from_json(const char *v, size_t len, cap_keyrec_t *k)
         strlen(kid) < CAP_KID_MAX) {
         *k = (cap_keyrec_t){ .created = created, .activate = activate, .retired = retired };
         memcpy(k->key.kid, kid, strlen(kid) + 1);
-        if (unb64(pk, k->key.pk, CAP_PK_BYTES) == 0 && unb64(sk, k->key.sk, CAP_SK_BYTES) == 0)
-            r = 0;
+        r = unb64(pk, k->key.pk, CAP_PK_BYTES);
+        if (r == 0)
+            r = sk_open(seal, record, sk, k->key.sk);
     }
     json_decref(j);
     return r;
 }
 
-static int keyrec_put(store_t *st, const cap_keyrec_t *k, int64_t expect)
+static int keyrec_put(store_t *st, const seal_keys_t *seal, const cap_keyrec_t *k, int64_t expect)
 {
-    char pk[64], sk[128], key[64];
+    char pk[64], key[64], *sk;
     b64(k->key.pk, CAP_PK_BYTES, pk, sizeof pk);
-    b64(k->key.sk, CAP_SK_BYTES, sk, sizeof sk);
     (void)snprintf(key, sizeof key, "signing-keys/%s", k->key.kid);
+    int r = seal_value(seal, key, k->key.sk, CAP_SK_BYTES, &sk);
+    if (r < 0)
+        return r;
     json_t *j = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I}", "kid", k->key.kid, "pk", pk, "sk", sk,
                           "created", (json_int_t)k->created, "activate", (json_int_t)k->activate,
                           "retired", (json_int_t)k->retired);
-    sodium_memzero(sk, sizeof sk);
+    free(sk);
     char *v = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!v)
         return -ENOMEM;
-    int r = store_cas(st, key, v, strlen(v), expect, NULL);
-    sodium_memzero(v, strlen(v));
+    r = store_cas(st, key, v, strlen(v), expect, NULL);
     free(v);
     return r;
 }
 
-int keys_load(store_t *st, keyring_t *kr)
+static const char *open_error(int r)
+{
+    return r == -EBADMSG  ? "cannot decrypt: altered, or moved from another record"
+           : r == -ENOKEY ? "sealed under a secrets key the key file does not hold"
+                          : "malformed record";
+}
+
+int keys_load(store_t *st, const seal_keys_t *seal, keyring_t *kr)
 {
     store_kv_t *kvs;
     size_t n;
-    int r = store_list(st, "signing-keys/", &kvs, &n);
+    int r = store_list(st, "signing-keys/", &kvs, &n), bad = 0;
     if (r < 0)
         return r;
     keyring_t k = { 0 };
-    for (size_t i = 0; i < n && k.n < CTL_KEYS_MAX; i++)
-        if (keyrec_from_json(kvs[i].value, kvs[i].value_len, &k.recs[k.n]) == 0)
-            k.n++;
+    for (size_t i = 0; i < n && k.n < CTL_KEYS_MAX; i++) {
+        r = keyrec_from_json(seal, kvs[i].key, kvs[i].value, kvs[i].value_len, &k.recs[k.n]);
+        if (r < 0) { /* loudly: a key that cannot be read is never replaced by guesswork */
+            log_error("%s: %s", kvs[i].key, open_error(r));
+            bad = r;
+            continue;
+        }
+        if (r == 1) { /* plaintext (before secrets at rest) or an older secrets key */
+            int w = keyrec_put(st, seal, &k.recs[k.n], kvs[i].rev);
+            if (w >= 0)
+                log_warn("%s: re-sealed under secrets key %s", kvs[i].key, seal->keys[0].kid);
+            else if (w != -ESTALE)
+                log_error("%s: cannot re-seal: %s", kvs[i].key, strerror(-w));
+        }
+        k.n++;
+    }
     store_kv_free(kvs, n);
-    *kr = k;
+    if (bad == 0)
+        *kr = k;
     sodium_memzero(&k, sizeof k);
-    return 0;
+    return bad < 0 ? -EBADMSG : 0;
 }
 
-static int key_new(store_t *st, int64_t now, int64_t activate)
+static int key_new(store_t *st, const seal_keys_t *seal, int64_t now, int64_t activate)
 {
     char hex[17], kid[CAP_KID_MAX];
     random_hex(hex, 8);
@@ -94,15 +139,15 @@ static int key_new(store_t *st, int64_t now, int64_t activate)
     cap_keyrec_t k = { .created = now, .activate = activate };
     int r = cap_key_generate(kid, &k.key);
     if (r >= 0)
-        r = keyrec_put(st, &k, STORE_REV_ABSENT);
+        r = keyrec_put(st, seal, &k, STORE_REV_ABSENT);
     sodium_memzero(&k, sizeof k);
     return r;
 }
 
-int keys_ensure(store_t *st, uint64_t publish_delay_ms)
+int keys_ensure(store_t *st, const seal_keys_t *seal, uint64_t publish_delay_ms)
 {
     keyring_t kr;
-    int r = keys_load(st, &kr);
+    int r = keys_load(st, seal, &kr);
     (void)publish_delay_ms;
     if (r < 0)
         return r;
@@ -111,15 +156,15 @@ int keys_ensure(store_t *st, uint64_t publish_delay_ms)
     if (have)
         return 0;
     int64_t now = (int64_t)time(NULL);
-    return key_new(st, now, now); /* no node can hold a capability yet: usable at once */
+    return key_new(st, seal, now, now); /* no node can hold a capability yet: usable at once */
 }
 
 /* Publish a new key now, sign with it after the delay, retire the current signer then, and
  * delete records whose capabilities have all expired. */
-int keys_rotate(store_t *st, uint64_t publish_delay_ms)
+int keys_rotate(store_t *st, const seal_keys_t *seal, uint64_t publish_delay_ms)
 {
     keyring_t kr;
-    int r = keys_load(st, &kr);
+    int r = keys_load(st, seal, &kr);
     if (r < 0)
         return r;
     int64_t now = (int64_t)time(NULL), activate = now + (int64_t)((publish_delay_ms + 999) / 1000);
@@ -134,13 +179,13 @@ int keys_rotate(store_t *st, uint64_t publish_delay_ms)
             kr.recs[i].retired = activate;
             store_kv_t kv;
             if (store_get(st, key, &kv) == 0) {
-                (void)keyrec_put(st, &kr.recs[i], kv.rev);
+                (void)keyrec_put(st, seal, &kr.recs[i], kv.rev);
                 store_kv_clear(&kv);
             }
         }
     }
     sodium_memzero(&kr, sizeof kr);
-    return key_new(st, now, activate);
+    return key_new(st, seal, now, activate);
 }
 
 int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap)

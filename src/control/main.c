@@ -14,6 +14,7 @@ static void usage(FILE *f)
             "usage: sbx-control --state DIR [--listen ADDR:PORT] [--admin-token-file FILE]\n"
             "                   [--key-publish-delay-ms N] [--default-image NAME]\n"
             "                   [--tls-dir DIR] [--tls-san ADDR|NAME]... [--insecure-plain-http]\n"
+            "                   [--secrets-key-file FILE] [--rotate-secrets-key]\n"
             "TLS 1.3 on the listener and to every node: the CA, key and certificate are made\n"
             "in DIR/tls (or --tls-dir, where an operator may put a CA of their own: ca.key +\n"
             "ca.crt) on the first start; clients trust DIR/tls/ca.crt. --insecure-plain-http\n"
@@ -23,7 +24,10 @@ static void usage(FILE *f)
             "is the default.\n"
             "The sbx control plane (embedded SQLite store in DIR/store.db).\n"
             "Default listen 127.0.0.1:49980; the admin token goes to $SBX_HOME/token\n"
-            "($SBX_HOME defaults to ~/.sbx) on the first start of an empty store.\n");
+            "($SBX_HOME defaults to ~/.sbx) on the first start of an empty store.\n"
+            "Signing keys and job secrets are sealed in the store under the secrets key file\n"
+            "(default DIR/secrets.key, 0600, made on the first start); --rotate-secrets-key\n"
+            "(every control stopped) replaces that key and re-seals the store, then exits.\n");
 }
 
 int main(int argc, char **argv)
@@ -37,6 +41,8 @@ int main(int argc, char **argv)
         { "insecure-plain-http", no_argument, NULL, 'P' },
         { "tls-dir", required_argument, NULL, 'T' },
         { "tls-san", required_argument, NULL, 'S' },
+        { "secrets-key-file", required_argument, NULL, 'K' },
+        { "rotate-secrets-key", no_argument, NULL, 'R' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -48,6 +54,7 @@ int main(int argc, char **argv)
                              .max_connections = 10000,
                              .port = 49980 };
     const char *listen = "127.0.0.1:49980", *tokfile = NULL;
+    bool rotate_secrets = false;
     int o;
     const char *lvl = getenv("SBX_LOG_LEVEL");
     if (lvl && streq(lvl, "debug"))
@@ -97,6 +104,14 @@ int main(int argc, char **argv)
             }
             memcpy(cfg.tls_sans[cfg.n_tls_sans++], optarg, strlen(optarg) + 1);
             break;
+        case 'K':
+            if (strlen(optarg) >= sizeof cfg.secrets_key_file || optarg[0] != '/') {
+                log_error("--secrets-key-file takes an absolute path");
+                return 2;
+            }
+            memcpy(cfg.secrets_key_file, optarg, strlen(optarg) + 1);
+            break;
+        case 'R': rotate_secrets = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -105,6 +120,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (rotate_secrets)
+        return secrets_rotate(&cfg) < 0 ? 1 : 0;
     const char *colon = strrchr(listen, ':');
     uint64_t port;
     if (!colon || (size_t)(colon - listen) >= sizeof scfg.bind ||

@@ -223,16 +223,16 @@ static void new_run_id(const char *job, uint64_t gen, const char *node, cap_run_
     (void)snprintf(id->instance, sizeof id->instance, "i-%s", inst);
 }
 
-static json_t *install_body(rec_t *rc, json_t *job, const char *id, json_t *restore)
+/* The install request. Secrets that cannot be opened (altered in the store, or sealed under a
+ * key the key file no longer holds) fail the install: a run never starts without them or with
+ * anything but them. */
+static int install_body(rec_t *rc, json_t *job, const char *id, json_t *restore, json_t **ret)
 {
-    char key[64];
-    store_kv_t kv;
     json_t *secrets = NULL;
-    (void)snprintf(key, sizeof key, "secrets/%s", id);
-    if (store_get(rc->st, key, &kv) == 0) {
-        secrets = json_loadb(kv.value, kv.value_len, 0, NULL);
-        sodium_memzero(kv.value, kv.value_len);
-        store_kv_clear(&kv);
+    int r = job_secrets_get(rc->st, &rc->ctl->seal, id, &secrets);
+    if (r < 0 && r != -ENOENT) {
+        json_decref(restore);
+        return r;
     }
     /* "image": the name; the node resolves it to its verified rootfs (image_rootfs) */
     const char *image = json_string_value(json_object_get(job, "image"));
@@ -252,7 +252,10 @@ static json_t *install_body(rec_t *rc, json_t *job, const char *id, json_t *rest
         json_object_set_new(b, "restore", restore);
     else
         json_decref(restore);
-    return b;
+    if (!b)
+        return -ENOMEM;
+    *ret = b;
+    return 0;
 }
 
 /* Retire a run on its node (the node answers no_run when it is already gone: also done). */
@@ -346,11 +349,17 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         return; /* another writer moved first: read again next pass */
     }
     job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = "" });
-    json_t *body = install_body(rc, job, id, restore);
+    json_t *body = NULL;
     int status = 0;
     char msg[512] = "";
-    r = body ? node_call(rc, nr.host, nr.port, &nr.run, "PUT", "", body, &status, msg, sizeof msg)
-             : -ENOMEM;
+    r = install_body(rc, job, id, restore, &body);
+    bool secrets_lost = r == -EBADMSG || r == -ENOKEY;
+    if (secrets_lost)
+        (void)snprintf(msg, sizeof msg, "the job's secrets cannot be decrypted (%s)",
+                       r == -EBADMSG ? "altered in the store"
+                                     : "sealed under a secrets key no longer in the key file");
+    if (r >= 0)
+        r = node_call(rc, nr.host, nr.port, &nr.run, "PUT", "", body, &status, msg, sizeof msg);
     json_decref(body);
     if (r >= 0 && (status == 200 || status == 201)) {
         memcpy(nr.state, "running", 8);
@@ -373,6 +382,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         return;
     }
     nr.attempts++;
+    if (secrets_lost) /* no retry opens them: say so now */
+        nr.attempts = INSTALL_ATTEMPTS;
     memcpy(nr.state, "failed", 7);
     (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
     log_warn("job %s/%s: install of generation %llu on %s failed (attempt %d): %s", ns, id,
@@ -459,7 +470,7 @@ static void pass(rec_t *rc)
 {
     store_kv_t *kvs;
     size_t n;
-    if (keys_load(rc->st, &rc->kr) < 0 || store_list(rc->st, "jobs/", &kvs, &n) < 0)
+    if (keys_load(rc->st, &rc->ctl->seal, &rc->kr) < 0 || store_list(rc->st, "jobs/", &kvs, &n) < 0)
         return;
     for (size_t i = 0; i < n && !rc->ctl->stopping; i++) {
         json_t *job = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);

@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /* Store records of the control plane, as JSON:
  *   jobs/<ns>/<id>     the job (never its secrets)
- *   secrets/<id>       the job's secrets (only the reconciler reads them, to install a run)
+ *   secrets/<id>       the job's secrets, sealed (jobs.c; only the reconciler opens them, to
+ *                      install a run)
  *   runs/<id>          the run record: which incarnation serves the job, on which node
  *   nodes/<name>       a registered node: address, token hash, last heartbeat
  *   tokens/<sha256>    a principal's API token (hash only)
- *   signing-keys/<kid> Ed25519 signing keys (keys.c) */
+ *   signing-keys/<kid> Ed25519 signing keys, the secret part sealed (keys.c) */
 #include <ctype.h>
 #include <stdio.h>
 #include <time.h>

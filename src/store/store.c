@@ -64,6 +64,13 @@ int store_list(store_t *s, const char *prefix, store_kv_t **ret, size_t *ret_n)
     return s->ops->list(s, prefix, ret, ret_n);
 }
 
+int store_compact(store_t *s)
+{
+    if (!s)
+        return -EINVAL;
+    return s->ops->compact ? s->ops->compact(s) : -EOPNOTSUPP;
+}
+
 void store_kv_clear(store_kv_t *kv)
 {
     if (!kv)

@@ -35,6 +35,7 @@ typedef struct {
                int64_t *ret_rev);
     int (*del)(store_t *s, const char *key, int64_t expect_rev);
     int (*list)(store_t *s, const char *prefix, store_kv_t **ret, size_t *ret_n);
+    int (*compact)(store_t *s); /* may be NULL */
 } store_ops_t;
 
 struct store {
@@ -64,6 +65,11 @@ int store_del(store_t *s, const char *key, int64_t expect_rev);
 
 /* Every key starting with prefix, in key order. The caller frees with store_kv_free. */
 int store_list(store_t *s, const char *prefix, store_kv_t **ret, size_t *ret_n);
+
+/* Drop what the backend keeps of replaced and deleted values (SQLite: VACUUM, then a TRUNCATE
+ * checkpoint of the WAL), so that an old value's bytes are nowhere in its files. -EBUSY when
+ * another process kept the WAL from being emptied; -EOPNOTSUPP without a compact operation. */
+int store_compact(store_t *s);
 
 void store_kv_clear(store_kv_t *kv);
 void store_kv_free(store_kv_t *kvs, size_t n);

@@ -394,12 +394,31 @@ static int sqlite_del(store_t *base, const char *key, int64_t expect_rev)
     return 0;
 }
 
+static int exec_sql(sqlite3 *db, const char *sql);
+
+/* VACUUM rewrites every page from the live rows (free pages and the free space inside pages,
+ * where SQLite leaves the bytes of replaced and deleted values, are gone), then a TRUNCATE
+ * checkpoint writes it into the database file and empties the WAL. */
+static int sqlite_compact(store_t *base)
+{
+    sqlite_store_t *s = (sqlite_store_t *)base;
+    int r = exec_sql(s->db, "VACUUM");
+    if (r < 0)
+        return r;
+    int log = 0, done = 0;
+    int rc = sqlite3_wal_checkpoint_v2(s->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &done);
+    if (rc != SQLITE_OK)
+        return sql_err(rc);
+    return log == done ? 0 : -EBUSY;
+}
+
 static const store_ops_t sqlite_ops = {
     .close = sqlite_close,
     .get = sqlite_get,
     .cas = sqlite_cas,
     .del = sqlite_del,
     .list = sqlite_list,
+    .compact = sqlite_compact,
 };
 
 /* ---- open ---- */

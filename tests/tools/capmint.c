@@ -16,7 +16,13 @@
  * The signing key is the control plane's current signer (cap_rotation_signer) read from the
  * store, or the key named by --kid. --forge signs with a freshly generated key under that
  * key's id (or under --kid even when the store has no such key): a capability whose signature
- * cannot verify, or whose key id no node knows. Prints the wire form on stdout. */
+ * cannot verify, or whose key id no node knows. Prints the wire form on stdout.
+ *
+ * The signing keys' secret parts are sealed in the store: capmint opens them with the control's
+ * secrets key file (--secrets-key, default secrets.key beside the store).
+ *   capmint --store FILE --dump-secret-keys
+ * prints "<kid> <base64url secret key>" for every signing key instead (for the tests that look
+ * for those bytes in the store's files). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -41,7 +47,9 @@ static void usage(FILE *f)
                "exec|files_read|files_write|processes|proxy|manage|state_read[,..]\n"
                "               [--port P --protocol http|websocket] [--iat-offset SECONDS]\n"
                "               [--lifetime SECONDS] [--forge] [--kid KID]\n"
-               "               --method M --target T [--body TEXT | --body-file F]\n");
+               "               --method M --target T [--body TEXT | --body-file F]\n"
+               "               [--secrets-key FILE]\n"
+               "       capmint --store FILE [--secrets-key FILE] --dump-secret-keys\n");
 }
 
 /* [+-]digits, |value| <= max */
@@ -98,8 +106,9 @@ static int copy_id(char *dst, size_t cap, const char *src)
 
 typedef struct {
     const char *store;
+    const char *secrets_key;
     const char *kid;
-    bool forge;
+    bool forge, dump;
     int64_t iat_offset;
     int64_t lifetime;
     const char *method, *target, *body, *body_file;
@@ -127,6 +136,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         { "target", required_argument, NULL, 'T' },
         { "body", required_argument, NULL, 'B' },
         { "body-file", required_argument, NULL, 'f' },
+        { "secrets-key", required_argument, NULL, 'K' },
+        { "dump-secret-keys", no_argument, NULL, 'D' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -168,6 +179,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         case 'T': a->target = optarg; break;
         case 'B': a->body = optarg; break;
         case 'f': a->body_file = optarg; break;
+        case 'K': a->secrets_key = optarg; break;
+        case 'D': a->dump = true; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -176,6 +189,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             return -EINVAL;
         }
     }
+    if (a->dump && optind == argc && a->store)
+        return 0;
     if (optind != argc || !a->store || !c->run.sandbox[0] || !c->run.node[0] ||
         !c->run.substrate[0] || !c->run.activation[0] || !c->run.instance[0] || c->access == 0 ||
         !a->method || !a->target || (a->body && a->body_file)) {
@@ -206,11 +221,36 @@ static int pick_key(const args_t *a, cap_signkey_t *ret)
         fprintf(stderr, "capmint: cannot open %s: %s\n", a->store, strerror(-r));
         return r;
     }
+    char kpath[PATH_MAX], err[PATH_MAX + 200] = "";
+    const char *slash = strrchr(a->store, '/');
+    if (a->secrets_key)
+        (void)snprintf(kpath, sizeof kpath, "%s", a->secrets_key);
+    else
+        (void)snprintf(kpath, sizeof kpath, "%.*s/secrets.key", slash ? (int)(slash - a->store) : 1,
+                       slash ? a->store : ".");
+    seal_keys_t seal;
+    r = seal_keys_load(kpath, &seal, err, sizeof err);
+    if (r < 0) {
+        fprintf(stderr, "capmint: %s\n", err[0] ? err : strerror(-r));
+        return r;
+    }
     keyring_t kr;
-    r = keys_load(s, &kr);
+    r = keys_load(s, &seal, &kr);
+    sodium_memzero(&seal, sizeof seal);
     if (r < 0) {
         fprintf(stderr, "capmint: cannot read the signing keys: %s\n", strerror(-r));
         return r;
+    }
+    if (a->dump) {
+        for (size_t i = 0; i < kr.n; i++) {
+            char b[sodium_base64_ENCODED_LEN(CAP_SK_BYTES,
+                                             sodium_base64_VARIANT_URLSAFE_NO_PADDING)];
+            sodium_bin2base64(b, sizeof b, kr.recs[i].key.sk, CAP_SK_BYTES,
+                              sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+            printf("%s %s\n", kr.recs[i].key.kid, b);
+        }
+        sodium_memzero(&kr, sizeof kr);
+        return 1; /* done: nothing to sign */
     }
     const cap_keyrec_t *k = NULL;
     if (a->kid) {
@@ -241,7 +281,10 @@ int main(int argc, char **argv)
     if (sodium_init() < 0)
         return 1;
     cap_signkey_t key;
-    if (pick_key(&a, &key) < 0)
+    int pr = pick_key(&a, &key);
+    if (a.dump)
+        return pr < 0 ? 1 : 0;
+    if (pr < 0)
         return 1;
     if (a.forge) { /* same key id, another key: the signature cannot verify */
         char kid[CAP_KID_MAX];
