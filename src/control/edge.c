@@ -8,9 +8,10 @@
  * before committing, and a recognized RefreshRoute (409 + X-Sbx-Verdict) makes it look the
  * route up again, repair the cache entry by compare-and-swap against the rejected route, and
  * make exactly one freshly built retry. A Deny is final. Transport failures: a connection that
- * could not be made sent nothing, so it is retried once on a refreshed route; a failure after
- * sending is retried once only for GET and HEAD. Larger or chunked bodies stream straight
- * through (no retry: the refusal reaches the client, which may retry itself). */
+ * could not be made sent nothing, so it is retried once on a refreshed route; after sending,
+ * nothing is retried (the request may have run: 502 with X-Sbx-Outcome: unknown). Larger or
+ * chunked bodies stream straight through (no retry). docs/platform.md has the table of what a
+ * client may conclude from each answer. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -98,6 +99,28 @@ _printf_(3, 4) static void edge_fail(edge_t *e, int status, const char *fmt, ...
 }
 
 /* The job's route from the store. 0, or -ENOENT (no run), -EAGAIN (not serving: *state says). */
+/* A failure after the request went out: 502 with X-Sbx-Outcome: unknown (never a verdict). */
+_printf_(2, 3) static void edge_fail_sent(edge_t *e, const char *fmt, ...)
+{
+    conn_t *c = e->conn;
+    char msg[256], body[400];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    edge_release(e);
+    if (!c)
+        return;
+    json_t *j = json_pack("{s:s,s:s}", "error", msg, "outcome", "unknown");
+    char *t = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    int n = snprintf(body, sizeof body, "%s", t ? t : "{\"outcome\":\"unknown\"}");
+    free(t);
+    c->keep_alive = false;
+    (void)conn_respond(c, 502, "application/json", body, (size_t)MIN(n, (int)sizeof body - 1),
+                       "X-Sbx-Outcome: unknown\r\n");
+}
+
 static int route_from_store(control_t *ctl, const char *ns, const char *job, route_t *ret,
                             char *state, size_t scap)
 {
@@ -431,22 +454,20 @@ static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh, char *st
 static void transport_failed(edge_t *e, int err)
 {
     route_t fresh;
-    bool idempotent =
-        sv_eq(e->conn->req.method, SV("GET")) || sv_eq(e->conn->req.method, SV("HEAD"));
-    bool may_retry = !e->retried && e->replayable && (!e->sent_any || idempotent);
-    if (may_retry) {
+    /* A retry only where nothing reached the node (no connection, or a TLS peer that was not
+     * the node): once request bytes were sent, the request may have run, whatever its method,
+     * and the client hears exactly that. */
+    if (!e->retried && e->replayable && !e->sent_any) {
         route_t rejected = e->route;
         char state[16];
         if (refresh(e, &rejected, &fresh, state, sizeof state))
             e->route = fresh;
         else
             routecache_drop(&e->ctl->routes, e->key, &rejected);
-        if (!e->sent_any || idempotent) {
-            e->retried = true;
-            log_debug("edge: %s: %s, retrying once", e->key, strerror(-err));
-            start_attempt(e);
-            return;
-        }
+        e->retried = true;
+        log_debug("edge: %s: %s before sending, retrying once", e->key, strerror(-err));
+        start_attempt(e);
+        return;
     }
     routecache_drop(&e->ctl->routes, e->key, &e->route);
     if (err == -EPERM || err == -ENOKEY)
@@ -454,8 +475,13 @@ static void transport_failed(edge_t *e, int err)
                   "edge: node %s did not prove its registered TLS identity; nothing was "
                   "sent to it",
                   e->route.run.node);
+    else if (e->sent_any)
+        edge_fail_sent(e,
+                       "edge: the connection to the node broke after the request was sent "
+                       "(%s): it may have run; not retried",
+                       strerror(-err));
     else
-        edge_fail(e, 502, "edge: the node did not answer: %s", strerror(-err));
+        edge_fail(e, 502, "edge: the node did not answer: %s; nothing was sent", strerror(-err));
 }
 
 /* The node's answer head is complete: RefreshRoute -> one retry; anything else -> commit. */
@@ -604,7 +630,7 @@ static void edge_on_timeout(loop_t *l, timer_t_ *t)
     if (e->st == E_CONNECTING || e->st == E_HANDSHAKE) /* nothing was sent */
         transport_failed(e, -ETIMEDOUT);
     else
-        edge_fail(e, 504, "edge: %s", "the node did not answer in time");
+        edge_fail(e, 504, "edge: %s", "the node did not answer in time: the request may have run");
 }
 
 static void edge_begin(conn_t *c)

@@ -136,6 +136,12 @@ class Http(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self):
+        if self.path.startswith("/slow?"):  # /slow?d=MS&mark=NAME: note that it ran, then wait
+            q = dict(kv.split("=", 1) for kv in self.path[6:].split("&"))
+            with open("/root/ran-" + q["mark"], "a") as f:
+                f.write("ran\n")
+            import time
+            time.sleep(int(q["d"]) / 1000)
         self.reply({"path": self.path})
 
     def do_POST(self):
@@ -571,3 +577,35 @@ def test_chunked_body_reaches_a_service_in_the_run(plat, wsjob):
     j = json.loads(r.body)
     assert j == {"chunked": True, "len": len(body),
                  "sha256": hashlib.sha256(body).hexdigest()}, j
+
+
+def test_a_request_cut_by_a_pause_is_not_answered_as_not_forwarded(plat):
+    """A slow GET reaches the service, and a pause cuts it: the edge must not retry it and must
+    not pass on the node's RefreshRoute (which says "not forwarded"); it answers 502 with
+    X-Sbx-Outcome: unknown. The request ran exactly once. Positive control: the same GET
+    without a pause answers 200."""
+    import secrets
+    import threading
+    job = create_ws_job(plat)
+    start_service(job)
+    node = plat.node("ws-n1")
+    r = job.proxy("GET", HTTP_PORT, "/slow?d=10&mark=control")
+    assert r.status == 200, r  # positive control
+    mark = secrets.token_hex(4)
+    marker = node.root_path(job.id, f"/root/ran-{mark}")
+    out = {}
+    t = threading.Thread(target=lambda: out.update(
+        r=job.proxy("GET", HTTP_PORT, f"/slow?d=3000&mark={mark}", timeout=30)))
+    t.start()
+    assert wait_until(lambda: os.path.exists(marker), 10), "the slow request never arrived"
+    r = job.action("pause")
+    assert r.status == 202, r
+    t.join(30)
+    r = out["r"]
+    assert "x-sbx-verdict" not in r.headers, \
+        f"LIE: a request that ran was answered as not forwarded: {r}"
+    assert r.status == 502 and r.headers.get("x-sbx-outcome") == "unknown", r
+    job.wait_stage("PAUSED")
+    with open(marker) as f:
+        assert f.read() == "ran\n", "the request ran more than once"
+    job.cancel()
