@@ -47,6 +47,14 @@ typedef struct {
     int attempts;
     int64_t updated_ms;
     char ns[64];
+    /* the root this generation starts from (a paused run), kept across retries of its install
+     * so that a retry never starts on an empty root */
+    bool has_from;
+    cap_run_t from;
+    char from_host[64];
+    uint16_t from_port;
+    int64_t next_try_ms;   /* a failed install is tried again from then on (backoff) */
+    int64_t first_fail_ms; /* since when this generation's install fails */
 } runrec_t;
 
 typedef struct {

@@ -16,7 +16,12 @@
 #include "common/log.h"
 #include "control.h"
 
-#define INSTALL_ATTEMPTS 3
+/* A failed install is tried again after a backoff, for up to INSTALL_GIVE_UP_MS; a record whose
+ * attempts reach INSTALL_ATTEMPTS_FINAL is not tried again (the job is in ERROR). */
+#define INSTALL_BACKOFF_MIN_MS 500
+#define INSTALL_BACKOFF_MAX_MS 30000
+#define INSTALL_GIVE_UP_MS (10 * 60 * 1000)
+#define INSTALL_ATTEMPTS_FINAL 1000000
 
 typedef struct {
     control_t *ctl;
@@ -287,7 +292,19 @@ static bool pause_run(rec_t *rc, runrec_t *rr, int64_t *rev)
     return runrec_cas(rc->st, rr->run.sandbox, rr, *rev, rev) >= 0;
 }
 
-/* Start the next generation (or retry the current one with a new activation). */
+/* Backoff between install attempts of one generation: 0.5 s doubling to 30 s, +-20 % jitter
+ * (so that jobs that failed together do not come back together). */
+static int64_t install_backoff_ms(int attempts)
+{
+    int64_t d = INSTALL_BACKOFF_MIN_MS << (attempts < 7 ? attempts - 1 : 6);
+    if (d > INSTALL_BACKOFF_MAX_MS)
+        d = INSTALL_BACKOFF_MAX_MS;
+    return d - d / 5 + (int64_t)randombytes_uniform((uint32_t)(2 * d / 5 + 1));
+}
+
+/* Start the next generation, or try the current one again with a new activation: from the
+ * same root as before (a retried resume or move never starts on an empty root), not before
+ * its backoff has passed. */
 static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, runrec_t *old,
                       int64_t rev, bool have_old)
 {
@@ -295,14 +312,32 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     const char *image = json_string_value(json_object_get(job, "image"));
     if (!image)
         image = "host";
+    bool resume = have_old && streq(old->state, "paused");
+    bool retry = have_old && streq(old->state, "failed");
+    if (retry && wall_ms() < old->next_try_ms)
+        return; /* backing off */
     size_t n = load_nodes(rc, nodes, 64, image);
     const char *move_to = json_string_value(json_object_get(job, "move_to"));
     bool move = move_to && *move_to;
-    bool resume = have_old && streq(old->state, "paused");
-    bool retry = have_old && streq(old->state, "failed");
-    const node_info_t *ni = place(nodes, n, resume && !move ? old->run.node : NULL,
-                                  move && have_old ? old->run.node : NULL,
-                                  move && !streq(move_to, "*") ? move_to : NULL);
+    /* the root to start from: the paused run, or what the failed attempt started from */
+    bool has_from = resume || (retry && old->has_from);
+    cap_run_t from = { 0 };
+    char from_host[64] = "";
+    uint16_t from_port = 0;
+    if (resume) {
+        from = old->run;
+        (void)snprintf(from_host, sizeof from_host, "%s", old->host);
+        from_port = old->port;
+    } else if (has_from) {
+        from = old->from;
+        (void)snprintf(from_host, sizeof from_host, "%s", old->from_host);
+        from_port = old->from_port;
+    }
+    /* a resume stays where its root is (if that node can take it); a move never goes back to
+     * the node it leaves, however often its install is tried */
+    const node_info_t *ni =
+        place(nodes, n, has_from && !move ? from.node : NULL, move && has_from ? from.node : NULL,
+              move && !streq(move_to, "*") ? move_to : NULL);
     if (!ni) {
         char msg[160];
         (void)snprintf(msg, sizeof msg, "waiting for a live node with room%s%s",
@@ -318,21 +353,28 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     (void)snprintf(nr.host, sizeof nr.host, "%s", ni->host);
     (void)snprintf(nr.ns, sizeof nr.ns, "%s", ns);
     nr.attempts = retry ? old->attempts : 0;
+    nr.first_fail_ms = retry ? old->first_fail_ms : 0;
+    if (has_from) {
+        nr.has_from = true;
+        nr.from = from;
+        (void)snprintf(nr.from_host, sizeof nr.from_host, "%s", from_host);
+        nr.from_port = from_port;
+    }
     json_t *restore = NULL;
-    if (resume && streq(old->run.node, ni->name))
+    if (has_from && streq(from.node, ni->name))
         restore = json_pack("{s:s}", "mode", "local");
-    else if (resume) {
-        cap_t cap = { .run = old->run, .access = CAP_STATE_READ }; /* nothing more for B */
+    else if (has_from) {
+        cap_t cap = { .run = from, .access = CAP_STATE_READ }; /* nothing more for B */
         char wire[CAP_WIRE_MAX + 64], st_target[128];
-        (void)snprintf(st_target, sizeof st_target, "/v1/runs/%s/state", old->run.sandbox);
+        (void)snprintf(st_target, sizeof st_target, "/v1/runs/%s/state", from.sandbox);
         if (cap_bind_request(&cap, "GET", 3, st_target, strlen(st_target), NULL, 0) >= 0 &&
             keys_sign(&rc->kr, &cap, wire, sizeof wire) >= 0)
-            restore = json_pack("{s:s,s:s,s:i,s:s,s:s}", "mode", "remote", "host", old->host,
-                                "port", old->port, "sandbox", id, "capability", wire);
+            restore = json_pack("{s:s,s:s,s:i,s:s,s:s}", "mode", "remote", "host", from_host,
+                                "port", from_port, "sandbox", id, "capability", wire);
         nr.has_prev = true; /* the old root is removed once the new run runs */
-        nr.prev = old->run;
-        (void)snprintf(nr.prev_host, sizeof nr.prev_host, "%s", old->host);
-        nr.prev_port = old->port;
+        nr.prev = from;
+        (void)snprintf(nr.prev_host, sizeof nr.prev_host, "%s", from_host);
+        nr.prev_port = from_port;
     } else if (have_old && old->has_prev) {
         nr.has_prev = true;
         nr.prev = old->prev;
@@ -348,7 +390,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
             log_warn("job %s: cannot write the run record: %s", id, strerror(-r));
         return; /* another writer moved first: read again next pass */
     }
-    job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = "" });
+    if (!retry)
+        job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = "" });
     json_t *body = NULL;
     int status = 0;
     char msg[512] = "";
@@ -363,6 +406,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     json_decref(body);
     if (r >= 0 && (status == 200 || status == 201)) {
         memcpy(nr.state, "running", 8);
+        nr.attempts = 0;
+        nr.next_try_ms = nr.first_fail_ms = 0;
         if (runrec_cas(rc->st, id, &nr, nrev, &nrev) < 0)
             return;
         log_info("job %s/%s: generation %llu running on %s (activation %s)", ns, id,
@@ -381,17 +426,32 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         }
         return;
     }
+    /* Only what no retry can fix ends the job: its secrets cannot be opened, or the node
+     * refused the request itself (400: the spec is wrong for it), or it kept failing for
+     * INSTALL_GIVE_UP_MS. Anything else (the node unreachable, restarting, busy) is tried
+     * again after a backoff, from the same root. */
+    int64_t now = wall_ms();
     nr.attempts++;
-    if (secrets_lost) /* no retry opens them: say so now */
-        nr.attempts = INSTALL_ATTEMPTS;
+    if (!nr.first_fail_ms)
+        nr.first_fail_ms = now;
+    bool permanent = secrets_lost || (r >= 0 && status == 400);
+    bool give_up = permanent || now - nr.first_fail_ms >= INSTALL_GIVE_UP_MS;
+    nr.next_try_ms = now + install_backoff_ms(nr.attempts);
+    if (give_up)
+        nr.attempts = INSTALL_ATTEMPTS_FINAL;
     memcpy(nr.state, "failed", 7);
     (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
     log_warn("job %s/%s: install of generation %llu on %s failed (attempt %d): %s", ns, id,
              (unsigned long long)gen, ni->name, nr.attempts, msg);
-    if (nr.attempts >= INSTALL_ATTEMPTS) {
+    if (give_up) {
         char m[600];
         (void)snprintf(m, sizeof m, "could not start: %s", msg);
         job_patch(rc, ns, id, &(job_patch_t){ .stage = "ERROR", .message = m });
+    } else {
+        char m[700];
+        (void)snprintf(m, sizeof m, "install on %s failed (attempt %d): %s; trying again in %.1f s",
+                       ni->name, nr.attempts, msg, (double)(nr.next_try_ms - now) / 1000.0);
+        job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = m });
     }
 }
 
@@ -459,7 +519,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
         if (!pause_run(rc, &rr, &rev)) /* a move stops the run first: its root moves */
             return;
     }
-    if (have && streq(rr.state, "failed") && rr.attempts >= INSTALL_ATTEMPTS)
+    if (have && streq(rr.state, "failed") && rr.attempts >= INSTALL_ATTEMPTS_FINAL)
         return;
     if (have && streq(rr.state, "exited"))
         return;

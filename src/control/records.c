@@ -55,12 +55,13 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
     store_kv_clear(&kv);
     runrec_t rr = { 0 };
     const char *state, *host, *ns = "";
-    json_int_t port, attempts = 0, updated = 0;
-    json_t *prev = NULL;
+    json_int_t port, attempts = 0, updated = 0, next_try = 0, first_fail = 0;
+    json_t *prev = NULL, *from = NULL;
     r = -EIO;
-    if (json_unpack(j, "{s:s,s:s,s:I,s?I,s?I,s?o,s?s}", "state", &state, "host", &host, "port",
-                    &port, "attempts", &attempts, "updated_ms", &updated, "prev", &prev, "ns",
-                    &ns) == 0 &&
+    if (json_unpack(j, "{s:s,s:s,s:I,s?I,s?I,s?o,s?s,s?o,s?I,s?I}", "state", &state, "host", &host,
+                    "port", &port, "attempts", &attempts, "updated_ms", &updated, "prev", &prev,
+                    "ns", &ns, "from", &from, "next_try_ms", &next_try, "first_fail_ms",
+                    &first_fail) == 0 &&
         cap_run_from_json(json_object_get(j, "run"), &rr.run) == 0 &&
         copy_field(rr.state, sizeof rr.state, state) == 0 &&
         copy_field(rr.host, sizeof rr.host, host) == 0 &&
@@ -68,7 +69,17 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
         rr.port = (uint16_t)port;
         rr.attempts = (int)attempts;
         rr.updated_ms = updated;
+        rr.next_try_ms = next_try;
+        rr.first_fail_ms = first_fail;
         r = 0;
+        const char *fh;
+        json_int_t fp;
+        if (json_is_object(from) && json_unpack(from, "{s:s,s:I}", "host", &fh, "port", &fp) == 0 &&
+            cap_run_from_json(json_object_get(from, "run"), &rr.from) == 0 &&
+            copy_field(rr.from_host, sizeof rr.from_host, fh) == 0) {
+            rr.has_from = true;
+            rr.from_port = (uint16_t)fp;
+        }
         if (json_is_object(prev)) {
             const char *ph;
             json_int_t pp;
@@ -96,6 +107,14 @@ int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, 
     json_t *j = json_pack("{s:o,s:s,s:s,s:i,s:i,s:I,s:s}", "run", cap_run_to_json(&r->run), "state",
                           r->state, "host", r->host, "port", r->port, "attempts", r->attempts,
                           "updated_ms", (json_int_t)wall_ms(), "ns", r->ns);
+    if (j && r->has_from)
+        json_object_set_new(j, "from",
+                            json_pack("{s:o,s:s,s:i}", "run", cap_run_to_json(&r->from), "host",
+                                      r->from_host, "port", r->from_port));
+    if (j && (r->next_try_ms || r->first_fail_ms)) {
+        json_object_set_new(j, "next_try_ms", json_integer(r->next_try_ms));
+        json_object_set_new(j, "first_fail_ms", json_integer(r->first_fail_ms));
+    }
     if (j && r->has_prev)
         json_object_set_new(j, "prev",
                             json_pack("{s:o,s:s,s:i}", "run", cap_run_to_json(&r->prev), "host",
