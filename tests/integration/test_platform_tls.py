@@ -315,10 +315,13 @@ def test_a_node_key_rotates_by_registering_again(plat):
     job.cancel()
 
 
-def test_a_new_ca_makes_new_join_material_and_old_pins_refuse_it(plat):
-    """docs/platform.md: remove the CA and restart the control plane: a new CA, a new pin in
-    node-join.token; a node still pinned to the old CA refuses to talk to it; a node given the
-    new join material registers. --tls-san names end up in the certificate."""
+def test_an_operator_ca_makes_new_join_material_and_old_pins_refuse_it(plat):
+    """docs/platform.md: replace the CA (here with one an operator made with openssl) and
+    restart the control plane: node-join.token pins the new CA; a node still pinned to the old
+    CA refuses to talk to it; a node given the new join material registers with a certificate
+    from the operator's CA. --tls-san names end up in the control plane's certificate."""
+    import base64
+    import hashlib
     with open(plat.join_token_file) as f:
         old_join = f.read().strip()
     ctl = plat.control
@@ -327,6 +330,15 @@ def test_a_new_ca_makes_new_join_material_and_old_pins_refuse_it(plat):
     tls_dir = os.path.join(plat.ctl_state, "tls")
     for f in ("ca.key", "ca.crt"):
         os.unlink(os.path.join(tls_dir, f))
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "ca.key", "-out", "ca.crt", "-days", "30", "-subj", "/CN=operator CA",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "-addext", "subjectKeyIdentifier=hash", cwd=tls_dir)
+    der = subprocess.run(["openssl", "x509", "-outform", "DER", "-in",
+                          os.path.join(tls_dir, "ca.crt")], capture_output=True,
+                         timeout=10).stdout
+    want_pin = base64.urlsafe_b64encode(hashlib.sha256(der).digest()).rstrip(b"=").decode()
     plat.tls_ctx = None  # the harness trusts the new CA
     plat.control_args = ["--tls-san", "127.0.0.7", "--tls-san", "sbx.example"]
     c = Control(plat, "control-newca", plat.ctl_state, port=ctl.port)
@@ -335,12 +347,17 @@ def test_a_new_ca_makes_new_join_material_and_old_pins_refuse_it(plat):
         new_join = f.read().strip()
     assert new_join.split(".")[:3] == old_join.split(".")[:3]  # same token and identity
     assert new_join.split(".")[3] != old_join.split(".")[3]    # another CA pin
+    assert new_join.split(".")[3] == want_pin                   # the operator's
     node = plat.node("tl-a")
     assert wait_until(lambda: "refused the TLS identity of whatever answers" in node.log(), 10), \
         "ATTACK: a node pinned to the old CA talked to a control plane of another CA"
     fresh = Node(plat, "tl-new", c.port)
     plat.nodes.append(fresh)
     assert wait_until(lambda: fresh.health().get("registered"), 15), fresh.log()[-2000:]
+    issuer = subprocess.run(["openssl", "x509", "-noout", "-issuer", "-in",
+                             os.path.join(fresh.state, "tls", "node.crt")], capture_output=True,
+                            text=True, timeout=10).stdout
+    assert "operator CA" in issuer, issuer
     out = subprocess.run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
                           os.path.join(tls_dir, "control.crt")], capture_output=True, text=True,
                          timeout=10)
