@@ -61,6 +61,7 @@ typedef struct {
     char state_dir[PATH_MAX];
     char admin_token_file[PATH_MAX];
     uint64_t publish_delay_ms; /* a new signing key is published this long before use */
+    uint64_t node_dead_ms;     /* a node silent this long has lost its runs (on_node_loss) */
     char default_image[64];    /* a job that names no image runs this one */
     /* transport: TLS unless plain_http (loopback only); the CA and the control plane's key and
      * certificate live in tls_dir (default <state>/tls) */

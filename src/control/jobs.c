@@ -134,18 +134,22 @@ static const char *job_from_request(json_t *b, const char *default_image, json_t
                                     json_t **ret_secrets)
 {
     const char *image = default_image, *substrate = "process", *flavor = "cpu-basic";
-    const char *mode = "dedicated", *network = "none";
+    const char *mode = "dedicated", *network = "none", *on_loss = "wait";
     json_t *command = NULL, *env = NULL, *secrets = NULL, *labels = NULL, *expose = NULL;
     json_t *allow = NULL;
     json_int_t timeout = 0;
     const char *e;
     if (!json_is_object(b) ||
-        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?o,s?I!}", "image", &image,
+        json_unpack(b, "{s?s,s?s,s?s,s?s,s?s,s?o,s?o,s?o,s?o,s?o,s?o,s?I,s?s!}", "image", &image,
                     "substrate", &substrate, "flavor", &flavor, "mode", &mode, "network", &network,
                     "egress_allow", &allow, "command", &command, "env", &env, "secrets", &secrets,
-                    "labels", &labels, "expose", &expose, "timeout", &timeout) < 0)
+                    "labels", &labels, "expose", &expose, "timeout", &timeout, "on_node_loss",
+                    &on_loss) < 0)
         return "expected {image, substrate, flavor, mode, network, egress_allow, command, env, "
-               "secrets, labels, expose, timeout} (unknown fields are refused)";
+               "secrets, labels, expose, timeout, on_node_loss} (unknown fields are refused)";
+    if (!streq(on_loss, "wait") && !streq(on_loss, "restart") && !streq(on_loss, "fail"))
+        return "on_node_loss: \"wait\" (the default: for the node and the run's root), "
+               "\"restart\" (a fresh run elsewhere) or \"fail\"";
     if (!streq(substrate, "process"))
         return "substrate: only \"process\" is available on this platform";
     if (!streq(mode, "dedicated") && !streq(mode, "pool"))
@@ -209,6 +213,8 @@ static const char *job_from_request(json_t *b, const char *default_image, json_t
         labels ? json_incref(labels) : json_object(), "expose",
         expose ? json_incref(expose) : json_pack("[{s:i,s:s}]", "port", 49983, "protocol", "http"),
         "timeout", timeout);
+    if (job)
+        json_object_set_new(job, "on_node_loss", json_string(on_loss));
     if (!job)
         return "out of memory";
     *ret_job = job;

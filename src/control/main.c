@@ -39,6 +39,7 @@ int main(int argc, char **argv)
         { "key-publish-delay-ms", required_argument, NULL, 'd' },
         { "default-image", required_argument, NULL, 'i' },
         { "insecure-plain-http", no_argument, NULL, 'P' },
+        { "node-dead-ms", required_argument, NULL, 'D' },
         { "tls-dir", required_argument, NULL, 'T' },
         { "tls-san", required_argument, NULL, 'S' },
         { "secrets-key-file", required_argument, NULL, 'K' },
@@ -46,7 +47,9 @@ int main(int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    control_config_t cfg = { .publish_delay_ms = 2000, .default_image = "debian" };
+    control_config_t cfg = { .publish_delay_ms = 2000,
+                             .default_image = "debian",
+                             .node_dead_ms = 30000 };
     server_config_t scfg = { .head_timeout_ms = 10000,
                              .body_timeout_ms = 60000,
                              .write_timeout_ms = 120000,
@@ -87,6 +90,13 @@ int main(int argc, char **argv)
             memcpy(cfg.default_image, optarg, strlen(optarg) + 1);
             break;
         case 'P': cfg.plain_http = true; break;
+        case 'D':
+            if (parse_u64_str(optarg, 86400000, &v) < 0 || v < CTL_NODE_LIVE_MS) {
+                log_error("--node-dead-ms: milliseconds, at least %d", CTL_NODE_LIVE_MS);
+                return 2;
+            }
+            cfg.node_dead_ms = v;
+            break;
         case 'T':
             if (strlen(optarg) >= sizeof cfg.tls_dir || optarg[0] != '/') {
                 log_error("--tls-dir takes an absolute path");

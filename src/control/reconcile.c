@@ -194,6 +194,40 @@ static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max, const char *im
     return k;
 }
 
+static bool retire(rec_t *rc, const char *host, uint16_t port, const cap_run_t *run);
+
+/* How long node `name` has been silent (ms since its last heartbeat); -1: no such node. */
+static int64_t node_silent_ms(rec_t *rc, const char *name)
+{
+    char key[96];
+    store_kv_t kv;
+    (void)snprintf(key, sizeof key, "nodes/%s", name);
+    if (store_get(rc->st, key, &kv) < 0)
+        return -1;
+    json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
+    store_kv_clear(&kv);
+    json_int_t seen = json_integer_value(json_object_get(j, "last_seen_ms"));
+    json_decref(j);
+    return wall_ms() - seen;
+}
+
+static bool node_live(rec_t *rc, const char *name)
+{
+    int64_t s = node_silent_ms(rc, name);
+    return s >= 0 && s < CTL_NODE_LIVE_MS;
+}
+
+/* Retire the run a record keeps as prev (a moved or lost run) once its node is live: a node
+ * that does not answer is not waited for on every pass. */
+static void retire_prev(rec_t *rc, const char *id, runrec_t *rr, int64_t *rev)
+{
+    if (rr->has_prev && node_live(rc, rr->prev.node) &&
+        retire(rc, rr->prev_host, rr->prev_port, &rr->prev)) {
+        rr->has_prev = false;
+        (void)runrec_cas(rc->st, id, rr, *rev, rev);
+    }
+}
+
 /* Placement: a live node with room and the job's image; the preferred one if it qualifies, never
  * `avoid`; else the least loaded. */
 static const node_info_t *place(node_info_t *nodes, size_t n, const char *prefer, const char *avoid,
@@ -420,10 +454,7 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
                                   .node = ni->name,
                                   .clear_move = true,
                                   .started = true });
-        if (nr.has_prev && retire(rc, nr.prev_host, nr.prev_port, &nr.prev)) {
-            nr.has_prev = false;
-            (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
-        }
+        retire_prev(rc, id, &nr, &nrev);
         return;
     }
     /* Only what no retry can fix ends the job: its secrets cannot be opened, or the node
@@ -482,8 +513,11 @@ static void reconcile_job(rec_t *rc, json_t *job)
         log_info("job %s/%s canceled", ns, id);
         return;
     }
-    if (streq(stage, "COMPLETED") || streq(stage, "ERROR"))
+    if (streq(stage, "COMPLETED") || streq(stage, "ERROR")) {
+        if (have) /* a run lost with its node is retired once the node is back */
+            retire_prev(rc, id, &rr, &rev);
         return;
+    }
     if (have && streq(rr.state, "installing") && wall_ms() - rr.updated_ms < CTL_INSTALL_STALE_MS)
         return; /* another reconciler is installing it */
     if (streq(desired, "paused")) {
@@ -491,6 +525,49 @@ static void reconcile_job(rec_t *rc, json_t *job)
             return;
         if (!streq(stage, "PAUSED"))
             job_patch(rc, ns, id, &(job_patch_t){ .stage = "PAUSED", .message = "" });
+        return;
+    }
+    /* The run's node went silent: past node_dead_ms its run is lost, and the job's
+     * on_node_loss says what follows. A lost run is kept as prev: retired when its node is back,
+     * so its generation is refused there too (a new generation is refused nothing). */
+    int64_t silent = have && (streq(rr.state, "running") || streq(rr.state, "installing"))
+                         ? node_silent_ms(rc, rr.run.node)
+                         : -1;
+    if (silent >= 0 && (uint64_t)silent >= rc->ctl->cfg.node_dead_ms) {
+        const char *policy = json_string_value(json_object_get(job, "on_node_loss")) ?: "wait";
+        char m[256];
+        if (streq(policy, "wait")) {
+            (void)snprintf(m, sizeof m,
+                           "node %s silent for %lld s: waiting for it and the run's root "
+                           "(on_node_loss: wait)",
+                           rr.run.node, (long long)(silent / 1000));
+            job_patch(rc, ns, id, &(job_patch_t){ .message = m });
+            return;
+        }
+        if (rr.has_prev) /* an older run still to retire: that one first (it is the oldest) */
+            retire_prev(rc, id, &rr, &rev);
+        if (rr.has_prev)
+            return;
+        memcpy(rr.state, "lost", 5);
+        rr.has_prev = true;
+        rr.prev = rr.run;
+        memcpy(rr.prev_host, rr.host, sizeof rr.prev_host);
+        rr.prev_port = rr.port;
+        rr.has_from = false;
+        if (runrec_cas(rc->st, id, &rr, rev, &rev) < 0)
+            return;
+        log_warn("job %s/%s: node %s silent for %lld s: generation %llu lost (on_node_loss: %s)",
+                 ns, id, rr.run.node, (long long)(silent / 1000),
+                 (unsigned long long)rr.run.generation, policy);
+        (void)snprintf(m, sizeof m, "node %s lost (silent for %lld s)%s", rr.run.node,
+                       (long long)(silent / 1000),
+                       streq(policy, "fail") ? "; on_node_loss: fail"
+                                             : ": a fresh run elsewhere (on_node_loss: restart)");
+        job_patch(rc, ns, id,
+                  &(job_patch_t){ .stage = streq(policy, "fail") ? "ERROR" : "SCHEDULING",
+                                  .message = m });
+        if (streq(policy, "restart"))
+            start_run(rc, job, ns, id, &rr, rev, true);
         return;
     }
     const char *move_to = json_string_value(json_object_get(job, "move_to"));
@@ -508,11 +585,9 @@ static void reconcile_job(rec_t *rc, json_t *job)
                 }
                 return;
             }
-            if (rr.has_prev && retire(rc, rr.prev_host, rr.prev_port, &rr.prev)) {
-                rr.has_prev = false;
-                (void)runrec_cas(rc->st, id, &rr, rev, &rev);
-            }
-            if (!streq(stage, "RUNNING"))
+            retire_prev(rc, id, &rr, &rev);
+            const char *msg = json_string_value(json_object_get(job, "message"));
+            if (!streq(stage, "RUNNING") || (msg && *msg)) /* e.g. its node is back */
                 job_patch(rc, ns, id, &(job_patch_t){ .stage = "RUNNING", .message = "" });
             return;
         }

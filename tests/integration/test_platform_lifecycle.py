@@ -8,6 +8,8 @@ node is briefly away are tried again with a backoff, from the same root, until t
 - A move to a node that has just crashed does not stick: it is tried again on that node (never
   the one it leaves) and completes, with the job's files, when the node is back.
 - A retried install carries the same restore source: the files written before are there."""
+import os
+import signal
 import time
 
 import pytest
@@ -80,3 +82,59 @@ def test_a_move_to_a_node_that_just_crashed_completes_when_it_is_back(plat):
     j = job.inspect()
     assert j["run"]["node"] == "lc-b" and j["run"]["generation"] > g, j
     assert job.exec("cat /root/moved.txt").out == "moved\n", "the moved root was lost"
+
+
+@pytest.fixture
+def plat_fast():
+    """A control plane that declares a node lost after 6 s of silence (default 30 s)."""
+    p = Platform(nodes=("ll-a", "ll-b"), control_args=["--node-dead-ms", "6000"])
+    yield p
+    p.stop()
+
+
+class Frozen:
+    """A node stopped with SIGSTOP (no heartbeats, its runs untouched), thawed on exit."""
+
+    def __init__(self, node):
+        self.pid = node.proc.proc.pid
+
+    def __enter__(self):
+        os.kill(self.pid, signal.SIGSTOP)
+        return self
+
+    def __exit__(self, *a):
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def old_generation_refused(node, job, cap):
+    r, _ = node.exec(job, "true", cap, timeout=5)
+    return r.status in (403, 409)
+
+
+@pytest.mark.parametrize("policy", ["restart", "fail", "wait"])
+def test_a_lost_node_runs_follow_on_node_loss(plat_fast, policy):
+    plat = plat_fast
+    job = plat.create_on("ll-a", on_node_loss=policy)
+    a = plat.node("ll-a")
+    g = job.inspect()["run"]["generation"]
+    old_cap = plat.mint(job.run(), "exec")
+    r, res = a.exec(job, "echo old", old_cap)
+    assert r.status == 200 and res.out == "old\n", r  # positive control: it works before
+    with Frozen(a):
+        if policy == "restart":
+            job.wait_stage("RUNNING", timeout=30, generation=g + 1, node="ll-b")
+            assert job.exec("echo fresh").out == "fresh\n"
+        elif policy == "fail":
+            job.wait_stage("ERROR", timeout=30)
+            assert "node ll-a lost" in job.inspect()["message"]
+        else:
+            assert wait_until(lambda: "waiting for it" in job.inspect()["message"], 30), \
+                job.inspect()
+            assert job.inspect()["stage"] == "RUNNING"
+    if policy == "wait":  # the node is back with its run: served again, the message cleared
+        assert wait_until(lambda: job.inspect()["message"] == "", 15), job.inspect()
+        assert job.exec("echo back").out == "back\n"
+        return
+    # the lost generation is retired on its node once the node is back, never served again
+    assert wait_until(lambda: old_generation_refused(a, job, old_cap), 20), \
+        "ATTACK: the lost generation still answers on its node"
