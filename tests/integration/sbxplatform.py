@@ -179,13 +179,15 @@ class Stream:
 class Proc:
     """One platform process with its stderr in a file."""
 
-    def __init__(self, name, argv, log_path):
+    def __init__(self, name, argv, log_path, env=None):
+        """env: variables added to the process's environment (the caller's SBX_* never are)."""
         self.name = name
         self.argv = argv
         self.log_path = log_path
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        full = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        full.update(env or {})
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(argv, env=full, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=self._log)
 
     def alive(self):
@@ -226,12 +228,12 @@ def _id_range():
 
 class Node:
     def __init__(self, platform, name, control_port, port=None, join=None, images=None,
-                 agent=None):
+                 agent=None, env=None):
         """join: join material as a string (sbxjoin1.<token>.<key>) instead of the control
         plane's node-join.token file. images: the node's --images directory (OCI layouts); by
         default one of its own under the platform's directory, empty, so that tests never
         depend on (or unpack) the host's /var/lib/sbx/images. agent: the --agent binary
-        (default the build's sbx-server)."""
+        (default the build's sbx-server). env: extra environment (SBX_TEST_CRASH_AT)."""
         self.platform = platform
         self.id_start, self.id_count = _id_range()
         self.name = name
@@ -250,7 +252,7 @@ class Node:
                           agent or (IMAGE_AGENT_BIN if images else AGENT_BIN),
                           "--id-range", f"{self.id_start}:{self.id_count}",
                           "--images", self.images],
-                         os.path.join(platform.dir, f"{name}.log"))
+                         os.path.join(platform.dir, f"{name}.log"), env=env)
 
     def health(self):
         try:
