@@ -87,11 +87,15 @@ def test_node_without_a_key_set_answers_503_until_it_has_one():
 
 # ---- a restarted node serves its jobs again ---------------------------------------------------
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
-def test_restarted_node_serves_its_jobs_again(sig):
+@pytest.mark.parametrize("sig,network", [("SIGTERM", "none"), ("SIGKILL", "none"),
+                                         ("SIGTERM", "egress"), ("SIGKILL", "egress")],
+                         ids=["SIGTERM", "SIGKILL", "SIGTERM-egress", "SIGKILL-egress"])
+def test_restarted_node_serves_its_jobs_again(sig, network):
+    """(egress: the run's helpers, pasta and the namespace holder, outlive a killed node; they
+    must not keep its listening socket, or the restarted node cannot bind its address.)"""
     p = Platform(nodes=("rt-a",))
     try:
-        job = p.create()
+        job = p.create(network=network)
         job.sh("echo kept > /root/f")
         gen = job.run()["generation"]
         node = p.node("rt-a")
@@ -153,14 +157,27 @@ def in_pid_ns(ns):
     return out
 
 
-@pytest.mark.parametrize("step", ["install:after_clone", "install:after_spawn"])
-def test_node_killed_mid_install_leaves_no_orphan(step):
+def alive(pid, start):
+    """Whether pid is still the process that started at `start` (and not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0] not in ("Z", "X") and int(fields[19]) == start
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("step,network", [
+    ("install:before_spawn", "none"), ("install:after_clone", "none"),
+    ("install:after_spawn", "none"), ("install:after_spawn", "egress")],
+    ids=["before_spawn", "after_clone", "after_spawn", "after_spawn-egress"])
+def test_node_killed_mid_install_leaves_no_orphan(step, network):
     p = Platform(nodes=())
     try:
         node = Node(p, "mi-a", p.control.port, env={"SBX_TEST_CRASH_AT": step})
         p.nodes.append(node)
         p.wait_nodes_live()
-        job = p.create(wait=False)
+        job = p.create(wait=False, network=network)
         assert wait_until(lambda: not node.proc.alive(), 30), node.log()[-2000:]
         node.proc.crashed = False  # on purpose
         assert node.proc.proc.returncode == 137 and f"SBX_TEST_CRASH_AT={step}" in node.log(), \
@@ -176,8 +193,13 @@ def test_node_killed_mid_install_leaves_no_orphan(step):
                 f"{holders_of(run_dir)} hold its files"
             ns = os.readlink(f"/proc/{rec['pid']}/ns/pid")
             assert in_pid_ns(ns) and holders_of(run_dir), "the half-installed run is not there"
+            helpers = [(rec[k + "_pid"], rec[k + "_start"]) for k in ("pasta", "holder")
+                       if rec.get(k + "_pid")]
+            assert len(helpers) == (2 if network == "egress" else 0), rec
+            assert all(alive(*h) for h in helpers), f"egress helpers not running: {helpers}"
         else:
-            # cloned, not yet recorded: it was waiting for the node's go-ahead and ends itself
+            # before_spawn: nothing was started. after_clone: cloned, not yet recorded, it was
+            # waiting for the node's go-ahead and ends itself
             time.sleep(0.5)
             left = holders_of(run_dir)
             assert not left, f"ORPHAN: an unrecorded run process lives on after the node " \
@@ -189,6 +211,9 @@ def test_node_killed_mid_install_leaves_no_orphan(step):
                    f"its process is killed" in again.log(), again.log()[-2000:]
             left = in_pid_ns(ns)  # killed before the node serves anything: none is left
             assert not left, f"ORPHAN: processes of the half-installed run survive the " \
+                             f"restart: {left}"
+            left = [h for h in helpers if alive(*h)]
+            assert not left, f"ORPHAN: the half-installed run's egress helpers survive the " \
                              f"restart: {left}"
 
         # the job converges: the control plane's retry installs it on the node that is back
