@@ -140,7 +140,7 @@ typedef struct node {
     /* TLS (tlsid.c): the listener's context (swapped under tls_lock), the client's */
     pthread_mutex_t tls_lock;
     tls_ctx_t *tls_server, *tls_client;
-    char *tls_pub; /* our public key, PEM, for registration */
+    char *tls_pub;     /* our public key, PEM, for registration */
     char crash_at[64]; /* SBX_TEST_CRASH_AT (tests only): the named step exits the node */
 } node_t;
 
