@@ -617,17 +617,21 @@ class Platform:
         return [x.proc for x in self.nodes] + [c.proc for c in self.controls + self._retired]
 
     def _kill_leftover_runs(self):
-        """A node that had to be killed leaves its runs behind: end them (pid + start time)."""
+        """A node that had to be killed leaves its runs behind (and an egress run's pasta and
+        namespace holder): end them (pid + start time)."""
         for n in self.nodes:
             runs = os.path.join(n.state, "runs")
             for job_id in os.listdir(runs) if os.path.isdir(runs) else []:
                 rec = n.run_record(job_id)
-                pid = (rec or {}).get("pid") or 0
-                if rec and rec.get("state") == "running" and pid > 0:
+                if not rec or rec.get("state") not in ("running", "installing"):
+                    continue
+                for k, ks in (("pid", "start_time"), ("pasta_pid", "pasta_start"),
+                              ("holder_pid", "holder_start")):
+                    pid = rec.get(k) or 0
                     try:
                         with open(f"/proc/{pid}/stat") as f:
                             start = int(f.read().rsplit(")", 1)[1].split()[19])
-                        if start == rec.get("start_time"):
+                        if pid > 0 and start == rec.get(ks):
                             os.kill(pid, signal.SIGKILL)
                     except (OSError, ValueError, IndexError):
                         pass

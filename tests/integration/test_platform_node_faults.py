@@ -33,6 +33,19 @@ def start_again(plat, node, env=None):
     return again
 
 
+def stop(p):
+    """Stop the platform; then end whatever a failed check left behind: processes (runs, an
+    egress run's helpers) still holding files under the platform's directory."""
+    try:
+        p.stop()
+    finally:
+        for pid in holders_of(p.dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def exec_out(job, cmd):
     """stdout of cmd through the edge, or None when the request was not served."""
     try:
@@ -85,7 +98,7 @@ def test_node_without_a_key_set_answers_503_until_it_has_one():
         assert r.status == 200 and res.out == "direct\n", (r, res)
         job.cancel()
     finally:
-        p.stop()
+        stop(p)
 
 
 # ---- a restarted node serves its jobs again ---------------------------------------------------
@@ -122,7 +135,7 @@ def test_restarted_node_serves_its_jobs_again(sig, network):
         assert j["run"]["generation"] == want, (sig, j)
         job.cancel()
     finally:
-        p.stop()
+        stop(p)
 
 
 # ---- a node killed mid-install leaves no orphan --------------------------------------------------
@@ -234,9 +247,4 @@ def test_node_killed_mid_install_leaves_no_orphan(step, network):
             assert j["message"].startswith("could not start"), j
         job.cancel()
     finally:
-        p.stop()
-        for pid in holders_of(p.dir):  # what a failed check left behind (the nodes are gone)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        stop(p)
