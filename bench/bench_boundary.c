@@ -78,8 +78,13 @@ static uint64_t one_substrate(const char *dir, int i, uint32_t base, const secco
         return 0;
     char *const argv[] = { "/bin/true", NULL };
     char *const envp[] = { "PATH=/usr/bin:/bin", NULL };
+    struct stat ast;
+    if (stat("/bin/true", &ast) < 0)
+        return 0;
     substrate_spec_t sp = { .root = root,
                             .agent_bin = "/bin/true",
+                            .agent_dev = ast.st_dev,
+                            .agent_ino = ast.st_ino,
                             .hostname = sock,
                             .argv = argv,
                             .envp = envp,

@@ -256,14 +256,17 @@ static void register_done(conn_t *c)
     sodium_memzero(tok, sizeof tok);
 }
 
-/* A run the node reports as exited ends its job, if it is still the job's current run. */
-static void run_exited(control_t *ctl, const char *node, json_t *rep)
+/* A run the node reports as exited ends its job, if it is still the job's current run. One it
+ * reports as paused (stopped with its root kept) although the record says running was stopped
+ * by the node itself (it went down with SIGTERM and came back): the record becomes paused, and
+ * the reconciler resumes the job as a new generation from that root, as after a pause. */
+static void run_reported(control_t *ctl, const char *node, json_t *rep)
 {
     const char *sb, *act, *state;
     json_int_t gen, status = 0;
     if (json_unpack(rep, "{s:s,s:I,s:s,s:s,s?I}", "sandbox", &sb, "generation", &gen, "activation",
                     &act, "state", &state, "exit_status", &status) < 0 ||
-        !streq(state, "exited") || !cap_id_valid(sb))
+        !(streq(state, "exited") || streq(state, "paused")) || !cap_id_valid(sb))
         return;
     runrec_t rr;
     int64_t rev;
@@ -271,6 +274,15 @@ static void run_exited(control_t *ctl, const char *node, json_t *rep)
         rr.run.generation != (uint64_t)gen || !streq(rr.run.activation, act) ||
         !streq(rr.run.node, node))
         return;
+    if (streq(state, "paused")) {
+        memcpy(rr.state, "paused", 7);
+        if (runrec_cas(ctl->store, sb, &rr, rev, NULL) >= 0) {
+            log_info("job %s: node %s stopped generation %llu (root kept): resuming it", sb, node,
+                     (unsigned long long)gen);
+            control_kick(ctl);
+        }
+        return;
+    }
     memcpy(rr.state, "exited", 7);
     if (runrec_cas(ctl->store, sb, &rr, rev, NULL) < 0)
         return;
@@ -326,7 +338,7 @@ static void heartbeat_done(conn_t *c, const char *name)
     size_t i;
     json_t *rep;
     json_array_foreach(json_object_get(b, "runs"), i, rep)
-        run_exited(ctl, name, rep);
+        run_reported(ctl, name, rep);
     json_decref(b);
     respond_keys(ctl, c, 200, NULL, NULL);
 }

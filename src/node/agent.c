@@ -92,6 +92,7 @@ int node_keyset_apply(node_t *n, const char *wire, bool persist)
     bool changed = version != n->keys_version;
     n->keys = ks;
     n->keys_version = version;
+    n->keys_current = n->keys_current || persist; /* persist: it came from the control plane */
     memcpy(n->keyset_wire, wire, len + 1);
     pthread_mutex_unlock(&n->keys_lock);
     if (changed) {

@@ -3,8 +3,11 @@
  * Before a single byte is forwarded, the node checks who is listening on it: the socket file
  * must be the one the node created, and the listening process (SO_PEERCRED) must be the
  * process the node started for this activation — same pid, same start time (a reused pid
- * differs), same executable (a replaced binary differs). Every connection is checked again;
- * there is no reconnect that skips it. */
+ * differs) — and that process must be executing the agent binary the node bind-mounted into
+ * the run (/proc/<pid>/exe has the device and inode the node recorded when it opened that file
+ * for the install): a run whose command listens on the bridge itself, or that executes
+ * anything but the agent, is refused, whatever it ran at spawn. Every connection is checked
+ * again; there is no reconnect that skips it. */
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -62,7 +65,8 @@ int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen)
     char exe[64];
     (void)snprintf(exe, sizeof exe, "/proc/%d/exe", (int)cred.pid);
     if (stat(exe, &st) < 0 || st.st_dev != r->exe_dev || st.st_ino != r->exe_ino)
-        return fail(err, errlen, -EPERM, "%s", "bridge peer runs another executable");
+        return fail(err, errlen, -EPERM, "%s",
+                    "bridge peer runs another executable than the node's agent");
     *ret_fd = TAKE_FD(fd);
     return 0;
 }

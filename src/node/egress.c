@@ -189,6 +189,14 @@ int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *e
         sigset_t none;
         sigemptyset(&none);
         (void)sigprocmask(SIG_SETMASK, &none, NULL);
+        /* It never executes anything: it must not keep the node's descriptors (its listening
+         * socket: a restarted node could not bind its address while this process holds it). */
+        int lo = MIN(up[1], down[0]), hi = MAX(up[1], down[0]);
+        if (lo > 3)
+            (void)syscall(SYS_close_range, 3, lo - 1, 0);
+        if (hi > lo + 1)
+            (void)syscall(SYS_close_range, lo + 1, hi - 1, 0);
+        (void)syscall(SYS_close_range, hi + 1, ~0U, 0);
         (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
         /* as `owner` first, so that the user namespace is owned by it */
         if (syscall(SYS_setgroups, 0, NULL) < 0 ||

@@ -48,6 +48,16 @@ void node_refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg)
     free(body);
 }
 
+/* 503 with Retry-After: the node cannot judge capabilities yet (docs/platform.md). */
+static void not_ready(conn_t *c)
+{
+    static const char body[] =
+        "{\"error\":\"this node has no current key set from the control plane yet: retry\","
+        "\"reason\":\"no_keyset\"}";
+    c->keep_alive = false;
+    (void)conn_respond(c, 503, "application/json", body, sizeof body - 1, "Retry-After: 1\r\n");
+}
+
 static int64_t now_s(void) { return (int64_t)time(NULL); }
 
 /* Signature and expiry. */
@@ -60,7 +70,15 @@ static bool verify(node_t *n, conn_t *c, cap_t *cap)
     }
     pthread_mutex_lock(&n->keys_lock);
     cap_reason_t why = cap_verify(&n->keys, w.p, w.len, now_s(), cap);
+    bool current = n->keys_current;
     pthread_mutex_unlock(&n->keys_lock);
+    /* A key this node does not know, before it has heard the control plane's key set since it
+     * started (none at all, or only the one it kept on disk, which a rotation may have
+     * outdated): not a refusal of the capability yet, but "not ready". */
+    if (why == CAP_E_UNKNOWN_KEY && !current) {
+        not_ready(c);
+        return false;
+    }
     if (why != CAP_OK) {
         node_refuse(c, CAP_DENY, why, "capability refused");
         return false;

@@ -104,8 +104,12 @@ static void on_prepared(loop_t *l, watcher_t *w, uint32_t ev)
     loop_unwatch(l, &in->w);
     (void)pthread_join(in->th, NULL); /* it has signalled: it is returning */
     in->th_started = false;
-    if (in->rc >= 0)
+    if (in->rc >= 0) {
+        node_crash_point(in->n, "install:before_spawn");
         in->rc = run_install_spawn(in->n, in->r, in->spec, in->err, sizeof in->err);
+    }
+    if (in->rc >= 0)
+        node_crash_point(in->n, "install:after_spawn");
     if (in->rc >= 0 && timer_arm(l, &in->t, 0) >= 0)
         return;
     install_end(in);

@@ -15,6 +15,14 @@ run_t *node_find_run(node_t *n, const char *sandbox)
     return NULL;
 }
 
+void node_crash_point(const node_t *n, const char *step)
+{
+    if (n->crash_at[0] && streq(n->crash_at, step)) {
+        log_warn("SBX_TEST_CRASH_AT=%s: the node exits here (a test's fault injection)", step);
+        _exit(137);
+    }
+}
+
 /* What the heartbeat thread tells the control plane: each run's identity and state. */
 static void report_runs(loop_t *l, timer_t_ *t)
 {
@@ -48,6 +56,9 @@ static int mkdir_p0700(const char *p)
 int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
 {
     *n = (node_t){ .cfg = *cfg };
+    const char *crash = getenv("SBX_TEST_CRASH_AT");
+    if (crash && strlen(crash) < sizeof n->crash_at)
+        memcpy(n->crash_at, crash, strlen(crash) + 1);
     pthread_mutex_init(&n->keys_lock, NULL);
     pthread_mutex_init(&n->tls_lock, NULL);
     timer_init(&n->report_t, report_runs, n); /* first: node_done disarms it */
@@ -56,8 +67,6 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
         log_error("agent binary %s: %s", cfg->agent_bin, strerror(errno ?: EINVAL));
         return -ENOENT;
     }
-    n->agent_dev = st.st_dev;
-    n->agent_ino = st.st_ino;
     char runs[PATH_MAX + 8];
     (void)snprintf(runs, sizeof runs, "%s/runs", cfg->state_dir);
     int r = mkdir_p0700(cfg->state_dir);

@@ -72,6 +72,8 @@ struct run {
     ino_t sock_ino;
     uid_t sock_uid;
     int stat_fd;     /* /proc/<pid>/stat of the run's process, or -1 */
+    bool installing; /* its install has not ended: recorded as "installing" (a restarted node
+                      * kills what such a record names: nothing half-installed lives on) */
     int exit_status; /* RUN_EXITED: wait status */
     uint32_t cg_slot;
     child_t child;
@@ -119,12 +121,11 @@ typedef struct node {
     seccomp_filter_t filter_run, filter_pool; /* the runs' seccomp profiles, built once */
     char *ld_cache; /* the host's /etc/ld.so.cache, for a fresh run's /etc */
     size_t ld_cache_len;
-    dev_t agent_dev;
-    ino_t agent_ino;
     /* The verification key set: written by the control-plane thread, read by the loop. */
     pthread_mutex_t keys_lock;
     cap_keyset_t keys;
-    uint64_t keys_version;                 /* of the signed set held (0: none yet) */
+    uint64_t keys_version; /* of the signed set held (0: none yet) */
+    bool keys_current;     /* that set came from the control plane since this process started */
     char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* that set as signed (kept in DIR/keyset) */
     cap_replay_t replay;                   /* single-use ids seen (the loop's) */
     bool registered;
@@ -139,7 +140,8 @@ typedef struct node {
     /* TLS (tlsid.c): the listener's context (swapped under tls_lock), the client's */
     pthread_mutex_t tls_lock;
     tls_ctx_t *tls_server, *tls_client;
-    char *tls_pub; /* our public key, PEM, for registration */
+    char *tls_pub;     /* our public key, PEM, for registration */
+    char crash_at[64]; /* SBX_TEST_CRASH_AT (tests only): the named step exits the node */
 } node_t;
 
 /* tlsid.c */
@@ -156,6 +158,10 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg);
 int node_run(node_t *n);
 void node_done(node_t *n);
 run_t *node_find_run(node_t *n, const char *sandbox);
+/* A named step of a lifecycle transition ("install:after_spawn", ...): when SBX_TEST_CRASH_AT
+ * names it, the node exits at once with status 137, as if killed there (fault tests; the
+ * steps are listed in docs/platform.md). */
+void node_crash_point(const node_t *n, const char *step);
 
 /* runs.c: install / pause / retire, leases */
 int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,

@@ -134,16 +134,16 @@ json_t *run_json(const run_t *r)
         json_array_append_new(
             ex, json_pack("{s:i,s:s}", "port", r->expose[i].port, "protocol",
                           r->expose[i].proto == CAP_PROTO_WEBSOCKET ? "websocket" : "http"));
-    return json_pack("{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:I,s:I,s:I,s:I,s:s,s:I,s:i,s:I}", "run",
-                     cap_run_to_json(&r->id), "state", state_name(r->state), "pid", (int)r->pid,
-                     "start_time", (json_int_t)r->start_time, "exe_dev", (json_int_t)r->exe_dev,
-                     "exe_ino", (json_int_t)r->exe_ino, "sock_ino", (json_int_t)r->sock_ino,
-                     "expose", ex ? ex : json_array(), "pool_host", r->pool_host, "pasta_pid",
-                     (json_int_t)r->pasta_pid, "pasta_start", (json_int_t)r->pasta_start,
-                     "holder_pid", (json_int_t)r->holder_pid, "holder_start",
-                     (json_int_t)r->holder_start, "image", r->image[0] ? r->image : "host",
-                     "id_base", (json_int_t)r->id_base, "exit_status", r->exit_status, "leases",
-                     (json_int_t)r->n_leases);
+    return json_pack(
+        "{s:o,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:b,s:I,s:I,s:I,s:I,s:s,s:I,s:i,s:I}", "run",
+        cap_run_to_json(&r->id), "state", r->installing ? "installing" : state_name(r->state),
+        "pid", (int)r->pid, "start_time", (json_int_t)r->start_time, "exe_dev",
+        (json_int_t)r->exe_dev, "exe_ino", (json_int_t)r->exe_ino, "sock_ino",
+        (json_int_t)r->sock_ino, "expose", ex ? ex : json_array(), "pool_host", r->pool_host,
+        "pasta_pid", (json_int_t)r->pasta_pid, "pasta_start", (json_int_t)r->pasta_start,
+        "holder_pid", (json_int_t)r->holder_pid, "holder_start", (json_int_t)r->holder_start,
+        "image", r->image[0] ? r->image : "host", "id_base", (json_int_t)r->id_base, "exit_status",
+        r->exit_status, "leases", (json_int_t)r->n_leases);
 }
 
 int run_save(const run_t *r)
@@ -816,6 +816,38 @@ static int run_cgroups(node_t *n, run_t *r, const cg_limits_t *lim, int *fds, ch
                               SUBSTRATE_MAX_CGROUPS + 1, dirs, names);
 }
 
+/* The node's agent binary for a run: r->exe_dev and r->exe_ino become the identity the bridge
+ * requires of the run's listener (bridge.c), and the substrate mounts only that file. */
+static int agent_pin(node_t *n, run_t *r, char *err, size_t errlen)
+{
+    struct stat st;
+    int rc = stat(n->cfg.agent_bin, &st) < 0 ? negative_errno()
+             : S_ISREG(st.st_mode)           ? 0
+                                             : -ENOEXEC;
+    if (rc < 0) {
+        (void)snprintf(err, errlen, "the agent binary %s: %s", n->cfg.agent_bin, strerror(-rc));
+        return rc;
+    }
+    r->exe_dev = st.st_dev;
+    r->exe_ino = st.st_ino;
+    return 0;
+}
+
+/* The run's process exists and waits (substrate.h): record it before it may go on. */
+typedef struct {
+    node_t *n;
+    run_t *r;
+} cloned_ctx_t;
+
+static int run_cloned(void *arg, pid_t pid, uint64_t start_time)
+{
+    cloned_ctx_t *cx = arg;
+    node_crash_point(cx->n, "install:after_clone"); /* before the record: it must exit itself */
+    cx->r->pid = pid;
+    cx->r->start_time = start_time;
+    return run_save(cx->r);
+}
+
 int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
 {
     const char *why = "invalid job spec";
@@ -863,12 +895,20 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
         (void)proc_start_time(r->holder_pid, &r->holder_start);
         r->holder_child = (child_t){ .pid = r->holder_pid, .on_exit = holder_exited, .data = r };
         server_child_add(&n->srv, &r->holder_child);
+        if ((rc = run_save(r)) < 0) /* the holder is recorded before anything else starts */
+            (void)snprintf(err, errlen, "cannot record the run: %s", strerror(-rc));
     }
     if (rc >= 0 && (rc = make_bridge_socket(r, &sock)) < 0)
         (void)snprintf(err, errlen, "bridge socket: %s", strerror(-rc));
+    /* The agent binary, pinned by device and inode: the run gets this very file (read-only),
+     * and the bridge accepts as its listener only a process executing it */
+    if (rc >= 0)
+        rc = agent_pin(n, r, err, errlen);
     if (rc >= 0) {
         substrate_spec_t sp = { .root = root,
                                 .agent_bin = n->cfg.agent_bin,
+                                .agent_dev = r->exe_dev,
+                                .agent_ino = r->exe_ino,
                                 .hostname = r->id.sandbox,
                                 .argv = argv.v,
                                 .envp = env.v,
@@ -885,7 +925,9 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
                                 .lower_mnt = imaged ? lower : NULL,
                                 .resolv_conf = r->egress ? "nameserver " EGRESS_DNS "\n" : NULL,
                                 .etc_ld_cache = n->ld_cache,
-                                .etc_ld_cache_len = n->ld_cache_len };
+                                .etc_ld_cache_len = n->ld_cache_len,
+                                .cloned = run_cloned,
+                                .cloned_arg = &(cloned_ctx_t){ n, r } };
         rc = substrate_spawn(&sp, &r->pid, &r->start_time, err, errlen);
     }
     safe_close(sock);
@@ -904,15 +946,6 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     r->state = RUN_RUNNING;
     r->child = (child_t){ .pid = r->pid, .on_exit = run_on_exit, .data = r };
     server_child_add(&n->srv, &r->child);
-    char exe[64];
-    struct stat st;
-    (void)snprintf(exe, sizeof exe, "/proc/%d/exe", (int)r->pid);
-    if (stat(exe, &st) < 0) {
-        (void)snprintf(err, errlen, "cannot identify the run's executable: %s", strerror(errno));
-        return -ESRCH;
-    }
-    r->exe_dev = st.st_dev;
-    r->exe_ino = st.st_ino;
     r->stat_fd = proc_stat_open(r->pid); /* still our unreaped child: the same process */
     if (r->egress) { /* the firewall first, then the way out: until pasta runs, lo only */
         pid_t pp;
@@ -926,6 +959,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
         (void)proc_start_time(pp, &r->pasta_start);
         r->pasta_child = (child_t){ .pid = pp, .on_exit = pasta_exited, .data = r };
         server_child_add(&n->srv, &r->pasta_child);
+        (void)run_save(r);
     }
     return 0;
 }
@@ -953,6 +987,7 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
     r->stat_fd = -1;
     r->out_fd = r->log_fd = -1;
     r->id = *id;
+    r->installing = true;
     if (parse_expose(json_object_get(spec, "expose"), r) < 0) {
         (void)snprintf(err, errlen,
                        "expose: expected [{port: 1..65535, protocol: http|websocket}]");
@@ -1019,10 +1054,11 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
 void run_install_finish(node_t *n, run_t *r, int rc)
 {
     if (rc < 0) {
-        if (r->pid > 0)
+        if (r->pid > 0 || r->pasta_pid > 0 || r->holder_pid > 0)
             run_stop(n, r);
         r->state = RUN_EXITED;
     }
+    r->installing = false;
     r->next = n->runs;
     n->runs = r;
     n->n_runs++;
@@ -1133,6 +1169,33 @@ static void load_trash(node_t *n, const char *dir, const char *name)
         free(h);
 }
 
+/* A run recorded as "installing" when the node stopped (crashed): its install never ended,
+ * nobody was told it serves. Its process (pid 1 of its pid namespace: the kernel ends the rest
+ * with it) and its helpers are killed if they are still the recorded ones (pid + start time),
+ * its cgroups removed once it is gone, and it is kept as exited (status unknown) with its
+ * directory, which the next install of the sandbox replaces or reuses. */
+static void load_kill_half_installed(node_t *n, run_t *r)
+{
+    uint64_t st;
+    bool alive = r->pid > 0 && proc_start_time(r->pid, &st) >= 0 && st == r->start_time;
+    if (alive) {
+        (void)kill(r->pid, SIGKILL);
+        /* not our child: wait (bounded) until it is gone, its namespace with it */
+        for (int i = 0; i < 500 && proc_start_time(r->pid, &st) >= 0 && st == r->start_time; i++)
+            (void)nanosleep(&(struct timespec){ 0, 10 * 1000 * 1000 }, NULL);
+    }
+    pasta_stop(n, r);
+    char cg[RUN_CGROUP_NAME_MAX];
+    cgroup_remove_run(&n->cg, run_cgroup_name(r, cg));
+    log_warn("run %s generation %llu was being installed when the node stopped: %s", r->id.sandbox,
+             (unsigned long long)r->id.generation,
+             alive ? "its process is killed" : "no process of it is left");
+    r->pid = 0;
+    r->state = RUN_EXITED;
+    r->exit_status = -1;
+    (void)run_save(r);
+}
+
 /* Reload run records after a node restart. A run whose process is still the one recorded
  * (pid and start time) keeps serving; any other becomes exited (its root is kept). */
 void node_load_runs(node_t *n)
@@ -1198,6 +1261,15 @@ void node_load_runs(node_t *n)
         }
         uint64_t now_start;
         r->state = streq(state, "paused") ? RUN_PAUSED : RUN_EXITED;
+        if (streq(state, "installing")) {
+            /* the node stopped during this run's install: nothing of it serves or lives on */
+            load_kill_half_installed(n, r);
+            json_decref(j);
+            r->next = n->runs;
+            n->runs = r;
+            n->n_runs++;
+            continue;
+        }
         if (streq(state, "running") && r->pid > 0 && proc_start_time(r->pid, &now_start) >= 0 &&
             now_start == r->start_time) {
             r->state = RUN_RUNNING; /* not our child any more: never reaped here */

@@ -249,15 +249,23 @@ struct sbx_mount_attr {
 /* A read-only, no-setuid, no-device copy of the host tree at src (with its submounts), attached
  * on the object behind fd: made detached (open_tree), made read-only as a whole
  * (mount_setattr, recursive), then moved onto the mount point by descriptor. */
-static int bind_ro_fd(const char *src, int fd, bool rec)
+/* pin: when not NULL, the object opened must be that file (device and inode), or EXDEV. */
+static int bind_ro_pinned(const char *src, int fd, bool rec, const struct stat *pin)
 {
     int t = (int)syscall(SYS_open_tree, AT_FDCWD, src,
                          SBX_OPEN_TREE_CLONE | O_CLOEXEC | (rec ? AT_RECURSIVE : 0));
     if (t < 0)
         return -1;
+    struct stat st;
+    int r = 0;
+    if (pin && (fstat(t, &st) < 0 || st.st_dev != pin->st_dev || st.st_ino != pin->st_ino)) {
+        r = -1;
+        errno = EXDEV;
+    }
     struct sbx_mount_attr a = { .attr_set = SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID |
                                             SBX_MOUNT_ATTR_NODEV };
-    int r = (int)syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH | (rec ? AT_RECURSIVE : 0), &a,
+    if (r >= 0)
+        r = (int)syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH | (rec ? AT_RECURSIVE : 0), &a,
                          sizeof a);
     if (r >= 0)
         r = (int)syscall(SYS_move_mount, t, "", fd, "",
@@ -266,6 +274,11 @@ static int bind_ro_fd(const char *src, int fd, bool rec)
     close(t);
     errno = e;
     return r < 0 ? -1 : 0;
+}
+
+static int bind_ro_fd(const char *src, int fd, bool rec)
+{
+    return bind_ro_pinned(src, fd, rec, NULL);
 }
 
 /* The run's root from an image: the image's rootfs, read-only and seen through the run's id
@@ -512,7 +525,9 @@ static int child_mounts(const substrate_spec_t *sp, const paths_t *p, int *ret_r
         close(bin);
     if (f < 0)
         return -1;
-    int r = bind_ro_fd(sp->agent_bin, f, false);
+    /* the very file the node pinned (its device and inode), checked on the mount it binds */
+    struct stat pin = { .st_dev = sp->agent_dev, .st_ino = sp->agent_ino };
+    int r = bind_ro_pinned(sp->agent_bin, f, false, &pin);
     close(f);
     if (r < 0)
         return -1;
@@ -605,10 +620,20 @@ static int drop_caps(bool pool_host)
     return 0;
 }
 
-_noreturn_ static void child_main(const substrate_spec_t *sp, const paths_t *p, int errfd)
+_noreturn_ static void child_main(const substrate_spec_t *sp, const paths_t *p, int errfd, int gofd)
 {
     step_t st = ST_PRIVATE;
     int rootfd = -1;
+    /* Nothing before the node has recorded this process: EOF (the node died, or refused) ends
+     * it here, before it has done anything. */
+    char go;
+    ssize_t k;
+    do
+        k = read(gofd, &go, 1);
+    while (k < 0 && errno == EINTR);
+    if (k != 1)
+        _exit(126);
+    close(gofd);
     sigset_t none;
     sigemptyset(&none);
     (void)sigprocmask(SIG_SETMASK, &none, NULL); /* the node blocks signals it reads by fd */
@@ -731,9 +756,15 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
         (void)snprintf(err, errlen, "paths: %s", strerror(-r));
         return r;
     }
-    int pfd[2];
+    int pfd[2], gfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return negative_errno();
+    if (pipe2(gfd, O_CLOEXEC) < 0) {
+        r = negative_errno();
+        safe_close(pfd[0]);
+        safe_close(pfd[1]);
+        return r;
+    }
     unsigned long flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD;
     if (sp->netns_fd < 0)
         flags |= CLONE_NEWNET;
@@ -742,16 +773,34 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
         r = negative_errno();
         safe_close(pfd[0]);
         safe_close(pfd[1]);
+        safe_close(gfd[0]);
+        safe_close(gfd[1]);
         (void)snprintf(err, errlen, "clone: %s", strerror(-r));
         return r;
     }
     if (pid == 0) {
+        close(gfd[1]); /* the node's end: its death must read as EOF here */
         /* stdout and stderr go to the run's log before anything can fail */
         (void)dup2(sp->log_fd, 1);
         (void)dup2(sp->log_fd, 2);
-        child_main(sp, p, pfd[1]);
+        child_main(sp, p, pfd[1], gfd[0]);
     }
     safe_close(pfd[1]);
+    safe_close(gfd[0]);
+    uint64_t start;
+    r = proc_start_time(pid, &start);
+    if (r >= 0 && sp->cloned)
+        r = sp->cloned(sp->cloned_arg, pid, start);
+    if (r < 0 || write(gfd[1], "g", 1) != 1) {
+        (void)kill(pid, SIGKILL);
+        (void)waitpid(pid, NULL, 0);
+        safe_close(gfd[1]);
+        safe_close(pfd[0]);
+        (void)snprintf(err, errlen, "cannot record the run's process: %s",
+                       strerror(r < 0 ? -r : EPIPE));
+        return r < 0 ? r : -EPIPE;
+    }
+    safe_close(gfd[1]);
     int e[2];
     ssize_t n;
     do
@@ -764,9 +813,8 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
         (void)snprintf(err, errlen, "run setup failed at \"%s\": %s", what, strerror(e[1]));
         return -e[1] ?: -EIO;
     }
-    uint64_t start;
-    r = proc_start_time(pid, &start);
-    if (r < 0) {
+    uint64_t now;
+    if (proc_start_time(pid, &now) < 0 || now != start) {
         (void)kill(pid, SIGKILL);
         (void)waitpid(pid, NULL, 0);
         (void)snprintf(err, errlen, "run exited at once");

@@ -33,6 +33,8 @@ typedef struct {
     const char *root;      /* the run's root directory (a node-owned path; its contents are the
                             * tenant's), owned by the run's root (host id id_base) */
     const char *agent_bin; /* sbx-server binary on the host, mounted at SUBSTRATE_AGENT_PATH */
+    dev_t agent_dev;       /* ... which must be this file (else the spawn fails): the one the */
+    ino_t agent_ino;       /* bridge accepts as the run's listener (bridge.c) */
     const char *hostname;  /* uts name of the run */
     char *const *argv;     /* argv[0] "sbx-server" means the mounted agent */
     char *const *envp;
@@ -56,6 +58,12 @@ typedef struct {
     const char *etc_ld_cache; /* the host's /etc/ld.so.cache (for a fresh /etc), or NULL */
     const char *resolv_conf;  /* a fresh /etc/resolv.conf (egress runs), or NULL: empty */
     size_t etc_ld_cache_len;
+    /* Called in the node right after the clone, before the run's process does anything (it
+     * waits for the node's go-ahead, and exits by itself if the node dies first): the node
+     * records the pid durably here, so no process of a run exists that a restarted node cannot
+     * find. A negative return kills the process and fails the spawn. May be NULL. */
+    int (*cloned)(void *arg, pid_t pid, uint64_t start_time);
+    void *cloned_arg;
 } substrate_spec_t;
 
 /* Start the run. On success *ret_pid is its pid (in the node's pid namespace) and

@@ -179,13 +179,15 @@ class Stream:
 class Proc:
     """One platform process with its stderr in a file."""
 
-    def __init__(self, name, argv, log_path):
+    def __init__(self, name, argv, log_path, env=None):
+        """env: variables added to the process's environment (the caller's SBX_* never are)."""
         self.name = name
         self.argv = argv
         self.log_path = log_path
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        full = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        full.update(env or {})
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(argv, env=full, stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=self._log)
 
     def alive(self):
@@ -226,12 +228,12 @@ def _id_range():
 
 class Node:
     def __init__(self, platform, name, control_port, port=None, join=None, images=None,
-                 agent=None):
+                 agent=None, env=None):
         """join: join material as a string (sbxjoin1.<token>.<key>) instead of the control
         plane's node-join.token file. images: the node's --images directory (OCI layouts); by
         default one of its own under the platform's directory, empty, so that tests never
         depend on (or unpack) the host's /var/lib/sbx/images. agent: the --agent binary
-        (default the build's sbx-server)."""
+        (default the build's sbx-server). env: extra environment (SBX_TEST_CRASH_AT)."""
         self.platform = platform
         self.id_start, self.id_count = _id_range()
         self.name = name
@@ -250,7 +252,7 @@ class Node:
                           agent or (IMAGE_AGENT_BIN if images else AGENT_BIN),
                           "--id-range", f"{self.id_start}:{self.id_count}",
                           "--images", self.images],
-                         os.path.join(platform.dir, f"{name}.log"))
+                         os.path.join(platform.dir, f"{name}.log"), env=env)
 
     def health(self):
         try:
@@ -615,17 +617,21 @@ class Platform:
         return [x.proc for x in self.nodes] + [c.proc for c in self.controls + self._retired]
 
     def _kill_leftover_runs(self):
-        """A node that had to be killed leaves its runs behind: end them (pid + start time)."""
+        """A node that had to be killed leaves its runs behind (and an egress run's pasta and
+        namespace holder): end them (pid + start time)."""
         for n in self.nodes:
             runs = os.path.join(n.state, "runs")
             for job_id in os.listdir(runs) if os.path.isdir(runs) else []:
                 rec = n.run_record(job_id)
-                pid = (rec or {}).get("pid") or 0
-                if rec and rec.get("state") == "running" and pid > 0:
+                if not rec or rec.get("state") not in ("running", "installing"):
+                    continue
+                for k, ks in (("pid", "start_time"), ("pasta_pid", "pasta_start"),
+                              ("holder_pid", "holder_start")):
+                    pid = rec.get(k) or 0
                     try:
                         with open(f"/proc/{pid}/stat") as f:
                             start = int(f.read().rsplit(")", 1)[1].split()[19])
-                        if start == rec.get("start_time"):
+                        if pid > 0 and start == rec.get(ks):
                             os.kill(pid, signal.SIGKILL)
                     except (OSError, ValueError, IndexError):
                         pass

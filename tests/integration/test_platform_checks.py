@@ -255,3 +255,44 @@ def test_bridge_positive_control(plat):
         assert job.sh("echo bridged") == "bridged\n"
     finally:
         job.cancel()
+
+
+# A job whose command is not the agent but listens on the bridge itself (the socket it inherits
+# as fd 3) and answers HTTP: a foreign agent. The node's bridge pins the agent binary it mounted
+# into the run (device and inode), so this run is never accepted, whatever it executed at spawn.
+FOREIGN_AGENT = ("import socket\n"
+                 "s = socket.socket(fileno=3)\n"
+                 "s.listen(16)\n"
+                 "body = b'FOREIGN'\n"
+                 "while True:\n"
+                 "    c, _ = s.accept()\n"
+                 "    c.recv(65536)\n"
+                 "    c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Type: application/x-ndjson\\r\\n'\n"
+                 "              b'Content-Length: 7\\r\\nConnection: close\\r\\n\\r\\n' + body)\n"
+                 "    c.close()\n")
+
+
+def test_bridge_refuses_a_foreign_agent_command(plat):
+    job = plat.create(wait=False, command=["/usr/bin/python3", "-c", FOREIGN_AGENT])
+    try:
+        def settled():
+            j = job.inspect()
+            return j if j["stage"] in ("RUNNING", "ERROR") else None
+        j = wait_until(settled, 30, 0.1)
+        assert j, f"the job did not settle: {job.inspect()}"
+        r = job.exec_raw("echo hi")
+        assert b"FOREIGN" not in r.body, f"ATTACK: foreign agent accepted and served: {r}"
+        assert j["stage"] == "ERROR", f"ATTACK: foreign agent accepted: {j}"
+        assert "bridge peer runs another executable than the node's agent" in j["message"], j
+    finally:
+        job.action("cancel")
+
+
+def test_bridge_accepts_the_agent_behind_a_wrapper_command(plat):
+    """Positive control: a command that ends by executing the mounted agent is accepted (the
+    check is the agent binary, at every connection, not what ran at spawn)."""
+    job = plat.create(command=["/bin/sh", "-c", "exec /.sbx/bin/sbx-server"])
+    try:
+        assert job.sh("echo wrapped") == "wrapped\n"
+    finally:
+        job.cancel()

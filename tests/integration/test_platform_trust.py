@@ -274,6 +274,12 @@ def test_replayed_older_key_set_is_refused_and_the_set_survives_restart(plat):
     plat.nodes[plat.nodes.index(node)] = again
     assert wait_until(lambda: again.health().get("keyset_version") == v_new, 10), again.log()
     assert again.health()["registered"] is False
+    # a kept set is not current (a rotation may have outdated it): a key it does not know is
+    # "not ready yet" (503 + Retry-After), not a final refusal
+    r = again.request("POST", f"/v1/runs/{job.id}/ports/{AGENT_PORT}/v1/exec",
+                      plat.mint(run, forge=True, kid="k-neverissued"), {"cmd": "true"})
+    assert r.status == 503 and r.headers.get("retry-after") == "1", \
+        f"key set check: a node holding only its kept set refused an unknown key: {r}"
 
 
 # ---- capabilities bind what they authorize -----------------------------------------------
