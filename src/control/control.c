@@ -23,8 +23,10 @@ static void keys_tick(loop_t *l, timer_t_ *t)
 {
     control_t *ctl = t->data;
     keyring_t kr;
-    if (l)
+    if (l) {
         edge_conns_sweep(ctl, false); /* idle connections to nodes past their keep time */
+        (void)control_heartbeat(ctl->store, ctl->instance); /* what we install is ours */
+    }
     if (keys_load(ctl->store, &ctl->seal, &kr) >= 0)
         ctl->keys = kr;
     sodium_memzero(&kr, sizeof kr);
@@ -203,6 +205,10 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         log_error("identity key in %s: %s", cfg->state_dir, strerror(-r));
         return r;
     }
+    char hex[17];
+    random_hex(hex, 8);
+    (void)snprintf(ctl->instance, sizeof ctl->instance, "c-%s", hex);
+    (void)control_heartbeat(ctl->store, ctl->instance);
     r = control_tls_init(ctl);
     if (r >= 0)
         r = secrets_keys_open(cfg, &ctl->seal);

@@ -54,6 +54,7 @@ typedef struct {
     char from_host[64];
     uint16_t from_port;
     int64_t next_try_ms;   /* a failed install is tried again from then on (backoff) */
+    char owner[24];        /* "installing": the control process installing it (its instance) */
     int64_t first_fail_ms; /* since when this generation's install fails */
 } runrec_t;
 
@@ -104,8 +105,13 @@ typedef struct {
     } c[CTL_POOL_CONNS];
 } node_conns_t;
 
+/* A control process whose record (controls/<instance>) is older than this is gone: what it was
+ * installing is taken over. */
+#define CTL_ALIVE_MS 3000
+
 typedef struct control {
     server_t srv;
+    char instance[24]; /* this process, random per start ("c-" + 16 hex) */
     cap_identity_t identity;               /* the long-term identity nodes pin at join */
     char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* the current key set, signed by identity */
     uint64_t keyset_version;
@@ -168,6 +174,9 @@ int keys_signed_set(store_t *st, const keyring_t *kr, const cap_identity_t *id, 
 int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
 
 /* records.c: JSON <-> records */
+/* Whether control process `instance` has written its record within CTL_ALIVE_MS. */
+bool control_alive(store_t *st, const char *instance);
+int control_heartbeat(store_t *st, const char *instance);
 int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev);
 int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev);
 int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev);

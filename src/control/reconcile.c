@@ -196,6 +196,22 @@ static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max, const char *im
 
 static bool retire(rec_t *rc, const char *host, uint16_t port, const cap_run_t *run);
 
+/* Tests only: SBX_TEST_CRASH_AT=control:<step> ends this process at that step (status 137), as
+ * a crash would: between a node's answer and the store's record of it. */
+static void crash_point(const char *step)
+{
+    static const char *at;
+    static bool read;
+    if (!read) {
+        at = getenv("SBX_TEST_CRASH_AT");
+        read = true;
+    }
+    if (at && strncmp(at, "control:", 8) == 0 && streq(at + 8, step)) {
+        log_warn("SBX_TEST_CRASH_AT: stopping at %s", step);
+        _exit(137);
+    }
+}
+
 /* How long node `name` has been silent (ms since its last heartbeat); -1: no such node. */
 static int64_t node_silent_ms(rec_t *rc, const char *name)
 {
@@ -322,6 +338,7 @@ static bool pause_run(rec_t *rc, runrec_t *rr, int64_t *rev)
                  (unsigned long long)rr->run.generation, msg, status);
         return false;
     }
+    crash_point("pause:done");
     memcpy(rr->state, "paused", 7);
     return runrec_cas(rc->st, rr->run.sandbox, rr, *rev, rev) >= 0;
 }
@@ -388,6 +405,7 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     (void)snprintf(nr.ns, sizeof nr.ns, "%s", ns);
     nr.attempts = retry ? old->attempts : 0;
     nr.first_fail_ms = retry ? old->first_fail_ms : 0;
+    memcpy(nr.owner, rc->ctl->instance, sizeof nr.owner); /* while installing: ours */
     if (has_from) {
         nr.has_from = true;
         nr.from = from;
@@ -424,6 +442,7 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
             log_warn("job %s: cannot write the run record: %s", id, strerror(-r));
         return; /* another writer moved first: read again next pass */
     }
+    crash_point("install:claimed");
     if (!retry)
         job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = "" });
     json_t *body = NULL;
@@ -439,7 +458,9 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         r = node_call(rc, nr.host, nr.port, &nr.run, "PUT", "", body, &status, msg, sizeof msg);
     json_decref(body);
     if (r >= 0 && (status == 200 || status == 201)) {
+        crash_point("install:done");
         memcpy(nr.state, "running", 8);
+        nr.owner[0] = 0;
         nr.attempts = 0;
         nr.next_try_ms = nr.first_fail_ms = 0;
         if (runrec_cas(rc->st, id, &nr, nrev, &nrev) < 0)
@@ -458,19 +479,21 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         return;
     }
     /* Only what no retry can fix ends the job: its secrets cannot be opened, or the node
-     * refused the request itself (400: the spec is wrong for it), or it kept failing for
+     * refused the request itself (400: the spec is wrong for it; 422: the run's command
+     * failed the bridge check, it is not the agent), or it kept failing for
      * INSTALL_GIVE_UP_MS. Anything else (the node unreachable, restarting, busy) is tried
      * again after a backoff, from the same root. */
     int64_t now = wall_ms();
     nr.attempts++;
     if (!nr.first_fail_ms)
         nr.first_fail_ms = now;
-    bool permanent = secrets_lost || (r >= 0 && status == 400);
+    bool permanent = secrets_lost || (r >= 0 && (status == 400 || status == 422));
     bool give_up = permanent || now - nr.first_fail_ms >= INSTALL_GIVE_UP_MS;
     nr.next_try_ms = now + install_backoff_ms(nr.attempts);
     if (give_up)
         nr.attempts = INSTALL_ATTEMPTS_FINAL;
     memcpy(nr.state, "failed", 7);
+    nr.owner[0] = 0;
     (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
     log_warn("job %s/%s: install of generation %llu on %s failed (attempt %d): %s", ns, id,
              (unsigned long long)gen, ni->name, nr.attempts, msg);
@@ -502,6 +525,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
     if (streq(desired, "canceled")) {
         if (holds && !retire(rc, rr.host, rr.port, &rr.run))
             return;
+        crash_point("cancel:retired");
         if (have && rr.has_prev)
             (void)retire(rc, rr.prev_host, rr.prev_port, &rr.prev);
         if (have) {
@@ -518,8 +542,26 @@ static void reconcile_job(rec_t *rc, json_t *job)
             retire_prev(rc, id, &rr, &rev);
         return;
     }
-    if (have && streq(rr.state, "installing") && wall_ms() - rr.updated_ms < CTL_INSTALL_STALE_MS)
-        return; /* another reconciler is installing it */
+    if (have && streq(rr.state, "installing")) {
+        /* Being installed by a live control process (another one: this reconciler installs
+         * synchronously), or by one that is gone: a crash between claiming the generation and
+         * recording the node's answer. Then it is tried again as the same generation, from the
+         * same root, at once. A record without an owner (older) goes stale after a minute. */
+        bool theirs = rr.owner[0]
+                          ? !streq(rr.owner, rc->ctl->instance) && control_alive(rc->st, rr.owner)
+                          : wall_ms() - rr.updated_ms < CTL_INSTALL_STALE_MS;
+        if (theirs)
+            return;
+        log_warn("job %s/%s: the install of generation %llu on %s was interrupted (control %s "
+                 "is gone): trying it again",
+                 ns, id, (unsigned long long)rr.run.generation, rr.run.node,
+                 rr.owner[0] ? rr.owner : "unknown");
+        memcpy(rr.state, "failed", 7);
+        rr.next_try_ms = 0;
+        rr.owner[0] = 0;
+        if (runrec_cas(rc->st, id, &rr, rev, &rev) < 0)
+            return;
+    }
     if (streq(desired, "paused")) {
         if (have && streq(rr.state, "running") && !pause_run(rc, &rr, &rev))
             return;

@@ -42,6 +42,28 @@ static int copy_field(char *dst, size_t cap, const char *src)
     return 0;
 }
 
+int control_heartbeat(store_t *st, const char *instance)
+{
+    char key[64], v[64];
+    (void)snprintf(key, sizeof key, "controls/%s", instance);
+    int n = snprintf(v, sizeof v, "{\"last_seen_ms\":%lld}", (long long)wall_ms());
+    return store_cas(st, key, v, (size_t)n, STORE_REV_ANY, NULL);
+}
+
+bool control_alive(store_t *st, const char *instance)
+{
+    char key[64];
+    store_kv_t kv;
+    (void)snprintf(key, sizeof key, "controls/%s", instance);
+    if (store_get(st, key, &kv) < 0)
+        return false;
+    json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
+    store_kv_clear(&kv);
+    json_int_t seen = json_integer_value(json_object_get(j, "last_seen_ms"));
+    json_decref(j);
+    return wall_ms() - seen < CTL_ALIVE_MS;
+}
+
 int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
 {
     char key[128];
@@ -57,11 +79,13 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
     const char *state, *host, *ns = "";
     json_int_t port, attempts = 0, updated = 0, next_try = 0, first_fail = 0;
     json_t *prev = NULL, *from = NULL;
+    const char *owner = "";
     r = -EIO;
-    if (json_unpack(j, "{s:s,s:s,s:I,s?I,s?I,s?o,s?s,s?o,s?I,s?I}", "state", &state, "host", &host,
-                    "port", &port, "attempts", &attempts, "updated_ms", &updated, "prev", &prev,
-                    "ns", &ns, "from", &from, "next_try_ms", &next_try, "first_fail_ms",
-                    &first_fail) == 0 &&
+    if (json_unpack(j, "{s:s,s:s,s:I,s?I,s?I,s?o,s?s,s?o,s?I,s?I,s?s}", "state", &state, "host",
+                    &host, "port", &port, "attempts", &attempts, "updated_ms", &updated, "prev",
+                    &prev, "ns", &ns, "from", &from, "next_try_ms", &next_try, "first_fail_ms",
+                    &first_fail, "owner", &owner) == 0 &&
+        copy_field(rr.owner, sizeof rr.owner, owner) == 0 &&
         cap_run_from_json(json_object_get(j, "run"), &rr.run) == 0 &&
         copy_field(rr.state, sizeof rr.state, state) == 0 &&
         copy_field(rr.host, sizeof rr.host, host) == 0 &&
@@ -107,6 +131,8 @@ int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, 
     json_t *j = json_pack("{s:o,s:s,s:s,s:i,s:i,s:I,s:s}", "run", cap_run_to_json(&r->run), "state",
                           r->state, "host", r->host, "port", r->port, "attempts", r->attempts,
                           "updated_ms", (json_int_t)wall_ms(), "ns", r->ns);
+    if (j && r->owner[0])
+        json_object_set_new(j, "owner", json_string(r->owner));
     if (j && r->has_from)
         json_object_set_new(j, "from",
                             json_pack("{s:o,s:s,s:i}", "run", cap_run_to_json(&r->from), "host",

@@ -70,7 +70,13 @@ static void install_end(install_t *in)
         if (in->rc >= 0)
             conn_respond_json(c, 201, json_pack("{s:o}", "run", run_json(r)));
         else
-            conn_respond_error(c, in->rc == -EINVAL ? 400 : 500, "install failed: %s", in->err);
+            /* 400: the spec is invalid; 422: the run itself failed the bridge check (its
+             * command is not the agent): no retry fixes either. 500: maybe a retry does. */
+            conn_respond_error(c,
+                               in->rc == -EINVAL  ? 400
+                               : in->rc == -EPERM ? 422
+                                                  : 500,
+                               "install failed: %s", in->err);
     }
     if (loop_defer(l, install_free, in) < 0)
         install_free(in);

@@ -302,7 +302,8 @@ class Node:
 
 
 class Control:
-    def __init__(self, platform, name, state, publish_delay_ms=None, port=None):
+    def __init__(self, platform, name, state, publish_delay_ms=None, port=None, env=None):
+        """env: variables for the process (e.g. SBX_TEST_CRASH_AT)."""
         self.platform = platform
         self.name = name
         self.publish_delay_ms = publish_delay_ms
@@ -315,7 +316,7 @@ class Control:
         argv += platform.control_args
         if publish_delay_ms is not None:
             argv += ["--key-publish-delay-ms", str(publish_delay_ms)]
-        self.proc = Proc(name, argv, os.path.join(platform.dir, f"{name}.log"))
+        self.proc = Proc(name, argv, os.path.join(platform.dir, f"{name}.log"), env=env)
         ok = wait_until(lambda: self._healthy() or not self.proc.alive(), 10)
         if not ok or not self.proc.alive():
             raise RuntimeError(f"{name} did not start:\n{self.proc.log()}")
