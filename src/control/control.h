@@ -70,7 +70,8 @@ typedef struct {
     char listen_ip[64];
     char tls_sans[8][64]; /* more addresses and names for the control plane's certificate */
     int n_tls_sans;
-    char secrets_key_file[PATH_MAX]; /* "" = <state_dir>/secrets.key (seal.h) */
+    char secrets_key_file[PATH_MAX];  /* "" = <state_dir>/secrets.key (seal.h) */
+    uint64_t max_conns_per_principal; /* connections one principal holds at once (0: no cap) */
 } control_config_t;
 
 typedef struct {
@@ -125,6 +126,7 @@ typedef struct control {
         uint64_t at_ms;
     } pins[32]; /* the edge's cache of registered node key pins (the loop thread's) */
     node_conns_t conns[CTL_POOL_NODES]; /* the edge's idle connections to nodes */
+    climit_tab_t *principals;           /* connections per principal (auth_account) */
     /* reconciler */
     pthread_t rec_thread;
     bool rec_started;
@@ -145,6 +147,9 @@ int auth_bootstrap(control_t *ctl);
 /* Check the bearer token of c for `need` on namespace ns ("" = any). Answers 401/403 itself
  * and returns false when refused. */
 bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret);
+/* Count c as owner's connection ("node:<name>" for nodes, else a principal's name) and mark it
+ * authenticated; over cfg.max_conns_per_principal answers 429 itself and returns false. */
+bool auth_account(control_t *ctl, conn_t *c, const char *owner);
 void auth_token_hash(const char *token, char out[65]);
 int random_hex(char *out, size_t nbytes); /* 2*nbytes hex chars + NUL */
 void route_tokens_create(control_t *ctl, conn_t *c);
