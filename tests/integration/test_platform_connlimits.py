@@ -29,7 +29,7 @@ from collections import Counter
 import pytest
 
 from conftest import free_port, output_of, wait_until
-from sbxplatform import CONTROL_BIN, Platform, Proc, http_request
+from sbxplatform import AGENT_PORT, CONTROL_BIN, Platform, Proc, Stream, http_request
 
 FLOOD = 2000
 CONTROL_ARGS = ["--max-connections", "200", "--max-conns-per-source", "40",
@@ -61,8 +61,8 @@ def plat():
 
 @pytest.fixture(scope="module")
 def ctl():
-    """A control plane alone, with a short head deadline and a small per-principal share."""
-    p = Platform(nodes=(), control_args=["--unauth-head-timeout-ms", "1000",
+    """A control plane with a short head deadline and a small per-principal share."""
+    p = Platform(nodes=("cl-p",), control_args=["--unauth-head-timeout-ms", "1000",
                                          "--max-conns-per-principal", "6"])
     yield p
     p.stop()
@@ -366,16 +366,53 @@ def test_principal_over_its_share_gets_429_others_unaffected(ctl):
         # A's connections within its share keep working
         for c in a:
             assert c.get("/v1/jobs/ns-a", ta)[0] == 200, "per-principal: A's own refused"
-        # the share counts open connections: one closed, a new one is served
+        # the share counts open connections: one of A's closed, one of B's presents A's token
+        # and moves to A, which is then at its share again
         a.pop().close()
 
         def fresh():
             return http_request(port, "GET", "/v1/jobs/ns-a",
-                                headers={"Authorization": f"Bearer {ta}"}).status == 200
-        assert wait_until(fresh, 5, 0.1), "positive control: A's released connection"
+                                headers={"Authorization": f"Bearer {ta}"}).status
+        time.sleep(0.3)  # the close reaches the control plane
+        moved = b.pop(0)
+        assert moved.get("/v1/jobs/ns-a", ta)[0] == 200, "positive control: A's released one"
+        assert fresh() == 429, \
+            "ATTACK per-principal: a connection that moved to A by its token does not count"
+        moved.close()
+        assert wait_until(lambda: fresh() == 200, 5, 0.1), "positive control: released again"
     finally:
         for c in a + b:
             c.close()
+
+
+def test_principal_share_counts_its_streams_through_the_edge(ctl):
+    """An exec stream through the edge is a tunnel once the node answers: it keeps counting
+    against its principal until it ends."""
+    port = ctl.control.port
+    ta = ctl.token("tenant-s", "ns-s", "write")
+    job = ctl.create("ns-s", token=ta)
+    time.sleep(0.3)  # the creating connections' close reaches the control plane
+    streams = []
+    try:
+        for _ in range(6):
+            streams.append(Stream(port, "POST", job.path(f"/proxy/{AGENT_PORT}/v1/exec"),
+                                  {"cmd": "sleep 3; echo done"},
+                                  {"Authorization": f"Bearer {ta}",
+                                   "X-Sandbox-Token": job.token}))
+        assert all(s.status == 200 for s in streams), [s.status for s in streams]
+        r = http_request(port, "GET", "/v1/jobs/ns-s", headers={"Authorization": f"Bearer {ta}"})
+        assert r.status == 429, \
+            f"ATTACK per-principal through tunnels: six streams open, share 6, a 7th request: {r}"
+        for s in streams:
+            assert wait_until(s.ended, 15) and s.has_exit(), (s.events, s.error)
+
+        def fresh():
+            return http_request(port, "GET", "/v1/jobs/ns-s",
+                                headers={"Authorization": f"Bearer {ta}"}).status == 200
+        assert wait_until(fresh, 5, 0.1), "positive control: streams ended, share released"
+    finally:
+        for s in streams:
+            s.close()
 
 
 # ---- positive controls: the same floods without the limits -------------------------------------
