@@ -28,7 +28,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import free_port, output_of, wait_until
+from conftest import assert_no_sanitizer_report, free_port, output_of, wait_until
 from sbxplatform import AGENT_PORT, CONTROL_BIN, Platform, Proc, Stream, http_request
 
 FLOOD = 2000
@@ -432,6 +432,7 @@ def test_control_flood_without_limits_refuses_other_clients(plat):
         if flood:
             flood.close()
         off.proc.stop()
+        assert_no_sanitizer_report(off.proc.log())
 
 
 def test_node_flood_without_limits_refuses_the_control_plane(plat):
