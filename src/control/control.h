@@ -117,6 +117,7 @@ typedef struct control {
     keyring_t keys;
     seal_keys_t seal; /* the secrets key(s): read-only after control_init */
     timer_t_ keys_t;
+    climit_tab_t *principals; /* connections per principal (auth_account) */
     /* TLS (NULL when plain): what the listener serves, how nodes are checked, the CA's pin */
     tls_ctx_t *tls_server, *tls_client;
     char ca_pin_b64[48];
@@ -126,7 +127,6 @@ typedef struct control {
         uint64_t at_ms;
     } pins[32]; /* the edge's cache of registered node key pins (the loop thread's) */
     node_conns_t conns[CTL_POOL_NODES]; /* the edge's idle connections to nodes */
-    climit_tab_t *principals;           /* connections per principal (auth_account) */
     /* reconciler */
     pthread_t rec_thread;
     bool rec_started;
