@@ -397,8 +397,9 @@ def test_principal_over_its_share_gets_429_others_unaffected(ctl):
 
 
 def test_principal_share_counts_its_streams_through_the_edge(ctl):
-    """An exec stream through the edge is a tunnel once the node answers: it keeps counting
-    against its principal until it ends."""
+    """Requests in flight through the edge keep counting against their principal until they
+    end: exec streams (relayed on the client's connection) and uploads whose body is too large
+    to replay (the client's socket becomes a tunnel to the node)."""
     port = ctl.control.port
     ta = ctl.token("tenant-s", "ns-s", "write")
     job = ctl.create("ns-s", token=ta)
@@ -413,17 +414,34 @@ def test_principal_share_counts_its_streams_through_the_edge(ctl):
         assert all(s.status == 200 for s in streams), [s.status for s in streams]
         r = http_request(port, "GET", "/v1/jobs/ns-s", headers={"Authorization": f"Bearer {ta}"})
         assert r.status == 429, \
-            f"ATTACK per-principal through tunnels: six streams open, share 6, a 7th request: {r}"
+            f"ATTACK per-principal (edge streams): six streams open, share 6, a 7th request: {r}"
         for s in streams:
             assert wait_until(s.ended, 15) and s.has_exit(), (s.events, s.error)
-
-        def fresh():
-            return http_request(port, "GET", "/v1/jobs/ns-s",
-                                headers={"Authorization": f"Bearer {ta}"}).status == 200
-        assert wait_until(fresh, 5, 0.1), "positive control: streams ended, share released"
     finally:
         for s in streams:
-            s.close()
+            s.close()  # (a kept connection counts until the client closes it)
+
+    def fresh():
+        return http_request(port, "GET", "/v1/jobs/ns-s",
+                            headers={"Authorization": f"Bearer {ta}"}).status == 200
+    assert wait_until(fresh, 5, 0.1), "positive control: streams closed, share released"
+    # six uploads of 2 MiB, 64 KiB sent: tunnels from the edge to the node, held open
+    uploads = []
+    try:
+        for i in range(6):
+            u = raw(port, send=(f"PUT {job.path(f'/proxy/{AGENT_PORT}/v1/files/write')}"
+                                f"?path=/tmp/up{i} HTTP/1.1\r\nHost: x\r\n"
+                                f"Authorization: Bearer {ta}\r\nX-Sandbox-Token: {job.token}\r\n"
+                                f"Content-Length: {2 << 20}\r\n\r\n").encode() + b"x" * 65536)
+            uploads.append(u)
+        time.sleep(0.5)  # the edge has handed each to a tunnel
+        r = http_request(port, "GET", "/v1/jobs/ns-s", headers={"Authorization": f"Bearer {ta}"})
+        assert r.status == 429, \
+            f"ATTACK per-principal through tunnels: six uploads in flight, share 6: {r}"
+    finally:
+        for u in uploads:
+            u.close()
+    assert wait_until(fresh, 5, 0.1), "positive control: uploads cut, share released"
 
 
 # ---- positive controls: the same floods without the limits -------------------------------------
