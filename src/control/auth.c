@@ -204,6 +204,36 @@ static bool principal_allowed(conn_t *c, const principal_t *pr, const char *ns, 
     return true;
 }
 
+/* Per principal (connlimit.h, per owner): from its first authenticated request a connection
+ * counts as its principal's, at most cfg.max_conns_per_principal at once (a connection whose
+ * later request presents another principal's token moves to that one). Over the limit the
+ * request is answered 429 with Retry-After and its connection closes after the answer; the
+ * principal's other connections, and every other principal, are not affected. */
+bool auth_account(control_t *ctl, conn_t *c, const char *owner)
+{
+    int r = climit_set_owner(c, ctl->principals, owner, strlen(owner),
+                             ctl->cfg.max_conns_per_principal);
+    if (r == -EUSERS) {
+        log_debug("%s: over its %llu connections", owner,
+                  (unsigned long long)ctl->cfg.max_conns_per_principal);
+        c->keep_alive = false;
+        json_t *j = json_pack("{s:s}", "error", "too many connections for this principal");
+        char *b = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        char extra[64];
+        (void)snprintf(extra, sizeof extra, "Retry-After: %d\r\n", CLIMIT_RETRY_AFTER_S);
+        (void)conn_respond(c, 429, "application/json", b ? b : "{}", b ? strlen(b) : 2, extra);
+        free(b);
+        return false;
+    }
+    if (r < 0) {
+        conn_respond_errno(c, r, "connection accounting");
+        return false;
+    }
+    climit_authenticated(c);
+    return true;
+}
+
 bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret)
 {
     char tok[256], hash[65], key[80];
@@ -216,7 +246,7 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
     uint64_t now = loop_now_ms(ctl->srv.loop);
     token_cache_t *tc = &ctl->tokens[(hash[0] * 16 + hash[1]) % CTL_TOKEN_CACHE_SLOTS];
     if (tc->expires_ms > now && streq(tc->hash, hash))
-        return principal_allowed(c, &tc->p, ns, need, ret);
+        return auth_account(ctl, c, tc->p.principal) && principal_allowed(c, &tc->p, ns, need, ret);
     (void)snprintf(key, sizeof key, "tokens/%s", hash);
     store_kv_t kv;
     if (store_get(ctl->store, key, &kv) < 0) {
@@ -239,7 +269,7 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
     memcpy(tc->hash, hash, sizeof tc->hash);
     tc->p = pr;
     tc->expires_ms = now + CTL_TOKEN_CACHE_MS;
-    return principal_allowed(c, &pr, ns, need, ret);
+    return auth_account(ctl, c, pr.principal) && principal_allowed(c, &pr, ns, need, ret);
 }
 
 /* A token's id: "t-" and the first 16 hex digits of its hash (what the store is keyed by; the

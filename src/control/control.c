@@ -226,6 +226,8 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         r = -ENOKEY;
     if (r >= 0)
         r = routecache_init(&ctl->routes, 100000);
+    if (r >= 0)
+        r = climit_tab_new(&ctl->principals);
     if (r < 0)
         return r;
     r = server_init(&ctl->srv, scfg);
@@ -247,7 +249,8 @@ void control_done(control_t *ctl)
     if (ctl->srv.loop)
         timer_disarm(ctl->srv.loop, &ctl->keys_t);
     edge_conns_sweep(ctl, true);
-    server_done(&ctl->srv);
+    server_done(&ctl->srv); /* every connection released its principal's counter */
+    ctl->principals = climit_tab_free(ctl->principals);
     routecache_free(&ctl->routes);
     tls_ctx_unref(ctl->tls_server);
     tls_ctx_unref(ctl->tls_client);

@@ -71,7 +71,8 @@ typedef struct {
     char listen_ip[64];
     char tls_sans[8][64]; /* more addresses and names for the control plane's certificate */
     int n_tls_sans;
-    char secrets_key_file[PATH_MAX]; /* "" = <state_dir>/secrets.key (seal.h) */
+    char secrets_key_file[PATH_MAX];  /* "" = <state_dir>/secrets.key (seal.h) */
+    uint64_t max_conns_per_principal; /* connections one principal holds at once (0: no cap) */
 } control_config_t;
 
 typedef struct {
@@ -111,7 +112,7 @@ typedef struct {
 
 typedef struct control {
     server_t srv;
-    char instance[24]; /* this process, random per start ("c-" + 16 hex) */
+    char instance[24];                     /* this process, random per start ("c-" + 16 hex) */
     cap_identity_t identity;               /* the long-term identity nodes pin at join */
     char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* the current key set, signed by identity */
     uint64_t keyset_version;
@@ -122,6 +123,7 @@ typedef struct control {
     keyring_t keys;
     seal_keys_t seal; /* the secrets key(s): read-only after control_init */
     timer_t_ keys_t;
+    climit_tab_t *principals; /* connections per principal (auth_account) */
     /* TLS (NULL when plain): what the listener serves, how nodes are checked, the CA's pin */
     tls_ctx_t *tls_server, *tls_client;
     char ca_pin_b64[48];
@@ -151,6 +153,9 @@ int auth_bootstrap(control_t *ctl);
 /* Check the bearer token of c for `need` on namespace ns ("" = any). Answers 401/403 itself
  * and returns false when refused. */
 bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret);
+/* Count c as owner's connection ("node:<name>" for nodes, else a principal's name) and mark it
+ * authenticated; over cfg.max_conns_per_principal answers 429 itself and returns false. */
+bool auth_account(control_t *ctl, conn_t *c, const char *owner);
 void auth_token_hash(const char *token, char out[65]);
 int random_hex(char *out, size_t nbytes); /* 2*nbytes hex chars + NUL */
 void route_tokens_create(control_t *ctl, conn_t *c);

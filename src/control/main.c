@@ -3,10 +3,21 @@
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <stdio.h>
+#include <sys/resource.h>
 
 #include "cap/imagename.h"
 #include "common/log.h"
 #include "control/control.h"
+
+/* long options without a short letter: the connection limits (src/server/connlimit.h) */
+enum {
+    OPT_MAX_CONNS = 0x100,
+    OPT_PER_SOURCE,
+    OPT_PER_PRINCIPAL,
+    OPT_MAX_UNAUTH,
+    OPT_UNAUTH_HEAD,
+    OPT_CONTROL_SOURCE
+};
 
 static void usage(FILE *f)
 {
@@ -15,10 +26,17 @@ static void usage(FILE *f)
             "                   [--key-publish-delay-ms N] [--default-image NAME]\n"
             "                   [--tls-dir DIR] [--tls-san ADDR|NAME]... [--insecure-plain-http]\n"
             "                   [--secrets-key-file FILE] [--rotate-secrets-key]\n"
+            "                   [--max-connections N] [--max-conns-per-source N]\n"
+            "                   [--max-conns-per-principal N] [--max-unauth-conns N]\n"
+            "                   [--unauth-head-timeout-ms N]\n"
             "TLS 1.3 on the listener and to every node: the CA, key and certificate are made\n"
             "in DIR/tls (or --tls-dir, where an operator may put a CA of their own: ca.key +\n"
             "ca.crt) on the first start; clients trust DIR/tls/ca.crt. --insecure-plain-http\n"
             "(loopback addresses only) serves plain HTTP and talks plain HTTP to nodes.\n"
+            "Connection limits (0 turns one off; docs/platform.md): at most 10000\n"
+            "connections, 256 per source address (IPv6: per /64), 1024 per principal; at most\n"
+            "half of --max-connections unauthenticated, each with 5000 ms to send a request\n"
+            "head (the oldest waiting one is closed to make room for a new connection).\n"
             "Jobs that name no image run --default-image (default \"debian\", built by\n"
             "scripts/build-image.sh); \"host\" (the nodes' own /usr) is for admins unless it\n"
             "is the default.\n"
@@ -44,18 +62,27 @@ int main(int argc, char **argv)
         { "tls-san", required_argument, NULL, 'S' },
         { "secrets-key-file", required_argument, NULL, 'K' },
         { "rotate-secrets-key", no_argument, NULL, 'R' },
+        { "max-connections", required_argument, NULL, OPT_MAX_CONNS },
+        { "max-conns-per-source", required_argument, NULL, OPT_PER_SOURCE },
+        { "max-conns-per-principal", required_argument, NULL, OPT_PER_PRINCIPAL },
+        { "max-unauth-conns", required_argument, NULL, OPT_MAX_UNAUTH },
+        { "unauth-head-timeout-ms", required_argument, NULL, OPT_UNAUTH_HEAD },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     control_config_t cfg = { .publish_delay_ms = 2000,
                              .default_image = "debian",
-                             .node_dead_ms = 30000 };
+                             .node_dead_ms = 30000,
+                             .max_conns_per_principal = 1024 };
     server_config_t scfg = { .head_timeout_ms = 10000,
                              .body_timeout_ms = 60000,
                              .write_timeout_ms = 120000,
                              .keepalive_ms = 75000,
                              .max_connections = 10000,
+                             .max_conns_per_source = 256,
+                             .unauth_head_timeout_ms = 5000,
                              .port = 49980 };
+    bool unauth_set = false;
     const char *listen = "127.0.0.1:49980", *tokfile = NULL;
     bool rotate_secrets = false;
     int o;
@@ -122,6 +149,22 @@ int main(int argc, char **argv)
             memcpy(cfg.secrets_key_file, optarg, strlen(optarg) + 1);
             break;
         case 'R': rotate_secrets = true; break;
+        case OPT_MAX_CONNS:
+        case OPT_PER_SOURCE:
+        case OPT_PER_PRINCIPAL:
+        case OPT_MAX_UNAUTH:
+        case OPT_UNAUTH_HEAD:
+            if (parse_u64_str(optarg, 10000000, &v) < 0 || (o == OPT_MAX_CONNS && v == 0)) {
+                log_error("connection limits take a number, not %s", optarg);
+                return 2;
+            }
+            *(o == OPT_MAX_CONNS       ? &scfg.max_connections
+              : o == OPT_PER_SOURCE    ? &scfg.max_conns_per_source
+              : o == OPT_PER_PRINCIPAL ? &cfg.max_conns_per_principal
+              : o == OPT_MAX_UNAUTH    ? &scfg.max_unauth_conns
+                                       : &scfg.unauth_head_timeout_ms) = v;
+            unauth_set = unauth_set || o == OPT_MAX_UNAUTH;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -129,6 +172,14 @@ int main(int argc, char **argv)
     if (!cfg.state_dir[0]) {
         usage(stderr);
         return 2;
+    }
+    if (!unauth_set) /* unauthenticated connections: half of the table, by default */
+        scfg.max_unauth_conns = MAX(scfg.max_connections / 2, 1);
+    /* the table needs a descriptor per connection */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
     if (rotate_secrets)
         return secrets_rotate(&cfg) < 0 ? 1 : 0;

@@ -323,6 +323,12 @@ static void heartbeat_done(conn_t *c, const char *name)
         conn_respond_error(c, 401, "heartbeat: wrong node token");
         return;
     }
+    char owner[96];
+    (void)snprintf(owner, sizeof owner, "node:%s", name);
+    if (!auth_account(ctl, c, owner)) {
+        json_decref(rec);
+        return;
+    }
     json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, NULL);
     json_t *images = images_from_report(json_object_get(b, "images"));
     if (images)

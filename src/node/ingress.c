@@ -83,6 +83,9 @@ static bool verify(node_t *n, conn_t *c, cap_t *cap)
         node_refuse(c, CAP_DENY, why, "capability refused");
         return false;
     }
+    /* a capability signed by the control plane: the connection leaves the unauthenticated
+     * group (its short head deadline and share, connlimit.h) */
+    climit_authenticated(c);
     return true;
 }
 

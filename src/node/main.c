@@ -10,18 +10,35 @@
 #include "common/log.h"
 #include "node/node.h"
 
+/* long options without a short letter: the connection limits (src/server/connlimit.h) */
+enum {
+    OPT_MAX_CONNS = 0x100,
+    OPT_PER_SOURCE,
+    OPT_PER_PRINCIPAL,
+    OPT_MAX_UNAUTH,
+    OPT_UNAUTH_HEAD,
+    OPT_CONTROL_SOURCE
+};
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: sbx-node --state DIR --listen ADDR:PORT --control ADDR:PORT\n"
                "                (--join-token-file FILE | --join STRING) [--control-key B64]\n"
                "                [--name ID] [--advertise ADDR:PORT] [--agent PATH] [--capacity N]\n"
                "                [--id-range START:COUNT] [--images DIR] [--insecure-plain-http]\n"
+               "                [--max-connections N] [--max-conns-per-source N]\n"
+               "                [--control-source ADDR]... [--max-unauth-conns N]\n"
+               "                [--unauth-head-timeout-ms N]\n"
                "Runs sandbox runs for sbx-control on this machine (needs root).\n"
                "The join material is the control plane's node-join.token:\n"
                "\"sbxjoin2.<token>.<control identity key>.<CA pin>\". The node speaks TLS 1.3\n"
                "(its key and certificate in DIR/tls) and trusts only the pinned CA.\n"
                "--insecure-plain-http (loopback only) speaks plain HTTP and also accepts\n"
-               "\"sbxjoin1.<token>.<key>\" or a bare token with --control-key.\n");
+               "\"sbxjoin1.<token>.<key>\" or a bare token with --control-key.\n"
+               "Connection limits (0 turns one off; docs/platform.md): at most 10000\n"
+               "connections, 256 per source address (IPv6: per /64) except the control plane's\n"
+               "(--control-source, repeatable, default the --control address), at most half of\n"
+               "--max-connections unauthenticated, each with 5000 ms to send a request head.\n");
 }
 
 static int parse_hostport(const char *s, char *host, size_t hcap, uint16_t *port)
@@ -138,18 +155,26 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         { "id-range", required_argument, NULL, 'i' },
         { "images", required_argument, NULL, 'I' },
         { "insecure-plain-http", no_argument, NULL, 'P' },
+        { "max-connections", required_argument, NULL, OPT_MAX_CONNS },
+        { "max-conns-per-source", required_argument, NULL, OPT_PER_SOURCE },
+        { "control-source", required_argument, NULL, OPT_CONTROL_SOURCE },
+        { "max-unauth-conns", required_argument, NULL, OPT_MAX_UNAUTH },
+        { "unauth-head-timeout-ms", required_argument, NULL, OPT_UNAUTH_HEAD },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     const char *listen = NULL, *advertise = NULL, *control = NULL, *tokfile = NULL;
     const char *join = NULL, *control_key = NULL;
+    bool unauth_set = false;
     int o;
     *cfg = (node_config_t){ .capacity = 64 };
     *scfg = (server_config_t){ .head_timeout_ms = 10000,
                                .body_timeout_ms = 60000,
                                .write_timeout_ms = 120000,
                                .keepalive_ms = 75000,
-                               .max_connections = 10000 };
+                               .max_connections = 10000,
+                               .max_conns_per_source = 256,
+                               .unauth_head_timeout_ms = 5000 };
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int r = 0;
         uint64_t v;
@@ -170,6 +195,25 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
         case 'i': r = idrange_parse(optarg, &cfg->id_start, &cfg->id_count); break;
         case 'I': r = copy_str(cfg->images_dir, sizeof cfg->images_dir, optarg); break;
         case 'P': cfg->plain_http = true; break;
+        case OPT_MAX_CONNS:
+        case OPT_PER_SOURCE:
+        case OPT_MAX_UNAUTH:
+        case OPT_UNAUTH_HEAD:
+            r = parse_u64_str(optarg, 10000000, &v);
+            if (r >= 0 && o == OPT_MAX_CONNS && v == 0)
+                r = -EINVAL;
+            *(o == OPT_MAX_CONNS    ? &scfg->max_connections
+              : o == OPT_PER_SOURCE ? &scfg->max_conns_per_source
+              : o == OPT_MAX_UNAUTH ? &scfg->max_unauth_conns
+                                    : &scfg->unauth_head_timeout_ms) = v;
+            unauth_set = unauth_set || o == OPT_MAX_UNAUTH;
+            break;
+        case OPT_CONTROL_SOURCE:
+            if (scfg->n_exempt >= CLIMIT_EXEMPT_MAX)
+                r = -E2BIG;
+            else
+                r = climit_source_key_parse(optarg, scfg->exempt[scfg->n_exempt++]);
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -EINVAL;
         }
@@ -203,6 +247,14 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
                   "(127.0.0.0/8 or ::1)");
         return -EINVAL;
     }
+    /* The control plane is the node's one legitimate peer, and it may hold many connections
+     * (one per request or stream in flight, and the ones it keeps): no per-source cap for it.
+     * Without --control-source, that is the --control address. */
+    if (scfg->n_exempt == 0 &&
+        climit_source_key_parse(cfg->control_host, scfg->exempt[scfg->n_exempt++]) < 0)
+        return -EINVAL;
+    if (!unauth_set) /* unauthenticated connections: half of the table, by default */
+        scfg->max_unauth_conns = MAX(scfg->max_connections / 2, 1);
     (void)snprintf(cfg->advertise, sizeof cfg->advertise, "%s", advertise ? advertise : listen);
     char text[512];
     if (tokfile && read_token_file(tokfile, text, sizeof text) < 0) {

@@ -58,6 +58,7 @@ static void conn_unlink(conn_t *c)
         c->next->prev = c->prev;
     c->prev = c->next = NULL;
     s->n_conns--;
+    climit_conn_removed(c); /* its source's and owner's counters, its unauthenticated slot */
 }
 
 void conn_abort(conn_t *c)
@@ -79,11 +80,12 @@ void conn_free_all(server_t *srv)
         conn_abort(srv->conns);
 }
 
-int conn_accept(server_t *srv, int fd)
+int conn_accept(server_t *srv, int fd, climit_hold_t *lim)
 {
     conn_t *c = calloc(1, sizeof *c);
     if (!c) {
         safe_close(fd);
+        climit_hold_release(lim);
         return -ENOMEM;
     }
     c->srv = srv;
@@ -113,6 +115,7 @@ int conn_accept(server_t *srv, int fd)
         srv->conns->prev = c;
     srv->conns = c;
     srv->n_conns++;
+    climit_conn_added(c, lim);
     int r = loop_watch(srv->loop, &c->w, EPOLLIN | EPOLLRDHUP);
     if (r < 0) {
         conn_abort(c);
@@ -780,6 +783,7 @@ static void conn_finish_response(void *p)
     c->state = c->body_left > 0 ? CS_DRAIN : CS_HEAD;
     c->rdhup_ignored = false;
     c->last_progress_ms = loop_now_ms(c->srv->loop);
+    c->head_wait_ms = c->last_progress_ms;
     buf_shrink_if_idle(&c->in, 4096);
     conn_process_input(c);
 }
@@ -820,8 +824,8 @@ static void conn_update_interest(conn_t *c)
     const server_config_t *cfg = &c->srv->cfg;
     uint64_t due;
     if (c->state == CS_HEAD)
-        due = conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
-                           : c->head_started_ms + cfg->head_timeout_ms;
+        due = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
+                                              : c->head_started_ms + cfg->head_timeout_ms);
     else if (reading)
         due = c->last_progress_ms + cfg->body_timeout_ms;
     else if (ev & EPOLLOUT)
@@ -846,8 +850,8 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
     bool writing = c->out.len > 0 || c->file_left > 0;
     uint64_t due;
     if (c->state == CS_HEAD)
-        due = conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
-                           : c->head_started_ms + cfg->head_timeout_ms;
+        due = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
+                                              : c->head_started_ms + cfg->head_timeout_ms);
     else if (reading)
         due = c->last_progress_ms + cfg->body_timeout_ms;
     else if (writing)

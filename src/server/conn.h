@@ -11,6 +11,7 @@
 #include "common/buf.h"
 #include "common/loop.h"
 #include "common/sock.h"
+#include "connlimit.h"
 #include "http.h"
 
 typedef struct server server_t;
@@ -69,9 +70,16 @@ struct conn {
     sandbox_t *sb; /* host mode: the sandbox this request is scoped to (a reference) */
     char peer[64];
     conn_t *prev, *next;
+    /* Fair limits (connlimit.c): the counters this connection holds, whether a request on it
+     * authenticated, since when it waits for a head, its place among the unauthenticated. */
+    climit_hold_t lim;
+    bool lim_authed;
+    uint64_t head_wait_ms;
+    conn_t *unauth_prev, *unauth_next;
 };
 
-int conn_accept(server_t *srv, int fd);
+/* A new connection on fd (taken), holding *lim (taken: see climit_admit). */
+int conn_accept(server_t *srv, int fd, climit_hold_t *lim);
 void conn_free_all(server_t *srv);
 
 /* Responses. Headers are "Name: value\r\n" lines (may be NULL). */

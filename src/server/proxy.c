@@ -55,7 +55,8 @@ struct tunnel {
     tdir_t up;   /* client -> backend */
     tdir_t down; /* backend -> client */
     bool dead;
-    sandbox_t *sb; /* host mode: an open tunnel is activity, so no idle eviction under it */
+    sandbox_t *sb;     /* host mode: an open tunnel is activity, so no idle eviction under it */
+    climit_hold_t lim; /* the client connection's source and owner counters (connlimit.h) */
     tunnel_close_cb on_close; /* the owner's lease (sbx-node), told once when the tunnel ends */
     void *on_close_data;
     tunnel_t *prev, *next;
@@ -254,6 +255,7 @@ static void tunnel_close(tunnel_t *t)
         t->next->prev = t->prev;
     t->prev = t->next = NULL;
     s->n_tunnels--;
+    climit_hold_release(&t->lim);
     if (loop_defer(s->loop, tunnel_free, t) < 0)
         tunnel_free(t);
 }
@@ -408,7 +410,10 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
     sockio_t *cio;
     buf_t early;
     sandbox_t *sb = sandbox_hold(c->sb); /* taken while c is still ours */
+    climit_hold_t lim = c->lim;          /* the tunnel holds what the connection held */
+    c->lim = (climit_hold_t){ 0 };
     if (conn_hijack(c, &cfd, &cio, &early) < 0) {
+        c->lim = lim;
         sandbox_release(sb);
         free(t);
         return NULL;
@@ -416,7 +421,7 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
     (void)buf_append(head, buf_head(&early), early.len); /* reserved above */
     buf_free(&early);
     *t = (tunnel_t){
-        .srv = s, .up.pend = *head, .sb = sb, .on_close = cb, .on_close_data = cb_data
+        .srv = s, .up.pend = *head, .sb = sb, .lim = lim, .on_close = cb, .on_close_data = cb_data
     };
     buf_init(head, 0);
     if (down_pre && down_pre->len > 0) {

@@ -96,34 +96,50 @@ void server_reap(server_t *s)
     }
 }
 
+/* Refuse a connection at accept: answer without allocating anything for it. */
+static void refuse(int fd, bool source)
+{
+    static const char full[] = "{\"error\":\"too many connections\"}";
+    static const char src[] = "{\"error\":\"too many connections from this source\"}";
+    char busy[256];
+    int n = snprintf(busy, sizeof busy,
+                     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     "Retry-After: %d\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                     CLIMIT_RETRY_AFTER_S, source ? sizeof src - 1 : sizeof full - 1,
+                     source ? src : full);
+    if (n > 0 && (size_t)n < sizeof busy)
+        (void)send(fd, busy, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    /* Send FIN, and read away a request that already arrived: closing with unread bytes
+     * would make the kernel answer RST, which can discard the 503 in transit. */
+    (void)shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int k = 0; k < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; k++)
+        ;
+    safe_close(fd);
+}
+
 static void on_accept(loop_t *l, watcher_t *w, uint32_t ev)
 {
     server_t *s = w->data;
     (void)l;
     (void)ev;
     for (int i = 0; i < 128; i++) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE)
                 log_warn("accept: %s", strerror(errno));
             return;
         }
-        if (s->n_conns + s->n_tunnels >= s->cfg.max_connections) {
-            /* Over the cap: answer without allocating anything for the connection. */
-            static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
-                                       "application/json\r\nContent-Length: 32\r\nConnection: "
-                                       "close\r\n\r\n{\"error\":\"too many connections\"}";
-            (void)send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-            /* Send FIN, and read away a request that already arrived: closing with unread
-             * bytes would make the kernel answer RST, which can discard the 503 in transit. */
-            (void)shutdown(fd, SHUT_WR);
-            char sink[4096];
-            for (int k = 0; k < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; k++)
-                ;
-            safe_close(fd);
+        /* Per source, then the unauthenticated share and the total cap (connlimit.h). */
+        climit_hold_t lim;
+        int r = climit_admit(s, (struct sockaddr *)&ss, sl, &lim);
+        if (r < 0) {
+            refuse(fd, r == -EUSERS);
             continue;
         }
-        if (conn_accept(s, fd) < 0)
+        if (conn_accept(s, fd, &lim) < 0)
             log_warn("could not set up a connection");
     }
 }
@@ -262,6 +278,11 @@ int server_init(server_t *s, const server_config_t *cfg)
     if (r < 0)
         return r;
 
+    if (cfg->max_conns_per_source > 0) {
+        r = climit_tab_new(&s->sources);
+        if (r < 0)
+            return r;
+    }
     s->listen_fd = cfg->listen_inherited ? listen_inherited(cfg)
                    : cfg->unix_path[0]   ? listen_unix(cfg)
                                          : listen_tcp(cfg);
@@ -301,7 +322,8 @@ void server_done(server_t *s)
         loop_unwatch(s->loop, &s->listen_w);
         loop_unwatch(s->loop, &s->sig_w);
     }
-    s->loop = loop_free(s->loop);
+    s->loop = loop_free(s->loop); /* runs what was deferred: every connection is gone */
+    s->sources = climit_tab_free(s->sources);
     safe_close(s->listen_fd);
     safe_close(s->sig_fd);
     if (s->cfg.unix_path[0])

@@ -27,6 +27,12 @@ typedef struct {
     uint64_t head_timeout_ms, body_timeout_ms, write_timeout_ms;
     bool host_mode;
     pool_config_t pool; /* host mode */
+    /* Fair connection limits (connlimit.h); 0 turns each off. */
+    uint64_t max_conns_per_source;
+    uint64_t max_unauth_conns;
+    uint64_t unauth_head_timeout_ms;
+    uint8_t exempt[CLIMIT_EXEMPT_MAX][CLIMIT_SOURCE_KEY]; /* sources without a per-source cap */
+    size_t n_exempt;
 } server_config_t;
 
 typedef struct child child_t;
@@ -51,6 +57,9 @@ struct server {
     timer_t_ idle_t;
     conn_t *conns;
     size_t n_conns;
+    climit_tab_t *sources;           /* connections per source (with max_conns_per_source) */
+    conn_t *unauth_old, *unauth_new; /* unauthenticated connections, oldest first */
+    size_t n_unauth;
     uint64_t start_ms;
     uint64_t last_activity_ms;
     unsigned active_ops; /* foreground operations in flight */

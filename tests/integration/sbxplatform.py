@@ -74,17 +74,22 @@ def tls_context(cafile):
     return ctx
 
 
-def connection(port, timeout=30, host="127.0.0.1"):
-    """An http.client connection to a daemon: HTTPS checked against its CA where it speaks TLS."""
+def connection(port, timeout=30, host="127.0.0.1", source=None):
+    """An http.client connection to a daemon: HTTPS checked against its CA where it speaks TLS.
+    source: the local address to connect from (e.g. "127.0.0.3"; None: any)."""
     ctx = TLS_PORTS.get(port)
+    src = (source, 0) if source else None
     if ctx:
-        return http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx)
-    return http.client.HTTPConnection(host, port, timeout=timeout)
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx,
+                                           source_address=src)
+    return http.client.HTTPConnection(host, port, timeout=timeout, source_address=src)
 
 
-def open_socket(port, timeout=10, host="127.0.0.1"):
-    """A connected stream socket to a daemon (TLS-wrapped where it speaks TLS)."""
-    s = socket.create_connection((host, port), timeout=timeout)
+def open_socket(port, timeout=10, host="127.0.0.1", source=None):
+    """A connected stream socket to a daemon (TLS-wrapped where it speaks TLS), from the local
+    address source if given."""
+    s = socket.create_connection((host, port), timeout=timeout,
+                                 source_address=(source, 0) if source else None)
     ctx = TLS_PORTS.get(port)
     if ctx:
         try:
@@ -104,11 +109,12 @@ def fresh_pubkey():
                           check=True, timeout=10).stdout.decode()
 
 
-def http_request(port, method, path, body=None, headers=None, timeout=30):
-    """One request on a fresh connection to 127.0.0.1:port; returns a Response."""
+def http_request(port, method, path, body=None, headers=None, timeout=30, source=None):
+    """One request on a fresh connection to 127.0.0.1:port (from the address source, e.g.
+    "127.0.0.3", if given); returns a Response."""
     if isinstance(body, (dict, list)):
         body = json.dumps(body).encode()
-    c = connection(port, timeout)
+    c = connection(port, timeout, source=source)
     try:
         c.request(method, path, body=body, headers=headers or {})
         r = c.getresponse()
@@ -228,12 +234,13 @@ def _id_range():
 
 class Node:
     def __init__(self, platform, name, control_port, port=None, join=None, images=None,
-                 agent=None, env=None):
+                 agent=None, env=None, args=()):
         """join: join material as a string (sbxjoin1.<token>.<key>) instead of the control
         plane's node-join.token file. images: the node's --images directory (OCI layouts); by
         default one of its own under the platform's directory, empty, so that tests never
         depend on (or unpack) the host's /var/lib/sbx/images. agent: the --agent binary
-        (default the build's sbx-server). env: extra environment (SBX_TEST_CRASH_AT)."""
+        (default the build's sbx-server). env: extra environment (SBX_TEST_CRASH_AT). args: more
+        sbx-node arguments."""
         self.platform = platform
         self.id_start, self.id_count = _id_range()
         self.name = name
@@ -251,7 +258,7 @@ class Node:
                          ["--name", name, "--agent",
                           agent or (IMAGE_AGENT_BIN if images else AGENT_BIN),
                           "--id-range", f"{self.id_start}:{self.id_count}",
-                          "--images", self.images],
+                          "--images", self.images] + list(args),
                          os.path.join(platform.dir, f"{name}.log"), env=env)
 
     def health(self):
@@ -448,16 +455,19 @@ class Platform:
     each with its own port; nodes register with the first."""
 
     def __init__(self, nodes=("nodeA", "nodeB"), controls=1, publish_delay_ms=None, images=None,
-                 default_image="host", agent=None, tls=True, control_args=()):
+                 default_image="host", agent=None, tls=True, control_args=(), node_args=()):
         """images: {node name: --images directory} for nodes that should serve images.
         default_image: what jobs that name none run (the suites' default: "host", which needs
         no image on the nodes; the platform's own default is "debian"). agent: every node's
         --agent binary (default the build's sbx-server). tls: False runs every daemon with
-        --insecure-plain-http. control_args: more sbx-control arguments."""
+        --insecure-plain-http. control_args, node_args: more arguments for every sbx-control
+        and every sbx-node (add_node can override the nodes')."""
         self.default_image = default_image
         self.tls = tls
         self.tls_ctx = None
         self.control_args = list(control_args)
+        self.node_args = list(node_args)
+        self.source = None  # the address requests to the control plane come from (None: any)
         self.dir = tempfile.mkdtemp(prefix="sbxp-")  # short: unix socket paths live below
         os.chmod(self.dir, 0o700)
         self.ctl_state = os.path.join(self.dir, "ctl")
@@ -477,7 +487,8 @@ class Platform:
                 self.admin = f.read().strip()
             for name in nodes:
                 self.nodes.append(Node(self, name, self.control.port,
-                                       images=(images or {}).get(name), agent=agent))
+                                       images=(images or {}).get(name), agent=agent,
+                                       args=self.node_args))
             self.wait_nodes_live()
         except BaseException:
             self.stop(check=False)
@@ -496,9 +507,11 @@ class Platform:
             self.control = c
         return c
 
-    def add_node(self, name, images=None):
-        """Start one more node (registered with the first control) and wait until it is live."""
-        n = Node(self, name, self.control.port, images=images)
+    def add_node(self, name, images=None, args=None):
+        """Start one more node (registered with the first control) and wait until it is live.
+        args: its extra sbx-node arguments (default the platform's node_args)."""
+        n = Node(self, name, self.control.port, images=images,
+                 args=self.node_args if args is None else args)
         self.nodes.append(n)
         self.wait_nodes_live()
         return n
@@ -541,7 +554,8 @@ class Platform:
         if tok is not None:
             h["Authorization"] = f"Bearer {tok}"
         h.update(headers or {})
-        return http_request((control or self.control).port, method, path, body, h, timeout)
+        return http_request((control or self.control).port, method, path, body, h, timeout,
+                            source=self.source)
 
     def token(self, principal, namespace, role):
         r = self.request("POST", "/v1/tokens",
