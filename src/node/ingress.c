@@ -264,11 +264,18 @@ static bool parse_ports_tail(sv_t tail, uint16_t *port, sv_t *rest)
 
 static void lease_relay_done(relay_t *rl, void *data, int fd, sockio_t *io, bool ok)
 {
+    lease_t *l = data;
     (void)rl;
     (void)ok;
-    sockio_free(io);
-    safe_close(fd); /* the agent closes after each answer anyway */
-    run_lease_on_close(NULL, data);
+    sockio_free(io); /* none: the bridge is a unix socket */
+    /* The lease was not cut: its run is the one the connection was verified for. Only an
+     * answer of the agent itself is trusted to end where it says: behind the agent's port proxy
+     * the run's own service answers, and it could keep the connection as a tunnel to itself. */
+    if (fd >= 0 && l->keep_bridge)
+        run_bridge_put(l->run, fd);
+    else
+        safe_close(fd);
+    run_lease_on_close(NULL, l);
 }
 
 /* Forward an allowed request over the verified bridge (with its body when it was collected to
@@ -289,9 +296,17 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
         conn_respond_error(c, 414, "target too long");
         return;
     }
+    /* A request known in full (no body, or the body collected) goes through a relay: the
+     * answer is framed, the connection from the control plane carries the next request, and
+     * the bridge connection (verified when it was made) goes back to the run for the next. */
+    sv_t up;
+    bool upgrade = http_header_get(rq, "upgrade", &up);
+    bool relay = !upgrade && (with_body || (rq->content_length == 0 && !rq->has_transfer_encoding));
+    /* the agent's own routes, never its port proxy (a service of the run answers there) */
+    bool keep = relay && port == CAP_AGENT_PORT && !sv_has_prefix(rest, SV("/v1/proxy"));
     char err[256] = "";
-    int fd;
-    int rc = bridge_connect(r, &fd, err, sizeof err);
+    int fd = keep ? run_bridge_take(r) : -1;
+    int rc = fd >= 0 ? 0 : bridge_connect(r, &fd, err, sizeof err);
     if (rc < 0) {
         log_warn("run %s: bridge refused: %s", sandbox, err);
         conn_respond_error(c, rc == -EAGAIN ? 503 : 502, "bridge: %s", err);
@@ -299,7 +314,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     }
     static const char *const drop[] = { "x-sbx-capability", "authorization", NULL };
     buf_t head;
-    rc = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, NULL, false, &head);
+    rc = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, NULL, keep, &head);
     if (rc >= 0 && with_body && c->body.len > 0) {
         head.max += c->body.len;
         rc = buf_append(&head, buf_head(&c->body), c->body.len);
@@ -317,12 +332,9 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
         conn_respond_errno(c, -ENOMEM, "forward");
         return;
     }
-    /* The stream is leased to this run: replacing or retiring it cuts the relay or tunnel. A
-     * request known in full (no body, or the body collected) goes through a relay: the
-     * answer is framed, and the connection from the control plane carries the next request. */
-    sv_t up;
-    bool upgrade = http_header_get(rq, "upgrade", &up);
-    if (!upgrade && (with_body || (rq->content_length == 0 && !rq->has_transfer_encoding))) {
+    /* The stream is leased to this run: replacing or retiring it cuts the relay or tunnel. */
+    if (relay) {
+        l->keep_bridge = keep;
         l->relay = proxy_relay_start(c, fd, NULL, &head, NULL, lease_relay_done, l);
         if (!l->relay)
             run_lease_on_close(NULL, l);

@@ -32,12 +32,16 @@ typedef struct run run_t;
 
 typedef struct relay relay_t;
 
+#define RUN_IDLE_BRIDGE 4
+#define RUN_IDLE_BRIDGE_MS 10000 /* a kept bridge connection is used again within this time */
+
 /* A stream bound to a run's identity epoch: a relay or an established tunnel to the run's
  * agent. */
 struct lease {
     run_t *run;
     tunnel_t *tunnel;
     relay_t *relay;
+    bool keep_bridge; /* the agent's own route: its bridge connection may serve the next */
     lease_t *prev, *next;
 };
 
@@ -79,6 +83,11 @@ struct run {
     child_t child;
     lease_t *leases;
     size_t n_leases;
+    /* verified bridge connections to the agent kept for the next relayed request (closed with
+     * the leases: a run that stops keeps none) */
+    int idle_fds[RUN_IDLE_BRIDGE];
+    uint64_t idle_since_ms[RUN_IDLE_BRIDGE];
+    int n_idle;
     run_t *next;
 };
 
@@ -176,6 +185,9 @@ lease_t *run_lease_new(run_t *r);
 void run_lease_on_close(tunnel_t *t, void *data); /* the tunnel callback; frees the lease */
 json_t *run_json(const run_t *r);
 void run_cut_leases(run_t *r);
+/* A kept, verified bridge connection of the run that is still open, or -1; and back. */
+int run_bridge_take(run_t *r);
+void run_bridge_put(run_t *r, int fd);
 int run_save(const run_t *r);
 void node_load_runs(node_t *n);
 int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */

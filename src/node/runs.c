@@ -73,8 +73,50 @@ void run_lease_on_close(tunnel_t *t, void *data)
 
 /* Every stream of the run ends now, in both directions: the run it was authorized for is
  * being replaced or retired. */
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int run_bridge_take(run_t *r)
+{
+    uint64_t now_ms = mono_ms();
+    while (r->n_idle > 0) {
+        r->n_idle--;
+        int fd = r->idle_fds[r->n_idle];
+        char b;
+        /* closed (the agent went away), or bytes nobody asked for: not for a request */
+        ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r->idle_since_ms[r->n_idle] + RUN_IDLE_BRIDGE_MS > now_ms && k < 0 && errno == EAGAIN)
+            return fd;
+        safe_close(fd);
+    }
+    return -1;
+}
+
+void run_bridge_put(run_t *r, int fd)
+{
+    uint64_t now_ms = mono_ms();
+    if (r->state != RUN_RUNNING || r->n_idle == RUN_IDLE_BRIDGE) {
+        safe_close(fd);
+        return;
+    }
+    r->idle_fds[r->n_idle] = fd;
+    r->idle_since_ms[r->n_idle] = now_ms;
+    r->n_idle++;
+}
+
+static void run_bridge_close_all(run_t *r)
+{
+    while (r->n_idle > 0)
+        safe_close(r->idle_fds[--r->n_idle]);
+}
+
 void run_cut_leases(run_t *r)
 {
+    run_bridge_close_all(r); /* kept connections end with the streams */
     while (r->leases) {
         lease_t *l = r->leases;
         if (l->relay)
@@ -581,6 +623,7 @@ void run_free(run_t *r)
         return;
     output_close(r);
     safe_close(r->stat_fd);
+    run_bridge_close_all(r);
     free(r);
 }
 

@@ -69,6 +69,9 @@ static SSL_CTX *ctx_base(const SSL_METHOD *m)
     SSL_CTX_set_mode(s, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
                             SSL_MODE_RELEASE_BUFFERS);
     SSL_CTX_set_session_cache_mode(s, SSL_SESS_CACHE_OFF);
+    /* read what the socket has in one read(), not a record header and then its body: the
+     * bytes held are reported by SSL_has_pending (tls_pending), which the loops check */
+    SSL_CTX_set_read_ahead(s, 1);
     return s;
 }
 
@@ -297,7 +300,7 @@ static ssize_t tls_send(sockio_t *io, const void *p, size_t n)
 static bool tls_pending(const sockio_t *io)
 {
     const tls_io_t *t = (const tls_io_t *)io;
-    return SSL_pending(t->ssl) > 0;
+    return SSL_has_pending(t->ssl) == 1;
 }
 
 static void tls_close_notify(sockio_t *io)

@@ -136,6 +136,13 @@ class Http(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self):
+        if self.path == "/sticky":  # an answer that keeps its connection, as a tunnel would
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+            self.close_connection = False
+            return
         if self.path.startswith("/slow?"):  # /slow?d=MS&mark=NAME: note that it ran, then wait
             q = dict(kv.split("=", 1) for kv in self.path[6:].split("&"))
             with open("/root/ran-" + q["mark"], "a") as f:
@@ -145,6 +152,16 @@ class Http(BaseHTTPRequestHandler):
         self.reply({"path": self.path})
 
     def do_POST(self):
+        if self.path.startswith("/v1/"):  # an agent's request that reached this service
+            with open("/root/stolen", "a") as f:
+                f.write(self.path + "\n")
+            body = b'{"event":"stdout","data":"FAKE\\n"}\n{"event":"exit","exit_code":0}\n'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
         parts = []
         if chunked:
@@ -609,3 +626,24 @@ def test_a_request_cut_by_a_pause_is_not_answered_as_not_forwarded(plat):
     with open(marker) as f:
         assert f.read() == "ran\n", "the request ran more than once"
     job.cancel()
+
+
+def test_a_service_that_keeps_its_connection_never_answers_for_the_agent(plat, wsjob):
+    """The node keeps bridge connections to the agent for the agent's own routes only. Behind
+    the agent's port proxy the run's own service answers, and one that keeps its connection
+    open after a framed answer would otherwise get the next request on it (an exec meant for
+    the agent, answered with made-up output). Positive control: the service does answer such a
+    request when it gets one."""
+    node = plat.node("ws-n1")
+    stolen = node.root_path(wsjob.id, "/root/stolen")
+    for i in range(3):
+        r = wsjob.proxy("GET", HTTP_PORT, "/sticky")
+        assert (r.status, r.body) == (200, b"ok"), r
+        res = wsjob.exec(f"echo real-{i}")
+        assert res.out == f"real-{i}\n", \
+            f"ATTACK: a request for the agent was answered by the run's service: {res.out!r}"
+    assert not os.path.exists(stolen), "ATTACK: the run's service got a request for the agent"
+    r = wsjob.proxy("POST", HTTP_PORT, "/v1/exec", b"{}")  # positive control
+    assert r.status == 200 and b"FAKE" in r.body, r
+    assert os.path.exists(stolen)
+    os.unlink(stolen)
