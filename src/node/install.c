@@ -45,6 +45,27 @@ static void install_free(void *p)
     free(in);
 }
 
+/* What an install failure tells the control plane: 400, the spec is invalid; 422, the run
+ * cannot be made from it (its image or command: a link where a mount goes, a missing
+ * directory, a command that is not the agent or exits at once), which no retry fixes; 500,
+ * anything else (resources, time), which a retry may fix. */
+static int install_status(int rc)
+{
+    switch (-rc) {
+    case EINVAL: return 400;
+    case EPERM:
+    case EACCES:
+    case ELOOP:
+    case ENOENT:
+    case ENOTDIR:
+    case EISDIR:
+    case EXDEV:
+    case ENOEXEC:
+    case ESRCH: return 422;
+    default: return 500;
+    }
+}
+
 static void install_end(install_t *in)
 {
     node_t *n = in->n;
@@ -70,13 +91,7 @@ static void install_end(install_t *in)
         if (in->rc >= 0)
             conn_respond_json(c, 201, json_pack("{s:o}", "run", run_json(r)));
         else
-            /* 400: the spec is invalid; 422: the run itself failed the bridge check (its
-             * command is not the agent): no retry fixes either. 500: maybe a retry does. */
-            conn_respond_error(c,
-                               in->rc == -EINVAL  ? 400
-                               : in->rc == -EPERM ? 422
-                                                  : 500,
-                               "install failed: %s", in->err);
+            conn_respond_error(c, install_status(in->rc), "install failed: %s", in->err);
     }
     if (loop_defer(l, install_free, in) < 0)
         install_free(in);
@@ -192,7 +207,7 @@ static void body_done(conn_t *c)
         return;
     }
     if (rc < 0) {
-        conn_respond_error(c, rc == -EINVAL ? 400 : 500, "install failed: %s", in->err);
+        conn_respond_error(c, install_status(rc), "install failed: %s", in->err);
         install_free(in);
         return;
     }

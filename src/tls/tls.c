@@ -69,9 +69,6 @@ static SSL_CTX *ctx_base(const SSL_METHOD *m)
     SSL_CTX_set_mode(s, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
                             SSL_MODE_RELEASE_BUFFERS);
     SSL_CTX_set_session_cache_mode(s, SSL_SESS_CACHE_OFF);
-    /* read what the socket has in one read(), not a record header and then its body: the
-     * bytes held are reported by SSL_has_pending (tls_pending), which the loops check */
-    SSL_CTX_set_read_ahead(s, 1);
     return s;
 }
 

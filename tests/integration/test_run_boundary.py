@@ -1180,7 +1180,8 @@ def test_image_with_hostile_link_at_install(image_targets, hostile_images, link)
     assert any(os.readlink(x) == targets[link] for x in links), \
         "control: the node unpacked the image with its link"
     s = hostile_images[link]
-    assert s["stage"] in ("RUNNING", "ERROR"), f"the job neither ran nor failed: {s['stage']}"
+    assert s["stage"] in ("RUNNING", "ERROR"), \
+        f"the job neither ran nor failed: {s['stage']}: {s['job'].inspect()['message']}"
     assert s["after"] == s["before"], \
         f"ATTACK: installing an image with /{link} -> {targets[link]} changed the host: " \
         f"{s['before']} -> {s['after']} (stage {s['stage']})"
