@@ -126,7 +126,8 @@ def test_seed_scenario_move_from_a_to_b(plat):
 
     # A retires g: its run directory goes, its process tree is gone.
     assert wait_until(lambda: not os.path.exists(A.run_dir(job.id)), 10), A.log()[-2000:]
-    assert f"retired run {job.id} generation {g}" in A.log()
+    # (the directory is renamed away before the line is logged: wait for the line too)
+    assert wait_until(lambda: f"retired run {job.id} generation {g}" in A.log(), 5), A.log()
     assert wait_until(lambda: not pid_alive(agent_pid_g), 5)
     # ... and then refuses the run-g capability too, before it expires.
     r, _ = A.exec(job, "true", cap_g)
