@@ -36,6 +36,10 @@ def main():
     ap.add_argument("--jobs", type=int, default=6)
     ap.add_argument("--minutes", type=float, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--action-every", type=float, default=2.0,
+                    help="seconds between pause/resume/move actions")
+    ap.add_argument("--kill-every", type=float, default=20.0,
+                    help="seconds between node kills")
     a = ap.parse_args()
     rnd = random.Random(a.seed)
     names = ("soak-a", "soak-b", "soak-c")
@@ -49,10 +53,23 @@ def main():
         for j in jobs:
             assert j.exec("echo 0 > /root/soak.count").code == 0
         end = time.monotonic() + a.minutes * 60
+        next_action = time.monotonic() + a.action_every
+        next_kill = time.monotonic() + a.kill_every
         while time.monotonic() < end:
             j = rnd.choice(jobs)
-            roll = rnd.random()
-            if roll < 0.70:  # a request: write the next value, read it back
+            now = time.monotonic()
+            if now >= next_kill:
+                kind, next_kill = "kill", now + a.kill_every
+            elif now >= next_action:
+                kind, next_action = rnd.choice(("pause", "move")), now + a.action_every
+            else:
+                kind = "request"
+            if kind == "request" and written[j.id] is None:  # unknown after a cut request
+                try:
+                    written[j.id] = int(j.exec("cat /root/soak.count", timeout=30).out.strip())
+                except Exception:  # noqa: BLE001 (read again on the next round)
+                    continue
+            if kind == "request":  # write the next value, read the last one back
                 counts["sent"] += 1
                 n = written[j.id] + 1
                 try:
@@ -76,18 +93,12 @@ def main():
                 else:
                     counts["errors"] += 1
                     errors.append(f"exec: {r}")
-                if written[j.id] is None:  # unknown after a cut request: read what is there
-                    try:
-                        res = j.exec("cat /root/soak.count", timeout=30)
-                        written[j.id] = int(res.out.strip())
-                    except Exception:  # noqa: BLE001 (re-read on the next round)
-                        written[j.id] = None
-            elif roll < 0.80:
+            elif kind == "pause":
                 counts["actions"] += 1
                 j.action("pause")
                 wait_until(lambda: j.inspect()["stage"] == "PAUSED", 30)
                 j.action("resume")
-            elif roll < 0.90:
+            elif kind == "move":
                 counts["actions"] += 1
                 j.action("move", {"node": "*"})
             else:
