@@ -62,14 +62,7 @@ typedef struct {
     sockio_t *io;
 } bconn_t;
 
-static void bconn_close(bconn_t *c)
-{
-    if (c->io)
-        c->io->ops->close_notify(c->io);
-    sockio_free(c->io);
-    c->io = NULL;
-    c->fd = safe_close(c->fd);
-}
+static void bconn_close(bconn_t *c) { c->fd = sock_close(c->fd, TAKE_PTR(c->io)); }
 
 typedef struct {
     const char *label;

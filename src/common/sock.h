@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "common/macro.h"
+
 typedef struct sockio sockio_t;
 
 typedef struct {
@@ -78,6 +80,16 @@ static inline void sockio_free(sockio_t *io)
         io->ops->free(io);
 }
 static inline void sockio_freep(sockio_t **io) { sockio_free(*io); }
+
+/* End a connection: the layer says so (a TLS peer reads the end as an end, not as a cut), is
+ * freed, and the socket closed. Returns -EBADF, for "fd = sock_close(fd, io)". */
+static inline int sock_close(int fd, sockio_t *io)
+{
+    if (io)
+        io->ops->close_notify(io);
+    sockio_free(io);
+    return safe_close(fd);
+}
 
 /* A factory for a layer over a freshly connected or accepted socket (the daemon's TLS
  * context); NULL = plain. */

@@ -276,14 +276,6 @@ static void edge_on_timeout(loop_t *l, timer_t_ *t);
 
 /* ---- kept connections to nodes ------------------------------------------------------------ */
 
-static void conn_close_kept(int fd, sockio_t *io)
-{
-    if (io)
-        io->ops->close_notify(io);
-    sockio_free(io);
-    safe_close(fd);
-}
-
 static node_conns_t *node_conns(control_t *ctl, const route_t *rt, bool create)
 {
     node_conns_t *free_slot = NULL;
@@ -321,7 +313,7 @@ static int conns_take(control_t *ctl, const route_t *rt, sockio_t **ret_io)
             *ret_io = io;
             return fd;
         }
-        conn_close_kept(fd, io);
+        sock_close(fd, io);
     }
     return -1;
 }
@@ -330,11 +322,11 @@ static void conns_put(control_t *ctl, const route_t *rt, int fd, sockio_t *io)
 {
     node_conns_t *p = node_conns(ctl, rt, true);
     if (!p) {
-        conn_close_kept(fd, io);
+        sock_close(fd, io);
         return;
     }
     if (p->n == CTL_POOL_CONNS) { /* full: the oldest goes */
-        conn_close_kept(p->c[0].fd, p->c[0].io);
+        sock_close(p->c[0].fd, p->c[0].io);
         memmove(&p->c[0], &p->c[1], sizeof p->c[0] * (CTL_POOL_CONNS - 1));
         p->n--;
     }
@@ -354,7 +346,7 @@ void edge_conns_sweep(control_t *ctl, bool all)
             if (!all && p->c[k].since_ms + EDGE_KEEP_MS > now)
                 p->c[keep++] = p->c[k];
             else
-                conn_close_kept(p->c[k].fd, p->c[k].io);
+                sock_close(p->c[k].fd, p->c[k].io);
         }
         p->n = keep;
     }

@@ -35,10 +35,7 @@ static void conn_destroy(void *p)
     c->sb = NULL;
     timer_disarm(s->loop, &c->deadline);
     loop_unwatch(s->loop, &c->w);
-    if (c->io) /* a TLS peer reads the end as an end, not as a cut */
-        c->io->ops->close_notify(c->io);
-    sockio_free(c->io);
-    safe_close(c->fd);
+    sock_close(c->fd, c->io);
     safe_close(c->file_fd);
     buf_free(&c->in);
     buf_free(&c->out);

@@ -222,14 +222,8 @@ static void tunnel_free(void *p)
     tunnel_t *t = p;
     loop_unwatch(t->srv->loop, &t->client.w);
     loop_unwatch(t->srv->loop, &t->backend.w);
-    if (t->client.io)
-        t->client.io->ops->close_notify(t->client.io);
-    if (t->backend.io)
-        t->backend.io->ops->close_notify(t->backend.io);
-    sockio_free(t->client.io);
-    sockio_free(t->backend.io);
-    safe_close(t->client.w.fd);
-    safe_close(t->backend.w.fd);
+    sock_close(t->client.w.fd, t->client.io);
+    sock_close(t->backend.w.fd, t->backend.io);
     buf_free(&t->up.pend);
     buf_free(&t->down.pend);
     sandbox_release(t->sb);

@@ -227,10 +227,7 @@ static void relay_end(relay_t *r, bool reusable, bool ok)
         fd = TAKE_FD(r->w.fd);
         io = TAKE_PTR(r->io);
     } else {
-        if (r->io)
-            r->io->ops->close_notify(r->io);
-        sockio_free(TAKE_PTR(r->io));
-        r->w.fd = safe_close(r->w.fd);
+        r->w.fd = sock_close(r->w.fd, TAKE_PTR(r->io));
     }
     if (r->cb)
         r->cb(r, r->data, fd, io, ok);

@@ -100,28 +100,37 @@ def _fam(host):
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def tcp(host, port, msg=b"", timeout=2.0):
+def _answer(s):
+    """"ok:" + what s answers: read until EOF, 400 bytes or a pause (an answer may come in
+    several segments)."""
+    data = b""
+    try:
+        while len(data) < 400:
+            chunk = s.recv(400)
+            if not chunk:
+                break
+            data += chunk
+            s.settimeout(0.3)
+    except socket.timeout:
+        pass
+    return "ok:" + data.decode(errors="replace")
+
+
+def tcp(host, port, msg=b"", timeout=2.0, wrap=None):
+    """Connect, send msg, return the answer ("ok:..."), "timeout" or the errno's name. wrap:
+    a function that layers the connected socket (TLS)."""
     s = socket.socket(_fam(host), socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
         s.connect((host, port))
+        c = wrap(s) if wrap else s
         if msg:
-            s.sendall(msg)
-        data = b""
-        try:  # the answer may come in several segments: read until EOF, 400 bytes or a pause
-            while len(data) < 400:
-                chunk = s.recv(400)
-                if not chunk:
-                    break
-                data += chunk
-                s.settimeout(0.3)
-        except socket.timeout:
-            pass
-        return "ok:" + data.decode(errors="replace")
+            c.sendall(msg)
+        return _answer(c)
     except socket.timeout:
         return "timeout"
     except OSError as e:
-        return en(e.errno)
+        return en(e.errno) if e.errno else "tls-error"
     finally:
         s.close()
 
@@ -133,32 +142,7 @@ def tls(host, port, msg, timeout=2.0):
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    try:
-        raw = socket.create_connection((host, port), timeout=timeout)
-    except socket.timeout:
-        return "timeout"
-    except OSError as e:
-        return en(e.errno)
-    try:
-        s = ctx.wrap_socket(raw)
-        s.sendall(msg)
-        data = b""
-        try:
-            while len(data) < 400:
-                chunk = s.recv(400)
-                if not chunk:
-                    break
-                data += chunk
-                s.settimeout(0.3)
-        except socket.timeout:
-            pass
-        return "ok:" + data.decode(errors="replace")
-    except socket.timeout:
-        return "timeout"
-    except OSError as e:
-        return en(e.errno) if e.errno else "tls-error"
-    finally:
-        raw.close()
+    return tcp(host, port, msg, timeout, wrap=ctx.wrap_socket)
 
 
 def udp(host, port, msg, timeout=1.5):
