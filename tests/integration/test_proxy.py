@@ -146,6 +146,21 @@ def server_fds(server):
     return len(os.listdir(f"/proc/{server.proc.pid}/fd"))
 
 
+def settled_fds(server, quiet=0.3, timeout=5.0):
+    """The server's fd count once it has stopped changing for `quiet` seconds: a connection
+    the fixture just used (its readiness probe) may still be closing when a test starts."""
+    deadline = time.monotonic() + timeout
+    last, since = server_fds(server), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = server_fds(server)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    raise AssertionError("the server's fd count never settled")
+
+
 def wait_for(pred, timeout=5.0, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -517,7 +532,7 @@ def test_connect_timeout_is_504_and_loop_stays_responsive(server, blackhole):
 
 
 def test_client_leaving_during_connect_releases_it(server, blackhole):
-    base = server_fds(server)
+    base = settled_fds(server)
     s = raw_connect(server)
     s.sendall(f"GET /v1/proxy/{blackhole}/x HTTP/1.1\r\nHost: x\r\n"
               f"X-Sandbox-Token: {server.token}\r\n\r\n".encode())
@@ -529,7 +544,7 @@ def test_client_leaving_during_connect_releases_it(server, blackhole):
 
 def test_shutdown_during_connect_is_clean(make_server, blackhole):
     srv = make_server()
-    base = server_fds(srv)
+    base = settled_fds(srv)
     s = raw_connect(srv)
     s.sendall(f"GET /v1/proxy/{blackhole}/x HTTP/1.1\r\nHost: x\r\n"
               f"X-Sandbox-Token: {srv.token}\r\n\r\n".encode())
@@ -560,7 +575,7 @@ def test_client_disconnect_releases_tunnel(server, backend):
 
     b = backend(stream)
     time.sleep(0.1)
-    base = server_fds(server)
+    base = settled_fds(server)
     s = raw_connect(server)
     s.sendall(f"GET /v1/proxy/{b.port}/s HTTP/1.1\r\nHost: x\r\n"
               f"X-Sandbox-Token: {server.token}\r\n\r\n".encode())
