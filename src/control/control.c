@@ -77,6 +77,10 @@ static void control_dispatch(conn_t *c)
         route_jobs(ctl, c, sv_make(path.p + 9, path.len - 9));
         return;
     }
+    if (sv_has_prefix(path, SV("/v1/pools/"))) {
+        route_pools(ctl, c, sv_make(path.p + 10, path.len - 10));
+        return;
+    }
     if (sv_eq(path, SV("/v1/nodes"))) {
         route_nodes(ctl, c, SV(""));
         return;
@@ -238,6 +242,9 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
     if (ctl->tls_server)
         ctl->srv.transport = (sockio_wrap_t){ tls_wrap_server, ctl->tls_server };
     (void)timer_arm(ctl->srv.loop, &ctl->keys_t, 1000);
+    r = work_start(ctl);
+    if (r < 0)
+        return r;
     return reconciler_start(ctl);
 }
 
@@ -246,6 +253,7 @@ int control_run(control_t *ctl) { return server_run(&ctl->srv); }
 void control_done(control_t *ctl)
 {
     reconciler_stop(ctl);
+    work_stop(ctl);
     if (ctl->srv.loop)
         timer_disarm(ctl->srv.loop, &ctl->keys_t);
     edge_conns_sweep(ctl, true);

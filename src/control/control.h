@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cap/cap.h"
+#include "common/httpc.h"
 #include "routecache.h"
 #include "seal.h"
 #include "server/server.h"
@@ -110,6 +111,8 @@ typedef struct {
  * installing is taken over. */
 #define CTL_ALIVE_MS 3000
 
+typedef struct work_queue work_queue_t;
+
 typedef struct control {
     server_t srv;
     char instance[24];                     /* this process, random per start ("c-" + 16 hex) */
@@ -133,6 +136,7 @@ typedef struct control {
         uint64_t at_ms;
     } pins[32]; /* the edge's cache of registered node key pins (the loop thread's) */
     node_conns_t conns[CTL_POOL_NODES]; /* the edge's idle connections to nodes */
+    work_queue_t *work;                 /* worker threads for pool calls (work.c) */
     /* reconciler */
     pthread_t rec_thread;
     bool rec_started;
@@ -191,6 +195,21 @@ bool valid_name(const char *s, size_t max); /* [a-z0-9][a-z0-9._-]* namespaces, 
 
 /* jobs.c */
 void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
+/* Validate a create request (the Jobs API's body) and split it into the job record and its
+ * secrets; NULL, or what is wrong (for a 400). */
+const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
+                             json_t **ret_secrets);
+/* Store a new job (stage SCHEDULING) with id and its secrets; -EEXIST/-ESTALE if id is taken. */
+int job_insert(store_t *st, const seal_keys_t *seal, const char *ns, const char *initiator,
+               const char *id, json_t *job, json_t *sec);
+/* NULL when o (may be NULL) is an environment object (names [A-Za-z_][A-Za-z0-9_]*, string
+ * values, not the platform's SBX_LISTEN/SBX_HOST_MODE); else `what`. */
+const char *check_env(json_t *o, const char *what);
+/* A JSON object sealed under the secrets key at key (AD: the key), by compare-and-swap against
+ * expect; and opened again (re-sealed when under an older key). Keys under secrets/ are
+ * re-sealed by a key rotation. */
+int sealed_put(store_t *st, const seal_keys_t *seal, const char *key, json_t *obj, int64_t expect);
+int sealed_get(store_t *st, const seal_keys_t *seal, const char *key, json_t **ret);
 /* A job's secrets (secrets/<id>), sealed. job_secrets_get accepts a plaintext record (written
  * before secrets at rest) or one sealed under an older secrets key and re-seals it. -EBADMSG /
  * -ENOKEY when it cannot be opened (nothing is returned then). */
@@ -232,8 +251,73 @@ int node_pin_load(store_t *st, const char *name, uint8_t pin[TLS_PIN_BYTES]);
 role_t edge_role_needed(sv_t method, uint16_t port, sv_t path);
 /* Close idle node connections older than their keep time (every second), or all. */
 void edge_conns_sweep(control_t *ctl, bool all);
+/* A pooled sandbox behind the edge: the generation of its host's run it lives in, its id, and the
+ * token the edge hands its agent (the client never needs it). */
+typedef struct {
+    uint64_t generation;
+    const char *sandbox;
+    const char *token;
+} edge_pin_t;
+/* Proxy c to port of job's run (rest: the path below it, plus the query). pin: NULL for a job's
+ * own ports; for a pooled sandbox, what binds the request to it (410 when its run is gone). */
 void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint16_t port,
-                sv_t rest);
+                sv_t rest, const edge_pin_t *pin);
+
+/* nodecall.c: blocking calls to one run on its node (reconciler and pool threads) */
+typedef struct {
+    const char *host; /* the node's address and port */
+    uint16_t port;
+    const cap_run_t *run; /* the run the capability names */
+    uint32_t access;      /* its purpose (CAP_MANAGE, CAP_EXEC, ...) */
+    uint16_t cap_port;    /* CAP_PROXY: the port and protocol */
+    cap_proto_t proto;
+    const char *method, *target; /* target: /v1/runs/{job}... as the node receives it */
+    const char *headers;         /* extra header lines ("Name: value\r\n"), or NULL */
+    const char *body;
+    size_t body_len;
+    bool bind_body;      /* the capability names the body's digest */
+    uint64_t timeout_ms; /* 0: httpc's default */
+    size_t body_max;     /* 0: httpc's default */
+} node_req_t;
+/* One exchange; 0 with *resp (any status), or -errno with msg saying why nothing came back. */
+int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_req_t *q,
+                 httpc_response_t *resp, char *msg, size_t msgcap);
+/* A request to the agent of run rr (its port 49983) through its node: path as the agent sees it
+ * ("/v1/sandboxes"), token its X-Sandbox-Token (may be NULL), body JSON (may be NULL). 0 with
+ * *ret_status and *ret_json (may be NULL; the parsed answer or NULL), msg set for status >= 300;
+ * -errno when no answer came (msg says why). */
+int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t *rr,
+               const char *method, const char *path, const char *token, json_t *body,
+               int *ret_status, json_t **ret_json, char *msg, size_t msgcap);
+
+/* work.c: API calls that wait on nodes run on worker threads; the answer returns to the loop */
+typedef struct {
+    control_t *ctl;
+    store_t *st; /* this worker's own handle */
+    keyring_t kr;
+    uint64_t kr_ms;
+} worker_t;
+typedef struct {
+    int status;
+    json_t *json;      /* the answer's body */
+    char headers[128]; /* extra header lines, or "" */
+} work_result_t;
+typedef struct work_task work_task_t;
+typedef void (*work_fn)(worker_t *w, void *arg, work_result_t *res);
+int work_start(control_t *ctl);
+void work_stop(control_t *ctl);
+/* Run fn(arg) on a worker and answer c with its result (503 when too many wait); free_arg(arg)
+ * afterwards in any case. */
+void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_arg)(void *));
+void work_answer(work_result_t *res, int status, json_t *j); /* steals j */
+void work_fail(work_result_t *res, int status, const char *fmt, ...) _printf_(3, 4);
+/* The worker's signing keys, loaded again when older than a second. */
+int worker_keys(worker_t *w);
+
+/* pools.c */
+void route_pools(control_t *ctl, conn_t *c, sv_t rest); /* rest: after /v1/pools/ */
+/* The reconciler's pass over pools: hosts follow their jobs, warm hosts, idle hosts, drains. */
+void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr);
 
 /* reconcile.c */
 int reconciler_start(control_t *ctl);

@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -41,7 +42,13 @@ typedef struct {
     char *rest; /* path after /proxy/{port} plus the query */
     route_t route;
     bool retried, replayable, sent_any;
-    bool keep;   /* known in full, no upgrade: relayed, the node connection kept */
+    bool keep; /* known in full, no upgrade: relayed, the node connection kept */
+    /* a pooled sandbox: it lives only in generation pin_gen of the host's run, and the agent
+     * hears its own token (the client's X-Sandbox-Token is dropped) */
+    bool pinned;
+    uint64_t pin_gen;
+    char sandbox[CAP_ID_MAX];
+    char token_hdr[128];
     bool reused; /* this attempt runs on a kept connection */
     buf_t out;   /* head (+ body) for the node, not yet sent */
     buf_t in;    /* the node's answer so far */
@@ -55,6 +62,7 @@ typedef struct {
 static void edge_free(void *p)
 {
     edge_t *e = p;
+    sodium_memzero(e->token_hdr, sizeof e->token_hdr);
     sockio_free(e->io);
     safe_close(e->w.fd);
     buf_free(&e->out);
@@ -98,7 +106,16 @@ _printf_(3, 4) static void edge_fail(edge_t *e, int status, const char *fmt, ...
         conn_respond_error(c, status, "%s", msg);
 }
 
-/* The job's route from the store. 0, or -ENOENT (no run), -EAGAIN (not serving: *state says). */
+/* A pooled sandbox whose host's run is not the one it was made in: it is gone (the new run's
+ * agent never had it), and no other run answers for it. */
+static void edge_gone(edge_t *e, uint64_t now_gen)
+{
+    edge_fail(e, 410,
+              "sandbox %s is gone: its pool host %s runs generation %llu, the sandbox lived in "
+              "generation %llu",
+              e->sandbox, e->job, (unsigned long long)now_gen, (unsigned long long)e->pin_gen);
+}
+
 /* A failure after the request went out: 502 with X-Sbx-Outcome: unknown (never a verdict). */
 _printf_(2, 3) static void edge_fail_sent(edge_t *e, const char *fmt, ...)
 {
@@ -257,13 +274,17 @@ static int build_request(edge_t *e)
     r = keys_sign(&e->ctl->keys, &cap, wire, sizeof wire);
     if (r < 0)
         return r;
-    char extra[sizeof wire + 160];
-    (void)snprintf(extra, sizeof extra, "X-Sbx-Capability: %s\r\nX-Forwarded-For: %s\r\n", wire,
-                   c->peer);
+    char extra[sizeof wire + 160 + sizeof e->token_hdr];
+    (void)snprintf(extra, sizeof extra, "X-Sbx-Capability: %s\r\nX-Forwarded-For: %s\r\n%s", wire,
+                   c->peer, e->token_hdr);
     static const char *const drop[] = { "authorization", "x-sbx-capability", "x-forwarded-for",
                                         NULL };
+    static const char *const drop_pinned[] = { "authorization", "x-sbx-capability",
+                                               "x-forwarded-for", "x-sandbox-token", NULL };
     buf_free(&e->out);
-    r = proxy_forward_head(rq, sv_make(target, (size_t)tl), drop, extra, e->keep, &e->out);
+    r = proxy_forward_head(rq, sv_make(target, (size_t)tl), e->pinned ? drop_pinned : drop, extra,
+                           e->keep, &e->out);
+    sodium_memzero(extra, sizeof extra);
     if (r >= 0 && e->replayable && c->body.len > 0) {
         e->out.max += c->body.len;
         r = buf_append(&e->out, buf_head(&c->body), c->body.len);
@@ -456,6 +477,10 @@ static void transport_failed(edge_t *e, int err)
             e->route = fresh;
         else
             routecache_drop(&e->ctl->routes, e->key, &rejected);
+        if (e->pinned && e->route.run.generation != e->pin_gen) {
+            edge_gone(e, e->route.run.generation);
+            return;
+        }
         e->retried = true;
         log_debug("edge: %s: %s before sending, retrying once", e->key, strerror(-err));
         start_attempt(e);
@@ -488,6 +513,10 @@ static void answered(edge_t *e)
         bool again = refresh(e, &rejected, &fresh, state, sizeof state);
         if (!again && state[0]) { /* the job stopped serving: say so, not the node's view */
             edge_fail(e, 409, "the sandbox is not running (run %s)", state);
+            return;
+        }
+        if (again && e->pinned && fresh.run.generation != e->pin_gen) {
+            edge_gone(e, fresh.run.generation);
             return;
         }
         if (again) {
@@ -632,7 +661,7 @@ static void edge_begin(conn_t *c)
 }
 
 void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint16_t port,
-                sv_t rest)
+                sv_t rest, const edge_pin_t *pin)
 {
     http_request_t *rq = &c->req;
     edge_t *e = calloc(1, sizeof *e);
@@ -651,8 +680,17 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
     watcher_init(&e->w, -EBADF, edge_on_event, e);
     timer_init(&e->deadline, edge_on_timeout, e);
     buf_init(&e->in, EDGE_HEAD_MAX + 16384);
+    if (pin) {
+        e->pinned = true;
+        e->pin_gen = pin->generation;
+        (void)snprintf(e->sandbox, sizeof e->sandbox, "%s", pin->sandbox);
+        (void)snprintf(e->token_hdr, sizeof e->token_hdr, "X-Sandbox-Token: %s\r\n", pin->token);
+    }
     uint64_t now = loop_now_ms(ctl->srv.loop);
-    if (!routecache_get(&ctl->routes, e->key, now, &e->route)) {
+    bool cached = routecache_get(&ctl->routes, e->key, now, &e->route);
+    if (cached && pin && e->route.run.generation != pin->generation)
+        cached = false; /* the store decides whether the sandbox's run is still the one */
+    if (!cached) {
         char state[16] = "";
         int r = route_from_store(ctl, ns, job, &e->route, state, sizeof state);
         if (r == -ENOENT) {
@@ -670,6 +708,11 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
             return;
         }
         (void)routecache_put(&ctl->routes, &e->route, now, CTL_ROUTE_TTL_MS);
+    }
+    if (pin && e->route.run.generation != pin->generation) {
+        e->conn = c;
+        edge_gone(e, e->route.run.generation);
+        return;
     }
     e->conn = c;
     conn_set_handler(c, &edge_ops, e);

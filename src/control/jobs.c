@@ -40,7 +40,7 @@ static bool str_clean(json_t *v, size_t max)
     return strlen(s) == json_string_length(v); /* no NUL inside */
 }
 
-static const char *check_env(json_t *o, const char *what)
+const char *check_env(json_t *o, const char *what)
 {
     const char *k;
     json_t *v;
@@ -130,8 +130,8 @@ static json_t *flavor_limits(const char *name)
 }
 
 /* Validate a create request and split it into the job record and its secrets. */
-static const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
-                                    json_t **ret_secrets)
+const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
+                             json_t **ret_secrets)
 {
     const char *image = default_image, *substrate = "process", *flavor = "cpu-basic";
     const char *mode = "dedicated", *network = "none", *on_loss = "wait";
@@ -224,8 +224,8 @@ static const char *job_from_request(json_t *b, const char *default_image, json_t
 
 /* ---- secrets/<id> ------------------------------------------------------------------------- */
 
-static int secrets_write(store_t *st, const seal_keys_t *seal, const char *key, json_t *secrets,
-                         int64_t expect)
+int sealed_put(store_t *st, const seal_keys_t *seal, const char *key, json_t *secrets,
+               int64_t expect)
 {
     char *pt = json_dumps(secrets, JSON_COMPACT), *v;
     if (!pt)
@@ -244,7 +244,7 @@ int job_secrets_put(store_t *st, const seal_keys_t *seal, const char *id, json_t
 {
     char key[64];
     (void)snprintf(key, sizeof key, "secrets/%s", id);
-    return secrets_write(st, seal, key, secrets, STORE_REV_ABSENT);
+    return sealed_put(st, seal, key, secrets, STORE_REV_ABSENT);
 }
 
 /* Open one record; re-seal it when it is plaintext or under an older key. */
@@ -276,7 +276,7 @@ static int secrets_open(store_t *st, const seal_keys_t *seal, const store_kv_t *
         return -EBADMSG;
     }
     if (plain || idx != 0) {
-        int r = secrets_write(st, seal, kv->key, j, kv->rev);
+        int r = sealed_put(st, seal, kv->key, j, kv->rev);
         if (r >= 0)
             log_warn("%s: %s, re-sealed under secrets key %s", kv->key,
                      plain ? "plaintext (written before secrets at rest)" : "an older secrets key",
@@ -291,8 +291,13 @@ static int secrets_open(store_t *st, const seal_keys_t *seal, const store_kv_t *
 int job_secrets_get(store_t *st, const seal_keys_t *seal, const char *id, json_t **ret)
 {
     char key[64];
-    store_kv_t kv;
     (void)snprintf(key, sizeof key, "secrets/%s", id);
+    return sealed_get(st, seal, key, ret);
+}
+
+int sealed_get(store_t *st, const seal_keys_t *seal, const char *key, json_t **ret)
+{
+    store_kv_t kv;
     int r = store_get(st, key, &kv);
     if (r < 0)
         return r;
@@ -322,6 +327,28 @@ int job_secrets_reseal_all(store_t *st, const seal_keys_t *seal, size_t *ret_bad
     store_kv_free(kvs, n);
     *ret_bad = bad;
     return 0;
+}
+
+int job_insert(store_t *st, const seal_keys_t *seal, const char *ns, const char *initiator,
+               const char *id, json_t *job, json_t *sec)
+{
+    json_object_set_new(job, "id", json_string(id));
+    json_object_set_new(job, "namespace", json_string(ns));
+    json_object_set_new(job, "initiator", json_string(initiator));
+    json_object_set_new(job, "created_ms", json_integer(wall_ms()));
+    json_object_set_new(job, "stage", json_string("SCHEDULING"));
+    json_object_set_new(job, "message", json_string(""));
+    json_object_set_new(job, "desired", json_string("running"));
+    json_object_set_new(job, "move_to", json_string(""));
+    json_object_set_new(job, "secret_names", json_array());
+    const char *k;
+    json_t *v;
+    json_object_foreach(sec, k, v)
+        json_array_append_new(json_object_get(job, "secret_names"), json_string(k));
+    int r = job_secrets_put(st, seal, id, sec);
+    if (r >= 0)
+        r = job_save(st, ns, id, job, STORE_REV_ABSENT, NULL);
+    return r;
 }
 
 /* What inspect and list show: the job, its run, never the secrets. */
@@ -401,23 +428,8 @@ static void create_done(conn_t *c)
     }
     char id[25];
     random_hex(id, 12);
-    json_object_set_new(job, "id", json_string(id));
-    json_object_set_new(job, "namespace", json_string(cx->ns));
-    json_object_set_new(job, "initiator", json_string(cx->principal));
-    json_object_set_new(job, "created_ms", json_integer(wall_ms()));
-    json_object_set_new(job, "stage", json_string("SCHEDULING"));
-    json_object_set_new(job, "message", json_string(""));
-    json_object_set_new(job, "desired", json_string("running"));
-    json_object_set_new(job, "move_to", json_string(""));
-    json_object_set_new(job, "secret_names", json_array());
-    const char *k;
-    json_t *v;
-    json_object_foreach(sec, k, v)
-        json_array_append_new(json_object_get(job, "secret_names"), json_string(k));
-    int r = job_secrets_put(ctl->store, &ctl->seal, id, sec);
+    int r = job_insert(ctl->store, &ctl->seal, cx->ns, cx->principal, id, job, sec);
     json_decref(sec);
-    if (r >= 0)
-        r = job_save(ctl->store, cx->ns, id, job, STORE_REV_ABSENT, NULL);
     if (r < 0) {
         json_decref(job);
         conn_respond_errno(c, r, "create");
@@ -613,7 +625,7 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
         /* the role the request's purpose needs (docs/platform.md: read vs write) */
         if (!auth_check(ctl, c, ns, edge_role_needed(c->req.method, (uint16_t)port, prest), NULL))
             return;
-        edge_proxy(ctl, c, ns, id, (uint16_t)port, prest);
+        edge_proxy(ctl, c, ns, id, (uint16_t)port, prest, NULL);
         return;
     }
     if (n == 1 && post) {

@@ -50,63 +50,33 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
                      const char *method, const char *suffix, json_t *body, int *ret_status,
                      char *msg, size_t msgcap)
 {
-    cap_t cap = { .run = *run, .access = CAP_MANAGE };
-    char wire[CAP_WIRE_MAX + 64], hdr[CAP_WIRE_MAX + 128], target[160];
+    char target[160];
     (void)snprintf(target, sizeof target, "/v1/runs/%s%s", run->sandbox, suffix);
     char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    /* single-use, for exactly this method, target and body */
-    int r = cap_bind_request(&cap, method, strlen(method), target, strlen(target), b ? b : "",
-                             b ? strlen(b) : 0);
-    if (r >= 0)
-        r = keys_sign(&rc->kr, &cap, wire, sizeof wire);
-    if (r < 0) {
-        if (b) {
-            sodium_memzero(b, strlen(b));
-            free(b);
-        }
-        return r;
-    }
-    (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\nContent-Type: application/json\r\n",
-                   wire);
-    httpc_request_t rq;
-    httpc_request_init(&rq);
-    /* TLS: the node's certificate must chain to our CA, name its address and carry the key its
-     * registration pinned; nothing (no capability, no secret) is sent to anyone else */
-    uint8_t pin[TLS_PIN_BYTES];
-    tls_peer_t peer = { .ctx = rc->ctl->tls_client, .ip = host, .key_pin = pin };
-    if (rc->ctl->tls_client) {
-        if (node_pin_load(rc->st, run->node, pin) < 0) {
-            (void)snprintf(msg, msgcap, "node %s has no registered TLS key", run->node);
-            if (b) {
-                sodium_memzero(b, strlen(b));
-                free(b);
-            }
-            return -ENOKEY;
-        }
-        rq.transport = (sockio_wrap_t){ tls_wrap_peer, &peer };
-    }
-    rq.host = host;
-    rq.port = port;
-    rq.method = method;
-    rq.target = target;
-    rq.headers = hdr;
-    rq.body = b;
-    rq.body_len = b ? strlen(b) : 0;
     const char *mode = json_string_value(json_object_get(json_object_get(body, "restore"), "mode"));
-    rq.timeout_ms = !body                           ? NODE_CALL_MS
-                    : mode && streq(mode, "remote") ? NODE_RESTORE_MS
-                                                    : NODE_INSTALL_MS;
+    /* single-use, for exactly this method, target and body */
+    node_req_t q = {
+        .host = host,
+        .port = port,
+        .run = run,
+        .access = CAP_MANAGE,
+        .method = method,
+        .target = target,
+        .body = b,
+        .body_len = b ? strlen(b) : 0,
+        .bind_body = true,
+        .timeout_ms = !body                           ? NODE_CALL_MS
+                      : mode && streq(mode, "remote") ? NODE_RESTORE_MS
+                                                      : NODE_INSTALL_MS,
+    };
     httpc_response_t resp = { 0 };
-    r = httpc_do(&rq, &resp);
+    int r = node_request(rc->ctl, rc->st, &rc->kr, &q, &resp, msg, msgcap);
     if (b) {
         sodium_memzero(b, strlen(b)); /* held the secrets */
         free(b);
     }
-    if (r < 0) {
-        (void)snprintf(msg, msgcap, "node %s:%u: %s%s%s", host, port, strerror(-r),
-                       r == -EPERM ? ": " : "", r == -EPERM ? tls_last_error() : "");
+    if (r < 0)
         return r;
-    }
     *ret_status = resp.status;
     json_t *j = json_loadb(resp.body ? resp.body : "", resp.body_len, 0, NULL);
     const char *e = json_string_value(json_object_get(j, "error"));
@@ -656,6 +626,7 @@ static void pass(rec_t *rc)
         json_decref(job);
     }
     store_kv_free(kvs, n);
+    pools_pass(rc->ctl, rc->st, &rc->kr);
 }
 
 static void *rec_main(void *p)

@@ -313,6 +313,7 @@ class Control:
         """env: variables for the process (e.g. SBX_TEST_CRASH_AT)."""
         self.platform = platform
         self.name = name
+        self.state = state
         self.publish_delay_ms = publish_delay_ms
         self.port = port or free_port()
         argv = [CONTROL_BIN, "--state", state, "--listen", f"127.0.0.1:{self.port}",

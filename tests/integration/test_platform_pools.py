@@ -1,0 +1,400 @@
+# SPDX-License-Identifier: MIT
+"""Pools as a control-plane resource (/v1/pools/{ns}): sbx-control packs pooled sandboxes into
+pool hosts (jobs of mode "pool") with compare-and-swap on slot counts, boots hosts only when every
+host is full and never past max_hosts, keeps warm hosts, retires empty ones, and routes each
+sandbox through the edge to exactly the run it was made in (410 once that run is gone)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.parse
+
+import pytest
+
+from conftest import ExecResult, wait_until as _wait_until
+from sbxplatform import AGENT_PORT, Platform, TLS_PORTS, parse_ndjson
+
+
+@pytest.fixture(scope="module")
+def plat():
+    p = Platform(nodes=("pool-n1",))
+    yield p
+    p.stop()
+
+
+def wait_until(pred, timeout=10, what="a condition"):
+    assert _wait_until(pred, timeout, 0.1), f"timed out waiting for {what}"
+
+
+_n = [0]
+
+
+def new_pool(plat, ns="t", **spec):
+    _n[0] += 1
+    spec.setdefault("name", f"p{_n[0]}-{os.getpid() % 1000}")
+    r = plat.request("POST", f"/v1/pools/{ns}", spec)
+    assert r.status == 201, r
+    return r.json()
+
+
+def make(plat, pool, count=1, ns="t", **body):
+    r = plat.request("POST", f"/v1/pools/{ns}/{pool['name']}/sandboxes", dict(body, count=count),
+                     timeout=200)
+    return r
+
+
+def make_ok(plat, pool, count=1, **body):
+    r = make(plat, pool, count, **body)
+    assert r.status == 200, r
+    return r.json()["sandboxes"]
+
+
+def sb_path(pool, sb, rest="", ns="t"):
+    return f"/v1/pools/{ns}/{pool['name']}/sandboxes/{sb['id']}{rest}"
+
+
+def sb_exec(plat, pool, sb, cmd, **kw):
+    r = plat.request("POST", sb_path(pool, sb, "/exec"), {"cmd": cmd}, **kw)
+    assert r.status == 200 and "ndjson" in r.headers.get("content-type", ""), r
+    return ExecResult(parse_ndjson(r.body))
+
+
+def inspect(plat, pool, ns="t"):
+    r = plat.request("GET", f"/v1/pools/{ns}/{pool['name']}")
+    assert r.status == 200, r
+    return r.json()
+
+
+def drain(plat, pool, ns="t"):
+    r = plat.request("DELETE", f"/v1/pools/{ns}/{pool['name']}")
+    assert r.status == 202, r
+    wait_until(lambda: plat.request("GET", f"/v1/pools/{ns}/{pool['name']}").status == 404,
+               timeout=30, what="the pool to drain")
+
+
+# ---- bad input: a 4xx with a reason ------------------------------------------------------------
+
+@pytest.mark.parametrize("spec,status,words", [
+    ({"name": "x", "bogus": 1}, 400, "unknown fields"),
+    ({}, 400, "name required"),
+    ({"name": "Bad Name"}, 400, "name:"),
+    ({"name": "x", "per_host": 0}, 400, "per_host"),
+    ({"name": "x", "per_host": 5000}, 400, "per_host"),
+    ({"name": "x", "max_hosts": 0}, 400, "max_hosts"),
+    ({"name": "x", "max_hosts": 65}, 400, "max_hosts"),
+    ({"name": "x", "warm": 3, "max_hosts": 2}, 400, "warm"),
+    ({"name": "x", "image": "Not/An/Image"}, 400, "image"),
+    ({"name": "x", "image": "no-such-image"}, 400, "not available on any node"),
+    ({"name": "x", "flavor": "gpu-huge"}, 400, "flavor"),
+    ({"name": "x", "host_idle_s": -1}, 400, "host_idle_s"),
+])
+def test_a_bad_pool_is_refused_with_its_reason(plat, spec, status, words):
+    r = plat.request("POST", "/v1/pools/t", spec)
+    assert r.status == status, r
+    assert words in r.json()["error"], r
+    assert plat.request("GET", "/v1/pools/t/x").status == 404  # nothing was made
+
+
+def test_bad_sandbox_requests_are_refused_with_their_reason(plat):
+    pool = new_pool(plat, per_host=2, max_hosts=1)
+    for body, words in [({"count": 0}, "count: 1..1000"), ({"count": 1001}, "count: 1..1000"),
+                        ({"count": "3"}, "expected"), ({"count": 1, "zzz": 1}, "unknown fields"),
+                        ({"count": 1, "env": {"1BAD": "x"}}, "env:"),
+                        ({"count": 1, "env": {"A": 1}}, "env:"),
+                        ({"count": 1, "env": ["A=1"]}, "env:"),
+                        ({"count": 1, "max_procs": 0}, "max_procs"),
+                        ({"count": 1, "idle_timeout_secs": -5}, "idle_timeout_secs")]:
+        r = plat.request("POST", f"/v1/pools/t/{pool['name']}/sandboxes", body)
+        assert r.status == 400 and words in r.json()["error"], (body, r)
+    r = plat.request("POST", "/v1/pools/t/no-such-pool/sandboxes", {"count": 1})
+    assert r.status == 404 and "no pool" in r.json()["error"], r
+    r = plat.request("GET", f"/v1/pools/t/{pool['name']}/sandboxes/0123456789abcdef")
+    assert r.status == 404, r
+    r = plat.request("GET", f"/v1/pools/t/{pool['name']}/sandboxes/not-an-id")
+    assert r.status == 404, r
+    r = plat.request("POST", "/v1/pools/t", {"name": pool["name"]})
+    assert r.status == 409 and "exists" in r.json()["error"], r
+    # nothing above made a host; a good request still works (positive control)
+    assert inspect(plat, pool)["hosts"] == []
+    assert len(make_ok(plat, pool, 1)) == 1
+    drain(plat, pool)
+
+
+# ---- a pooled sandbox through the edge ---------------------------------------------------------
+
+def test_pooled_sandbox_exec_files_processes_and_delete(plat):
+    pool = new_pool(plat, per_host=8, max_hosts=1)
+    sbs = make_ok(plat, pool, 2, env={"GREETING": "hello"})
+    a, b = sbs
+    assert a["token"] and a["path"] == sb_path(pool, a) and a["host"] == b["host"]
+    res = sb_exec(plat, pool, a, "echo $GREETING from $(id -u) in $(pwd)")
+    assert res.code == 0 and res.out == f"hello from {a['uid']} in {a['home']}\n", res
+    # files: write, read, list, stat
+    r = plat.request("PUT", sb_path(pool, a, "/files/write?path=/note.txt"), b"pooled bytes")
+    assert r.status in (200, 201), r
+    r = plat.request("GET", sb_path(pool, a, "/files/read?path=/note.txt"))
+    assert r.status == 200 and r.body == b"pooled bytes", r
+    r = plat.request("GET", sb_path(pool, a, "/files/list?path=/"))
+    assert r.status == 200 and "note.txt" in r.text, r
+    # a background process
+    r = plat.request("POST", sb_path(pool, a, "/processes"), {"cmd": "echo bg; sleep 0.2"})
+    assert r.status == 200, r
+    # list and inspect through the control plane (no tokens there)
+    r = plat.request("GET", f"/v1/pools/t/{pool['name']}/sandboxes")
+    ids = {s["id"] for s in r.json()["sandboxes"]}
+    assert ids == {a["id"], b["id"]} and "token" not in r.text, r
+    r = plat.request("GET", sb_path(pool, a))
+    assert r.status == 200 and r.json()["uid"] == a["uid"] and "token" not in r.json(), r
+    assert inspect(plat, pool)["hosts"][0]["used"] == 2
+    # delete: gone on the host, the record and its slot freed
+    r = plat.request("DELETE", sb_path(pool, a), timeout=60)
+    assert r.status == 200 and r.json()["deleted"] is True, r
+    assert plat.request("GET", sb_path(pool, a)).status == 404
+    assert plat.request("POST", sb_path(pool, a, "/exec"), {"cmd": "true"}).status == 404
+    assert inspect(plat, pool)["hosts"][0]["used"] == 1
+    assert sb_exec(plat, pool, b, "echo still here").out == "still here\n"
+    drain(plat, pool)
+
+
+def test_a_sandbox_route_reaches_only_that_sandbox(plat):
+    """ATTACK: the client names sandbox A in the path and hands a sibling's token, or asks for a
+    sibling's files by path: it gets A, confined to A's home, every time."""
+    pool = new_pool(plat, per_host=4, max_hosts=1)
+    a, b = make_ok(plat, pool, 2)
+    assert a["uid"] != b["uid"]
+    r = plat.request("PUT", sb_path(pool, b, "/files/write?path=/secret"), b"b's secret")
+    assert r.status in (200, 201), r
+    # B's token on A's route: the edge hands A's own token; the command runs as A
+    r = plat.request("POST", sb_path(pool, a, "/exec"), {"cmd": "id -u"},
+                     headers={"X-Sandbox-Token": b["token"]})
+    assert r.status == 200, r
+    assert ExecResult(parse_ndjson(r.body)).out == f"{a['uid']}\n", \
+        "ATTACK: a sibling's token moved the request to another sandbox"
+    # A reading B's home: refused by the kernel (uid + Landlock), B reads it (positive control)
+    res = sb_exec(plat, pool, a, f"cat {b['home']}/secret")
+    assert res.code != 0 and "b's secret" not in res.out, "ATTACK: a sandbox read its sibling's home"
+    assert sb_exec(plat, pool, b, "cat $HOME/secret").out == "b's secret"
+    # the file API is rooted at A's home: B's path is a path inside A's
+    r = plat.request("GET", sb_path(pool, a, "/files/read?path=" +
+                                    urllib.parse.quote(b["home"] + "/secret", safe="")))
+    assert r.status == 404 and b"b's secret" not in r.body, r
+    drain(plat, pool)
+
+
+def test_roles_and_namespaces_hold_for_pooled_sandboxes(plat):
+    pool = new_pool(plat, per_host=2, max_hosts=1)
+    (a,) = make_ok(plat, pool, 1)
+    assert sb_exec(plat, pool, a, "echo x > $HOME/f").code == 0
+    reader = plat.token("pool-reader", "t", "read")
+    other = plat.token("pool-other", "u", "write")
+    # read: reads files, lists; cannot exec, write files, make or delete sandboxes
+    r = plat.request("GET", sb_path(pool, a, "/files/read?path=/f"), token=reader)
+    assert r.status == 200 and r.body == b"x\n", r
+    assert plat.request("GET", f"/v1/pools/t/{pool['name']}", token=reader).status == 200
+    for method, path, body in [("POST", sb_path(pool, a, "/exec"), {"cmd": "true"}),
+                               ("PUT", sb_path(pool, a, "/files/write?path=/g"), b"x"),
+                               ("POST", f"/v1/pools/t/{pool['name']}/sandboxes", {"count": 1}),
+                               ("DELETE", sb_path(pool, a), None),
+                               ("POST", "/v1/pools/t", {"name": "by-reader"})]:
+        r = plat.request(method, path, body, token=reader)
+        assert r.status == 403, ("ATTACK: a read token did", method, path, r)
+    # another namespace's token reaches nothing here
+    for method, path in [("GET", sb_path(pool, a, "/files/read?path=/f")),
+                         ("POST", sb_path(pool, a, "/exec")), ("GET", "/v1/pools/t")]:
+        r = plat.request(method, path, {"cmd": "true"} if method == "POST" else None, token=other)
+        assert r.status == 403, ("ATTACK: another namespace's token did", method, path, r)
+    assert plat.request("GET", sb_path(pool, a)).status == 200  # still there
+    drain(plat, pool)
+
+
+# ---- packing: exact under concurrency ----------------------------------------------------------
+
+CLIENT = textwrap.dedent("""
+    import http.client, json, ssl, sys
+    port, token, ca, path, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    ctx = ssl.create_default_context(cafile=ca) if ca else None
+    c = (http.client.HTTPSConnection if ctx else http.client.HTTPConnection)(
+        "127.0.0.1", int(port), timeout=300, **({"context": ctx} if ctx else {}))
+    c.request("POST", path, json.dumps({"count": count}),
+              {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    r = c.getresponse()
+    print(json.dumps({"status": r.status, "body": json.loads(r.read() or b"null")}))
+""")
+
+
+def concurrent_creates(plat, pool, procs, each):
+    ctx = TLS_PORTS.get(plat.control.port)
+    ca = os.path.join(plat.control.state, "tls", "ca.crt") if ctx else ""
+    path = f"/v1/pools/t/{pool['name']}/sandboxes"
+    ps = [subprocess.Popen([sys.executable, "-c", CLIENT, str(plat.control.port), plat.admin, ca,
+                            path, str(each)], stdout=subprocess.PIPE, text=True)
+          for _ in range(procs)]
+    outs = []
+    for p in ps:
+        out, _ = p.communicate(timeout=300)
+        outs.append(json.loads(out))
+    return outs
+
+
+def check_packing(plat, pool, outs, per_host):
+    made = [s for o in outs if o["status"] == 200 for s in o["body"]["sandboxes"]]
+    ids = [s["id"] for s in made]
+    assert len(ids) == len(set(ids))
+    info = inspect(plat, pool)
+    hosts = info["hosts"]
+    by_host = {}
+    for s in made:
+        by_host[s["host"]] = by_host.get(s["host"], 0) + 1
+    for h in hosts:
+        assert h["used"] <= h["capacity"] == per_host, ("ATTACK: a host was over-packed", h)
+        assert by_host.get(h["job"], 0) == h["used"], (h, by_host)
+    assert set(by_host) <= {h["job"] for h in hosts}
+    assert info["sandboxes"] == len(made)
+    return made, hosts
+
+
+def test_eight_clients_at_once_fill_exactly_the_hosts_needed(plat):
+    """8 processes x 50 sandboxes, 100 per host, max_hosts 4: exactly 4 hosts, every slot used,
+    nothing rejected."""
+    pool = new_pool(plat, per_host=100, max_hosts=4)
+    outs = concurrent_creates(plat, pool, 8, 50)
+    assert all(o["status"] == 200 and o["body"]["rejected"] == 0 for o in outs), outs
+    made, hosts = check_packing(plat, pool, outs, 100)
+    assert len(made) == 400
+    assert len(hosts) == 4, ("more hosts booted than needed", hosts)
+    assert all(h["used"] == 100 for h in hosts), hosts
+    # the jobs behind them: exactly 4 pool-host jobs for this pool
+    jobs = plat.request("GET", f"/v1/jobs/t?label=sbx-pool={pool['name']}").json()
+    assert len(jobs) == 4, jobs
+    # one of each host's sandboxes answers (positive control that they are real)
+    seen = set()
+    for s in made:
+        if s["host"] not in seen:
+            seen.add(s["host"])
+            assert sb_exec(plat, pool, s, "id -u").out == f"{s['uid']}\n"
+    drain(plat, pool)
+
+
+def test_max_hosts_is_exact_and_what_does_not_fit_is_rejected_with_the_reason(plat):
+    """8 processes x 50 into 3 hosts of 100: 300 made, 100 rejected, never a 4th host."""
+    pool = new_pool(plat, per_host=100, max_hosts=3)
+    outs = concurrent_creates(plat, pool, 8, 50)
+    made, hosts = check_packing(plat, pool, outs, 100)
+    assert len(made) == 300, [o["status"] for o in outs]
+    assert len(hosts) == 3, ("ATTACK: max_hosts exceeded", hosts)
+    rejected = sum(o["body"]["rejected"] for o in outs)
+    assert rejected == 100, outs
+    for o in outs:
+        if o["status"] == 429:
+            assert "max_hosts" in o["body"]["error"] and o["body"]["rejected"] == 50, o
+        elif o["body"]["rejected"]:
+            assert "max_hosts" in o["body"]["reason"], o
+    # a full pool answers 429 at once
+    r = make(plat, pool, 1)
+    assert r.status == 429 and r.json()["rejected"] == 1 and "max_hosts" in r.json()["reason"], r
+    assert len(plat.request("GET", f"/v1/jobs/t?label=sbx-pool={pool['name']}").json()) == 3
+    drain(plat, pool)
+
+
+# ---- hosts that end, move, idle; warm hosts; sandbox idle ---------------------------------------
+
+def test_a_host_that_ends_is_dropped_and_its_sandboxes_are_gone(plat):
+    pool = new_pool(plat, per_host=4, max_hosts=2)
+    a, b = make_ok(plat, pool, 2)
+    assert sb_exec(plat, pool, a, "echo up").out == "up\n"
+    host = a["host"]
+    r = plat.request("POST", f"/v1/jobs/t/{host}/cancel")
+    assert r.status == 202, r
+    wait_until(lambda: plat.request("GET", sb_path(pool, a)).status == 410, timeout=30,
+               what="the sandbox to be reported gone")
+    r = plat.request("GET", sb_path(pool, b))
+    assert r.status == 410 and "ended" in r.json()["error"], r
+    r = plat.request("POST", sb_path(pool, a, "/exec"), {"cmd": "true"})
+    assert r.status == 410, ("a gone sandbox was served", r)
+    wait_until(lambda: inspect(plat, pool)["hosts"] == [], timeout=15, what="the host dropped")
+    listed = plat.request("GET", f"/v1/pools/t/{pool['name']}/sandboxes").json()["sandboxes"]
+    assert listed == []
+    # the pool goes on: a new host for the next request (positive control)
+    (c,) = make_ok(plat, pool, 1)
+    assert c["host"] != host and sb_exec(plat, pool, c, "echo new").out == "new\n"
+    drain(plat, pool)
+
+
+def test_a_restarted_host_never_serves_the_sandboxes_of_its_old_run(plat):
+    """Pause + resume gives the host's job a new generation (a new agent that never had these
+    sandboxes): requests for them are 410 at the edge, never forwarded to the new run."""
+    pool = new_pool(plat, per_host=4, max_hosts=1)
+    (a,) = make_ok(plat, pool, 1)
+    assert sb_exec(plat, pool, a, "echo before").out == "before\n"  # positive control
+    host = a["host"]
+    assert plat.request("POST", f"/v1/jobs/t/{host}/pause").status == 202
+    wait_until(lambda: plat.request("GET", f"/v1/jobs/t/{host}").json()["stage"] == "PAUSED",
+               timeout=30, what="paused")
+    assert plat.request("POST", f"/v1/jobs/t/{host}/resume").status == 202
+    wait_until(lambda: plat.request("GET", f"/v1/jobs/t/{host}").json()["stage"] == "RUNNING",
+               timeout=30, what="running again")
+    r = plat.request("POST", sb_path(pool, a, "/exec"), {"cmd": "echo after"})
+    assert r.status == 410 and "generation" in r.json()["error"], \
+        ("ATTACK: a sandbox of the old run was forwarded to the new one", r)
+    wait_until(lambda: plat.request("GET", sb_path(pool, a)).status == 410, timeout=15,
+               what="the record to say gone")
+    # the restarted host is used again, from an empty slate
+    wait_until(lambda: inspect(plat, pool)["hosts"][0]["used"] == 0, timeout=15, what="freed")
+    (b,) = make_ok(plat, pool, 1)
+    assert b["host"] == host and sb_exec(plat, pool, b, "echo fresh").out == "fresh\n"
+    drain(plat, pool)
+
+
+def test_empty_hosts_retire_after_their_idle_timeout_and_warm_hosts_stay(plat):
+    pool = new_pool(plat, per_host=2, max_hosts=3, warm=1, host_idle_s=1)
+    # a warm host boots without any request
+    wait_until(lambda: [h["state"] for h in inspect(plat, pool)["hosts"]] == ["ready"],
+               timeout=30, what="the warm host")
+    warm_job = inspect(plat, pool)["hosts"][0]["job"]
+    sbs = make_ok(plat, pool, 4)  # fills the warm host and boots a second
+    assert len({s["host"] for s in sbs}) == 2 and warm_job in {s["host"] for s in sbs}
+    for s in sbs:
+        assert plat.request("DELETE", sb_path(pool, s), timeout=60).status == 200
+    # one host retires (its job canceled), one stays warm
+    wait_until(lambda: len(inspect(plat, pool)["hosts"]) == 1, timeout=30,
+               what="the empty host to retire")
+    jobs = plat.request("GET", f"/v1/jobs/t?label=sbx-pool={pool['name']}").json()
+    stages = sorted(j["stage"] for j in jobs)
+    assert stages == ["CANCELED", "RUNNING"], stages
+    time.sleep(2.5)  # well past host_idle_s: the warm host stays
+    assert len(inspect(plat, pool)["hosts"]) == 1
+    drain(plat, pool)
+
+
+def test_a_sandbox_idle_past_its_timeout_is_gone_and_frees_its_slot(plat):
+    pool = new_pool(plat, per_host=1, max_hosts=1, sandbox_idle_s=1)
+    (a,) = make_ok(plat, pool, 1)
+    assert make(plat, pool, 1).status == 429  # the only slot is taken
+    wait_until(lambda: plat.request("GET", sb_path(pool, a)).status == 410, timeout=30,
+               what="the idle sandbox to be reported gone")
+    assert "no longer has it" in plat.request("GET", sb_path(pool, a)).json()["error"]
+    wait_until(lambda: inspect(plat, pool)["hosts"][0]["used"] == 0, timeout=15,
+               what="its slot freed")
+    assert len(make_ok(plat, pool, 1)) == 1  # the slot is used again
+    drain(plat, pool)
+
+
+def test_deleting_a_pool_drains_it(plat):
+    pool = new_pool(plat, per_host=2, max_hosts=2)
+    sbs = make_ok(plat, pool, 3)
+    hosts = {s["host"] for s in sbs}
+    assert len(hosts) == 2
+    r = plat.request("DELETE", f"/v1/pools/t/{pool['name']}")
+    assert r.status == 202 and r.json()["state"] == "draining", r
+    assert make(plat, pool, 1).status in (404, 409)  # no new sandboxes while draining
+    wait_until(lambda: plat.request("GET", f"/v1/pools/t/{pool['name']}").status == 404,
+               timeout=30, what="the pool removed")
+    for h in hosts:
+        assert plat.request("GET", f"/v1/jobs/t/{h}").json()["stage"] == "CANCELED"
+    assert plat.request("GET", sb_path(pool, sbs[0])).status == 404
+    # the name can be used again
+    again = new_pool(plat, name=pool["name"], per_host=2, max_hosts=1)
+    assert len(make_ok(plat, again, 1)) == 1
+    drain(plat, again)
