@@ -320,5 +320,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest); /* rest: after /v1/pools
 void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr);
 
 /* reconcile.c */
+/* Tests: SBX_TEST_CRASH_AT=control:<step> ends the process (status 137) at that step. */
+void crash_point(const char *step);
 int reconciler_start(control_t *ctl);
 void reconciler_stop(control_t *ctl);

@@ -697,6 +697,7 @@ static json_int_t fulfil(worker_t *w, json_t *pool, const char *ns, const resv_t
         json_decref(ans);
         return 0;
     }
+    crash_point("pool:made");
     json_int_t made = 0;
     size_t i;
     json_t *s;
@@ -818,6 +819,7 @@ static void alloc_fn(worker_t *w, void *arg, work_result_t *res)
             (void)snprintf(res->headers, sizeof res->headers, "Retry-After: 1\r\n");
         return;
     }
+    crash_point("pool:reserved");
     json_t *out = json_array();
     json_int_t made = 0;
     for (size_t i = 0; i < nr; i++) {

@@ -168,7 +168,7 @@ static bool retire(rec_t *rc, const char *host, uint16_t port, const cap_run_t *
 
 /* Tests only: SBX_TEST_CRASH_AT=control:<step> ends this process at that step (status 137), as
  * a crash would: between a node's answer and the store's record of it. */
-static void crash_point(const char *step)
+void crash_point(const char *step)
 {
     static const char *at;
     static bool read;
