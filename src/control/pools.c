@@ -507,6 +507,19 @@ typedef struct {
     json_int_t n;
 } resv_t;
 
+/* Tests: SBX_TEST_POOL_RACE_MS widens the window between reading a pool's hosts and writing a
+ * reservation or a new host, so that concurrent requests surely overlap there. */
+static unsigned race_window_ms(void)
+{
+    static int ms = -1;
+    if (ms < 0) {
+        const char *e = getenv("SBX_TEST_POOL_RACE_MS");
+        ms = e ? MIN(atoi(e), 1000) : 0;
+        ms = MAX(ms, 0);
+    }
+    return (unsigned)ms;
+}
+
 /* Reserve up to count slots: existing hosts first, then new hosts at the lowest free slot while
  * under max_hosts. Returns the number of reservations; *why says why some could not be made. */
 static size_t reserve(worker_t *w, json_t *pool, const char *ns, const char *rid, json_int_t count,
@@ -522,6 +535,8 @@ static size_t reserve(worker_t *w, json_t *pool, const char *ns, const char *rid
             (void)snprintf(why, whycap, "cannot read the pool's hosts");
             break;
         }
+        if (race_window_ms())
+            msleep(race_window_ms());
         bool changed = false, slot_used[POOL_HOSTS_MAX] = { false };
         size_t i;
         json_t *h;

@@ -211,11 +211,14 @@ def test_roles_and_namespaces_hold_for_pooled_sandboxes(plat):
 # ---- packing: exact under concurrency ----------------------------------------------------------
 
 CLIENT = textwrap.dedent("""
-    import http.client, json, ssl, sys
+    import http.client, json, ssl, sys, time
     port, token, ca, path, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    start_at = float(sys.argv[6])
     ctx = ssl.create_default_context(cafile=ca) if ca else None
     c = (http.client.HTTPSConnection if ctx else http.client.HTTPConnection)(
         "127.0.0.1", int(port), timeout=300, **({"context": ctx} if ctx else {}))
+    c.connect()  # connected (and TLS done) before the common start
+    time.sleep(max(0.0, start_at - time.time()))
     c.request("POST", path, json.dumps({"count": count}),
               {"Authorization": "Bearer " + token, "Content-Type": "application/json"})
     r = c.getresponse()
@@ -223,12 +226,23 @@ CLIENT = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def racy(plat):
+    """A control process that widens the window between reading a pool's hosts and writing a
+    reservation or a new host (SBX_TEST_POOL_RACE_MS), so that concurrent requests surely
+    overlap there; the normal one again afterwards."""
+    swap_control(plat, {"SBX_TEST_POOL_RACE_MS": "40"})
+    yield
+    swap_control(plat)
+
+
 def concurrent_creates(plat, pool, procs, each):
     ctx = TLS_PORTS.get(plat.control.port)
     ca = os.path.join(plat.control.state, "tls", "ca.crt") if ctx else ""
     path = f"/v1/pools/t/{pool['name']}/sandboxes"
+    start_at = time.time() + 1.5  # every process sends at once
     ps = [subprocess.Popen([sys.executable, "-c", CLIENT, str(plat.control.port), plat.admin, ca,
-                            path, str(each)], stdout=subprocess.PIPE, text=True)
+                            path, str(each), str(start_at)], stdout=subprocess.PIPE, text=True)
           for _ in range(procs)]
     outs = []
     for p in ps:
@@ -259,15 +273,15 @@ def check_packing(plat, pool, outs, per_host):
     return made, hosts
 
 
-def test_eight_clients_at_once_fill_exactly_the_hosts_needed(plat):
+def test_eight_clients_at_once_fill_exactly_the_hosts_needed(plat, racy):
     """8 processes x 50 sandboxes, 100 per host, max_hosts 4: exactly 4 hosts, every slot used,
     nothing rejected."""
     pool = new_pool(plat, per_host=100, max_hosts=4)
     outs = concurrent_creates(plat, pool, 8, 50)
-    assert all(o["status"] == 200 for o in outs), outs
-    assert all(o["body"]["rejected"] == 0 for o in outs), \
-        ("ATTACK: a host was over-packed: its agent refused slots the pool handed out",
-         [o["body"].get("reason") for o in outs])
+    assert all(o["status"] == 200 and o["body"]["rejected"] == 0 for o in outs), \
+        ("ATTACK: a host was over-packed (its agent refused slots the pool handed out), or a "
+         "request was refused though the pool had room",
+         [(o["status"], o["body"].get("reason")) for o in outs])
     made, hosts = check_packing(plat, pool, outs, 100)
     assert len(made) == 400
     assert len(hosts) == 4, ("ATTACK: more hosts booted than needed", hosts)
@@ -281,7 +295,24 @@ def test_eight_clients_at_once_fill_exactly_the_hosts_needed(plat):
     drain(plat, pool)
 
 
-def test_max_hosts_is_exact_and_what_does_not_fit_is_rejected_with_the_reason(plat):
+def test_many_clients_that_each_need_a_new_host_at_once_boot_one_each(plat, racy):
+    """16 processes x 5 sandboxes, 5 per host: each request finds every host full and makes a
+    host at the lowest free slot; requests that collide on a slot pack into the winner's host or
+    take the next slot. Exactly 16 hosts, each full, none over max_hosts."""
+    pool = new_pool(plat, per_host=5, max_hosts=16)
+    outs = concurrent_creates(plat, pool, 16, 5)
+    assert all(o["status"] == 200 and o["body"]["rejected"] == 0 for o in outs), \
+        ("ATTACK: a host was over-packed (its agent refused slots the pool handed out), or a "
+         "request was refused though the pool had room",
+         [(o["status"], o["body"].get("reason")) for o in outs])
+    made, hosts = check_packing(plat, pool, outs, 5)
+    assert len(made) == 80, ("LIE: not every free slot was used", [o["status"] for o in outs])
+    assert len(hosts) == 16 and all(h["used"] == 5 for h in hosts), \
+        ("ATTACK: more hosts booted than needed", hosts)
+    drain(plat, pool)
+
+
+def test_max_hosts_is_exact_and_what_does_not_fit_is_rejected_with_the_reason(plat, racy):
     """8 processes x 50 into 3 hosts of 100: 300 made, 100 rejected, never a 4th host."""
     pool = new_pool(plat, per_host=100, max_hosts=3)
     outs = concurrent_creates(plat, pool, 8, 50)
@@ -443,4 +474,44 @@ def test_a_reservation_of_a_control_that_died_is_released(plat):
     r = make(plat, pool, 1)
     assert r.status == 429, ("LIE: the pool handed out more slots than it has", r)
     assert sb_exec(plat, pool, a, "echo a").out == "a\n"
+    drain(plat, pool)
+
+
+def _sql(plat, query):
+    out = subprocess.run(["sqlite3", "-cmd", ".timeout 5000",
+                          os.path.join(plat.ctl_state, "store.db"), query],
+                         capture_output=True, timeout=20)
+    assert out.returncode == 0, out.stderr.decode()
+    return out.stdout.decode().strip()
+
+
+def test_the_edge_refuses_another_generation_before_the_reconciler_marks_the_sandbox_gone(plat):
+    """The edge checks the host run's generation itself: with the sandbox's record and token put
+    back as they were before its host restarted (the moment before the reconciler notices), a
+    request is still 410 and never reaches the new run."""
+    pool = new_pool(plat, per_host=4, max_hosts=1)
+    (a,) = make_ok(plat, pool, 1)
+    assert sb_exec(plat, pool, a, "echo before").out == "before\n"  # positive control
+    keys = [f"poolsbx/t/{pool['name']}/{a['id']}", f"secrets/psb-{a['id']}"]
+    saved = {k: _sql(plat, f"SELECT hex(value) FROM kv WHERE key = '{k}'") for k in keys}
+    assert all(saved.values()), saved
+    host = a["host"]
+    assert plat.request("POST", f"/v1/jobs/t/{host}/pause").status == 202
+    wait_until(lambda: plat.request("GET", f"/v1/jobs/t/{host}").json()["stage"] == "PAUSED",
+               timeout=30, what="paused")
+    assert plat.request("POST", f"/v1/jobs/t/{host}/resume").status == 202
+    wait_until(lambda: plat.request("GET", f"/v1/jobs/t/{host}").json()["stage"] == "RUNNING",
+               timeout=30, what="running again")
+    wait_until(lambda: plat.request("GET", sb_path(pool, a)).status == 410, timeout=15,
+               what="the reconciler to mark it gone")
+    # the edge's route cache learns the new run (a request to the host job's own agent)
+    r = plat.request("GET", f"/v1/jobs/t/{host}/proxy/49983/health")
+    assert r.status in (200, 401, 403), r
+    for k, v in saved.items():  # as before the restart
+        _sql(plat, f"BEGIN IMMEDIATE; UPDATE meta SET rev = rev + 1; INSERT OR REPLACE INTO "
+                   f"kv(key, value, rev) SELECT '{k}', X'{v}', rev FROM meta; COMMIT;")
+    assert plat.request("GET", sb_path(pool, a)).status == 200
+    r = plat.request("POST", sb_path(pool, a, "/exec"), {"cmd": "echo after"})
+    assert r.status == 410 and "generation" in r.json()["error"], \
+        ("ATTACK: a sandbox of the old run was forwarded to the new one", r)
     drain(plat, pool)
