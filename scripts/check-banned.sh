@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Fail on calls to functions sbx does not use (see docs/STYLE: unbounded writes, hidden state,
+# Fail on calls to functions sbx does not use (see ../shared/STYLE.md: unbounded writes, hidden state,
 # unchecked number parsing, shell invocation). Matches `name(` as a whole word in code, ignoring
 # comments and string literals. An exemption needs `/* banned-ok: reason */` on the same line.
 # Use instead: snprintf / buf_printf, memcpy with explicit lengths, parse_u64 / parse_octal /
@@ -52,6 +52,14 @@ if [[ -n "$hits" ]]; then
     printf '%s\n' "$hits"
     echo "check-banned: $(printf '%s\n' "$hits" | wc -l) banned call(s); use the safe helpers or" \
         "add /* banned-ok: reason */ on the line" >&2
+    exit 1
+fi
+# Lifecycle states are enums with one string table each (src/control/states.h), never strings
+# copied into fixed buffers: a new `char state[N]`-style field or local fails here.
+states=$(grep -nE '\bchar[[:space:]]+(state|stage|desired)[[:space:]]*\[' "${files[@]}" || true)
+if [[ -n "$states" ]]; then
+    printf '%s\n' "$states"
+    echo "check-banned: a lifecycle state held as a string; use the enums of src/control/states.h" >&2
     exit 1
 fi
 echo "check-banned: ${#files[@]} files ok"

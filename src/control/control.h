@@ -17,6 +17,7 @@
 #include "routecache.h"
 #include "seal.h"
 #include "server/server.h"
+#include "states.h"
 #include "store/store.h"
 #include "tls/tls.h"
 
@@ -37,8 +38,8 @@ typedef struct {
 /* The run record (store key runs/<job id>). */
 typedef struct {
     cap_run_t run;
-    char state[16]; /* installing | running | paused | failed | retired | exited */
-    char host[64];  /* the node's address */
+    run_state_t state; /* states.h: changed only through runrec_set_state */
+    char host[64];     /* the node's address */
     uint16_t port;
     /* a run to retire on another node once this one runs (a move) */
     bool has_prev;
@@ -186,12 +187,21 @@ int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
 /* Whether control process `instance` has written its record within CTL_ALIVE_MS. */
 bool control_alive(store_t *st, const char *instance);
 int control_heartbeat(store_t *st, const char *instance);
+/* Move r to state `to` if states.h allows it; -EINVAL (logged, r unchanged) if not. */
+int runrec_set_state(runrec_t *r, run_state_t to);
 int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev);
 int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev);
 int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev);
 int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t expect,
              int64_t *ret_rev);
-bool valid_name(const char *s, size_t max); /* [a-z0-9][a-z0-9._-]* namespaces, label keys */
+bool valid_name(const char *s, size_t max);
+/* A job record's stage and desired state (-EINVAL when missing or not one of states.h's), and
+ * setting them (the one place their spelling is written). */
+int job_stage_of(json_t *job, job_stage_t *ret);
+int job_desired_of(json_t *job, job_desired_t *ret);
+void job_set_stage(json_t *job, job_stage_t s);
+void job_set_desired(json_t *job,
+                     job_desired_t d); /* [a-z0-9][a-z0-9._-]* namespaces, label keys */
 
 /* jobs.c */
 void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
@@ -316,8 +326,15 @@ int worker_keys(worker_t *w);
 
 /* pools.c */
 void route_pools(control_t *ctl, conn_t *c, sv_t rest); /* rest: after /v1/pools/ */
-/* The reconciler's pass over pools: hosts follow their jobs, warm hosts, idle hosts, drains. */
-void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr);
+/* The reconciler's pass over pools: hosts follow their jobs, warm hosts, idle hosts, drains.
+ * ps: when each ready host was last compared with its agent (the reconciler's, zeroed at start). */
+typedef struct {
+    struct {
+        char job[32];
+        int64_t ms;
+    } at[256];
+} pool_syncs_t;
+void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr, pool_syncs_t *ps);
 
 /* reconcile.c */
 /* Tests: SBX_TEST_CRASH_AT=control:<step> ends the process (status 137) at that step. */

@@ -138,18 +138,21 @@ _printf_(2, 3) static void edge_fail_sent(edge_t *e, const char *fmt, ...)
                        "X-Sbx-Outcome: unknown\r\n");
 }
 
+/* The job's route from the store: 0; -ENOENT (no run record in ns); -EAGAIN (a record that
+ * does not serve: *state says what it is); another -errno when the store cannot be read. */
 static int route_from_store(control_t *ctl, const char *ns, const char *job, route_t *ret,
-                            char *state, size_t scap)
+                            run_state_t *state)
 {
     runrec_t rr;
     int64_t rev;
+    *state = RUN_NONE;
     int r = runrec_load(ctl->store, job, &rr, &rev);
+    if (r == -ENOENT || (r >= 0 && !streq(rr.ns, ns)))
+        return -ENOENT;
     if (r < 0)
-        return -ENOENT;
-    if (!streq(rr.ns, ns))
-        return -ENOENT;
-    (void)snprintf(state, scap, "%s", rr.state);
-    if (!streq(rr.state, "running"))
+        return r;
+    *state = rr.state;
+    if (rr.state != RUN_RUNNING)
         return -EAGAIN;
     route_t rt = { .run = rr.run, .port = rr.port, .rev = rev };
     (void)snprintf(rt.job, sizeof rt.job, "%s/%s", ns, job);
@@ -444,16 +447,15 @@ static void commit(edge_t *e)
 }
 
 /* Look the route up again; true (with *fresh) when the store names another run than rejected.
- * When the job has no running run any more, *state says what it has ("" if none). */
-static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh, char *state, size_t scap)
+ * When the job has no running run any more, *state says what it has (RUN_NONE if nothing). */
+static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh, run_state_t *state)
 {
     route_t rt;
-    state[0] = 0;
-    if (route_from_store(e->ctl, e->ns, e->job, &rt, state, scap) < 0) {
+    if (route_from_store(e->ctl, e->ns, e->job, &rt, state) < 0) {
         routecache_drop(&e->ctl->routes, e->key, rejected);
         return false;
     }
-    state[0] = 0;
+    *state = RUN_NONE;
     if (cap_run_equal(&rt.run, &rejected->run) && streq(rt.host, rejected->host) &&
         rt.port == rejected->port)
         return false;
@@ -472,8 +474,8 @@ static void transport_failed(edge_t *e, int err)
      * and the client hears exactly that. */
     if (!e->retried && e->replayable && !e->sent_any) {
         route_t rejected = e->route;
-        char state[16];
-        if (refresh(e, &rejected, &fresh, state, sizeof state))
+        run_state_t state;
+        if (refresh(e, &rejected, &fresh, &state))
             e->route = fresh;
         else
             routecache_drop(&e->ctl->routes, e->key, &rejected);
@@ -502,17 +504,44 @@ static void transport_failed(edge_t *e, int err)
 }
 
 /* The node's answer head is complete: RefreshRoute -> one retry; anything else -> commit. */
+/* Whether the answer head (p, n bytes, up to its blank line) has header `name` (any case) with
+ * exactly `value` (surrounding blanks ignored). */
+static bool head_has(const char *p, size_t n, const char *name, const char *value)
+{
+    const char *end = p + n, *line = memmem(p, n, "\r\n", 2);
+    while (line && (line += 2) < end) {
+        const char *eol = memmem(line, (size_t)(end - line), "\r\n", 2);
+        if (!eol || eol == line)
+            return false;
+        const char *colon = memchr(line, ':', (size_t)(eol - line));
+        if (colon && sv_eq_lit_nocase(sv_make(line, (size_t)(colon - line)), name)) {
+            const char *v = colon + 1, *ve = eol;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+                ve--;
+            if ((size_t)(ve - v) == strlen(value) && memcmp(v, value, strlen(value)) == 0)
+                return true;
+        }
+        line = eol;
+    }
+    return false;
+}
+
 static void answered(edge_t *e)
 {
     const char *p = buf_head(&e->in);
-    bool refresh_route = e->in.len > 12 && memcmp(p + 9, "409", 3) == 0 &&
-                         memmem(p, e->in.len, "\r\nX-Sbx-Verdict: RefreshRoute\r\n", 31);
+    relay_head_t h;
+    ssize_t hl = relay_parse_head(p, e->in.len, &h);
+    /* a node's route verdict: 409 with X-Sbx-Verdict: RefreshRoute (docs/capabilities.md) */
+    bool refresh_route =
+        hl > 0 && h.status == 409 && head_has(p, (size_t)hl, "x-sbx-verdict", "RefreshRoute");
     if (refresh_route && !e->retried) {
         route_t fresh, rejected = e->route;
-        char state[16];
-        bool again = refresh(e, &rejected, &fresh, state, sizeof state);
-        if (!again && state[0]) { /* the job stopped serving: say so, not the node's view */
-            edge_fail(e, 409, "the sandbox is not running (run %s)", state);
+        run_state_t state;
+        bool again = refresh(e, &rejected, &fresh, &state);
+        if (!again && state != RUN_NONE) { /* the job stopped serving: say so, not the node's */
+            edge_fail(e, 409, "the sandbox is not running (run %s)", run_state_to_string(state));
             return;
         }
         if (again && e->pinned && fresh.run.generation != e->pin_gen) {
@@ -691,8 +720,8 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
     if (cached && pin && e->route.run.generation != pin->generation)
         cached = false; /* the store decides whether the sandbox's run is still the one */
     if (!cached) {
-        char state[16] = "";
-        int r = route_from_store(ctl, ns, job, &e->route, state, sizeof state);
+        run_state_t state;
+        int r = route_from_store(ctl, ns, job, &e->route, &state);
         if (r == -ENOENT) {
             edge_free(e);
             conn_respond_error(c, 404, "no running job %s in namespace %s", job, ns);
@@ -700,11 +729,20 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
         }
         if (r == -EAGAIN) {
             edge_free(e);
-            if (streq(state, "installing"))
-                conn_respond(c, 503, "application/json", "{\"error\":\"the sandbox is starting\"}",
-                             35, "Retry-After: 1\r\n");
+            static const char starting[] = "{\"error\":\"the sandbox is starting\"}";
+            if (state == RUN_INSTALLING)
+                conn_respond(c, 503, "application/json", starting, sizeof starting - 1,
+                             "Retry-After: 1\r\n");
             else
-                conn_respond_error(c, 409, "the sandbox is not running (run %s)", state);
+                conn_respond_error(c, 409, "the sandbox is not running (run %s)",
+                                   run_state_to_string(state));
+            return;
+        }
+        if (r < 0) { /* the store cannot be read: not an answer about the job */
+            edge_free(e);
+            static const char nostore[] = "{\"error\":\"the control plane cannot read its store\"}";
+            conn_respond(c, 503, "application/json", nostore, sizeof nostore - 1,
+                         "Retry-After: 1\r\n");
             return;
         }
         (void)routecache_put(&ctl->routes, &e->route, now, CTL_ROUTE_TTL_MS);

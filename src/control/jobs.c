@@ -336,9 +336,9 @@ int job_insert(store_t *st, const seal_keys_t *seal, const char *ns, const char 
     json_object_set_new(job, "namespace", json_string(ns));
     json_object_set_new(job, "initiator", json_string(initiator));
     json_object_set_new(job, "created_ms", json_integer(wall_ms()));
-    json_object_set_new(job, "stage", json_string("SCHEDULING"));
+    job_set_stage(job, STAGE_SCHEDULING);
     json_object_set_new(job, "message", json_string(""));
-    json_object_set_new(job, "desired", json_string("running"));
+    job_set_desired(job, DESIRED_RUNNING);
     json_object_set_new(job, "move_to", json_string(""));
     json_object_set_new(job, "secret_names", json_array());
     const char *k;
@@ -358,11 +358,12 @@ static json_t *job_view(control_t *ctl, json_t *job)
     const char *id = json_string_value(json_object_get(job, "id"));
     runrec_t rr;
     if (v && id && runrec_load(ctl->store, id, &rr, NULL) == 0)
-        json_object_set_new(
-            v, "run",
-            json_pack("{s:I,s:s,s:s,s:s,s:s,s:s}", "generation", (json_int_t)rr.run.generation,
-                      "node", rr.run.node, "substrate", rr.run.substrate, "activation",
-                      rr.run.activation, "instance", rr.run.instance, "state", rr.state));
+        json_object_set_new(v, "run",
+                            json_pack("{s:I,s:s,s:s,s:s,s:s,s:s}", "generation",
+                                      (json_int_t)rr.run.generation, "node", rr.run.node,
+                                      "substrate", rr.run.substrate, "activation",
+                                      rr.run.activation, "instance", rr.run.instance, "state",
+                                      run_state_to_string(rr.state)));
     return v;
 }
 
@@ -508,31 +509,36 @@ static void job_action(control_t *ctl, conn_t *c, const char *ns, const char *id
             conn_respond_error(c, 404, "no job %s in namespace %s", id, ns);
             return;
         }
-        const char *stage = json_string_value(json_object_get(job, "stage"));
-        const char *desired = json_string_value(json_object_get(job, "desired"));
-        bool terminal =
-            streq(stage, "COMPLETED") || streq(stage, "CANCELED") || streq(stage, "ERROR");
+        job_stage_t stage;
+        job_desired_t desired;
+        if (job_stage_of(job, &stage) < 0 || job_desired_of(job, &desired) < 0) {
+            json_decref(job);
+            conn_respond_error(c, 500, "job %s: its record names no stage or desired state", id);
+            return;
+        }
+        bool ended = job_stage_ended(stage);
         const char *err = NULL;
         if (streq(action, "cancel")) {
-            if (!terminal || streq(stage, "ERROR"))
-                json_object_set_new(job, "desired", json_string("canceled"));
-        } else if (terminal || streq(desired, "canceled")) {
+            if (!ended || stage == STAGE_ERROR)
+                job_set_desired(job, DESIRED_CANCELED);
+        } else if (ended || desired == DESIRED_CANCELED) {
             err = "the job has ended";
         } else if (streq(action, "pause")) {
-            json_object_set_new(job, "desired", json_string("paused"));
+            job_set_desired(job, DESIRED_PAUSED);
         } else if (streq(action, "resume")) {
-            if (!streq(desired, "paused"))
+            if (desired != DESIRED_PAUSED)
                 err = "the job is not paused";
-            json_object_set_new(job, "desired", json_string("running"));
+            job_set_desired(job, DESIRED_RUNNING);
         } else { /* move */
             const char *to = json_string_value(json_object_get(body, "node"));
             if (to && !cap_id_valid(to))
                 err = "move: node must be a node name";
-            json_object_set_new(job, "desired", json_string("running"));
+            job_set_desired(job, DESIRED_RUNNING);
             json_object_set_new(job, "move_to", json_string(to ? to : "*"));
         }
         if (err) {
-            conn_respond_error(c, 409, "%s: %s (stage %s)", action, err, stage);
+            conn_respond_error(c, 409, "%s: %s (stage %s)", action, err,
+                               job_stage_to_string(stage));
             json_decref(job); /* stage points into it */
             return;
         }

@@ -270,28 +270,27 @@ static void run_reported(control_t *ctl, const char *node, json_t *rep)
         return;
     runrec_t rr;
     int64_t rev;
-    if (runrec_load(ctl->store, sb, &rr, &rev) < 0 || !streq(rr.state, "running") ||
+    if (runrec_load(ctl->store, sb, &rr, &rev) < 0 || rr.state != RUN_RUNNING ||
         rr.run.generation != (uint64_t)gen || !streq(rr.run.activation, act) ||
         !streq(rr.run.node, node))
         return;
     if (streq(state, "paused")) {
-        memcpy(rr.state, "paused", 7);
-        if (runrec_cas(ctl->store, sb, &rr, rev, NULL) >= 0) {
+        if (runrec_set_state(&rr, RUN_PAUSED) == 0 &&
+            runrec_cas(ctl->store, sb, &rr, rev, NULL) >= 0) {
             log_info("job %s: node %s stopped generation %llu (root kept): resuming it", sb, node,
                      (unsigned long long)gen);
             control_kick(ctl);
         }
         return;
     }
-    memcpy(rr.state, "exited", 7);
-    if (runrec_cas(ctl->store, sb, &rr, rev, NULL) < 0)
+    if (runrec_set_state(&rr, RUN_EXITED) < 0 || runrec_cas(ctl->store, sb, &rr, rev, NULL) < 0)
         return;
     json_t *job;
     int64_t jrev;
     if (job_load(ctl->store, rr.ns, sb, &job, &jrev) < 0)
         return;
     bool ok = status >= 0 && WIFEXITED((int)status) && WEXITSTATUS((int)status) == 0;
-    json_object_set_new(job, "stage", json_string(ok ? "COMPLETED" : "ERROR"));
+    job_set_stage(job, ok ? STAGE_COMPLETED : STAGE_ERROR);
     char msg[96];
     if (status < 0) /* the node was down when it ended: its status is unknown */
         (void)snprintf(msg, sizeof msg, "the run ended while its node was down");

@@ -511,12 +511,10 @@ typedef struct {
  * reservation or a new host, so that concurrent requests surely overlap there. */
 static unsigned race_window_ms(void)
 {
-    static int ms = -1;
-    if (ms < 0) {
-        const char *e = getenv("SBX_TEST_POOL_RACE_MS");
-        ms = e ? MIN(atoi(e), 1000) : 0;
-        ms = MAX(ms, 0);
-    }
+    const char *e = getenv("SBX_TEST_POOL_RACE_MS");
+    uint64_t ms = 0;
+    if (e && parse_u64(sv_make(e, strlen(e)), 1000, &ms) < 0)
+        ms = 0;
     return (unsigned)ms;
 }
 
@@ -645,7 +643,7 @@ static int host_wait_running(worker_t *w, const char *ns, const char *job, runre
     uint64_t deadline = monotonic_ms() + HOST_BOOT_WAIT_MS;
     unsigned pause = 20;
     for (;;) {
-        if (runrec_load(w->st, job, rr, NULL) == 0 && streq(rr->state, "running"))
+        if (runrec_load(w->st, job, rr, NULL) == 0 && rr->state == RUN_RUNNING)
             return 0;
         json_t *j;
         if (job_load(w->st, ns, job, &j, NULL) < 0) {
@@ -653,7 +651,8 @@ static int host_wait_running(worker_t *w, const char *ns, const char *job, runre
             return -ENOENT;
         }
         const char *stage = jstr(j, "stage");
-        if (streq(stage, "ERROR") || streq(stage, "CANCELED") || streq(stage, "COMPLETED")) {
+        job_stage_t st;
+        if (job_stage_of(j, &st) == 0 && job_stage_ended(st)) {
             (void)snprintf(why, whycap, "pool host %s ended (%s): %s", job, stage,
                            jstr(j, "message"));
             json_decref(j);
@@ -699,7 +698,7 @@ static json_int_t fulfil(worker_t *w, json_t *pool, const char *ns, const resv_t
         if (r == 0 && status != 503 && status != 502)
             break;
         msleep(100);
-        if (runrec_load(w->st, rv->job, &rr, NULL) < 0 || !streq(rr.state, "running"))
+        if (runrec_load(w->st, rv->job, &rr, NULL) < 0 || rr.state != RUN_RUNNING)
             break;
     }
     json_decref(body);
@@ -920,7 +919,7 @@ static void del_fn(worker_t *w, void *arg, work_result_t *res)
     char tkey[64], msg[256] = "";
     token_key(tkey, sizeof tkey, a->id);
     int status = 0, r = -ESRCH;
-    if (runrec_load(w->st, jstr(rec, "host"), &rr, NULL) == 0 && streq(rr.state, "running") &&
+    if (runrec_load(w->st, jstr(rec, "host"), &rr, NULL) == 0 && rr.state == RUN_RUNNING &&
         rr.run.generation == (uint64_t)jint(rec, "generation") &&
         sealed_get(w->st, &w->ctl->seal, tkey, &sec) == 0 && worker_keys(w) >= 0) {
         char path[64];
@@ -1171,13 +1170,14 @@ static int job_cancel(store_t *st, const char *ns, const char *id)
         int r = job_load(st, ns, id, &job, &rev);
         if (r < 0)
             return r;
-        const char *stage = jstr(job, "stage");
-        if (streq(jstr(job, "desired"), "canceled") || streq(stage, "CANCELED") ||
-            streq(stage, "COMPLETED")) {
+        job_stage_t stage;
+        job_desired_t desired;
+        if (job_stage_of(job, &stage) < 0 || job_desired_of(job, &desired) < 0 ||
+            desired == DESIRED_CANCELED || stage == STAGE_CANCELED || stage == STAGE_COMPLETED) {
             json_decref(job);
             return 0;
         }
-        json_object_set_new(job, "desired", json_string("canceled"));
+        job_set_desired(job, DESIRED_CANCELED);
         r = job_save(st, ns, id, job, rev, NULL);
         json_decref(job);
         if (r != -ESTALE)
@@ -1244,30 +1244,24 @@ static void gone_sweep(store_t *st, const char *ns, const char *pool, bool all)
     store_kv_free(kvs, n);
 }
 
-/* When each ready host was last compared with its agent (the reconciler thread's). */
-static struct {
-    char job[32];
-    int64_t at_ms;
-} synced[256];
-
-static bool sync_due(const char *job, int64_t now)
+static bool sync_due(pool_syncs_t *ps, const char *job, int64_t now)
 {
     size_t free_i = SIZE_MAX, oldest = 0;
-    for (size_t i = 0; i < ELEMENTSOF(synced); i++) {
-        if (streq(synced[i].job, job)) {
-            if (now - synced[i].at_ms < SYNC_EVERY_MS)
+    for (size_t i = 0; i < ELEMENTSOF(ps->at); i++) {
+        if (streq(ps->at[i].job, job)) {
+            if (now - ps->at[i].ms < SYNC_EVERY_MS)
                 return false;
-            synced[i].at_ms = now;
+            ps->at[i].ms = now;
             return true;
         }
-        if (!synced[i].job[0] && free_i == SIZE_MAX)
+        if (!ps->at[i].job[0] && free_i == SIZE_MAX)
             free_i = i;
-        if (synced[i].at_ms < synced[oldest].at_ms)
+        if (ps->at[i].ms < ps->at[oldest].ms)
             oldest = i;
     }
     size_t i = free_i != SIZE_MAX ? free_i : oldest;
-    (void)snprintf(synced[i].job, sizeof synced[i].job, "%s", job);
-    synced[i].at_ms = now;
+    (void)snprintf(ps->at[i].job, sizeof ps->at[i].job, "%s", job);
+    ps->at[i].ms = now;
     return true;
 }
 
@@ -1382,8 +1376,8 @@ static void pending_sweep(store_t *st, const char *self, json_t *h)
                  jstr(h, "job"));
 }
 
-static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, json_t *pool,
-                      const char *key, int64_t pool_rev)
+static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_syncs_t *ps,
+                      json_t *pool, const char *key, int64_t pool_rev)
 {
     const char *ns = jstr(pool, "namespace"), *name = jstr(pool, "name");
     bool draining = !streq(jstr(pool, "state"), "active");
@@ -1399,8 +1393,8 @@ static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, json_t *
         json_t *job = NULL;
         bool have = job_load(st, ns, job_id, &job, NULL) == 0;
         const char *stage = have ? jstr(job, "stage") : "";
-        bool ended = have && (streq(stage, "ERROR") || streq(stage, "CANCELED") ||
-                              streq(stage, "COMPLETED"));
+        job_stage_t jst;
+        bool ended = have && job_stage_of(job, &jst) == 0 && job_stage_ended(jst);
         char reason[300] = "";
         if (!have && now - jint(h, "created_ms") > 30000)
             (void)snprintf(reason, sizeof reason, "its pool host %s was never made", job_id);
@@ -1426,7 +1420,7 @@ static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, json_t *
             continue;
         pending_sweep(st, ctl->instance, h);
         runrec_t rr;
-        if (runrec_load(st, jstr(h, "job"), &rr, NULL) < 0 || !streq(rr.state, "running"))
+        if (runrec_load(st, jstr(h, "job"), &rr, NULL) < 0 || rr.state != RUN_RUNNING)
             continue;
         char hkey[200];
         (void)snprintf(hkey, sizeof hkey, "%s", jstr(h, "_key"));
@@ -1448,7 +1442,7 @@ static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, json_t *
             (void)host_save(st, h);
             continue;
         }
-        if (sync_due(jstr(h, "job"), now))
+        if (sync_due(ps, jstr(h, "job"), now))
             host_sync(ctl, st, kr, ns, name, h, &rr);
         /* empty: retire after host_idle_s, keeping `warm` hosts */
         json_t *fresh;
@@ -1529,7 +1523,7 @@ static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, json_t *
     }
 }
 
-void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr)
+void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr, pool_syncs_t *ps)
 {
     store_kv_t *kvs;
     size_t n;
@@ -1538,7 +1532,7 @@ void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr)
     for (size_t i = 0; i < n && !ctl->stopping; i++) {
         json_t *pool = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
         if (json_is_object(pool))
-            pool_sync(ctl, st, kr, pool, kvs[i].key, kvs[i].rev);
+            pool_sync(ctl, st, kr, ps, pool, kvs[i].key, kvs[i].rev);
         json_decref(pool);
     }
     store_kv_free(kvs, n);

@@ -27,6 +27,7 @@ typedef struct {
     control_t *ctl;
     store_t *st;
     keyring_t kr;
+    pool_syncs_t pool_syncs;
 } rec_t;
 
 typedef struct {
@@ -89,7 +90,9 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
 /* ---- records --------------------------------------------------------------------------------- */
 
 typedef struct {
-    const char *stage, *message;
+    bool set_stage;
+    job_stage_t stage;
+    const char *message;
     bool set_run;
     uint64_t generation;
     const char *node;
@@ -103,8 +106,8 @@ static void job_patch(rec_t *rc, const char *ns, const char *id, const job_patch
         int64_t rev;
         if (job_load(rc->st, ns, id, &job, &rev) < 0)
             return;
-        if (p->stage)
-            json_object_set_new(job, "stage", json_string(p->stage));
+        if (p->set_stage)
+            job_set_stage(job, p->stage);
         if (p->message)
             json_object_set_new(job, "message", json_string(p->message));
         if (p->set_run) {
@@ -309,7 +312,8 @@ static bool pause_run(rec_t *rc, runrec_t *rr, int64_t *rev)
         return false;
     }
     crash_point("pause:done");
-    memcpy(rr->state, "paused", 7);
+    if (runrec_set_state(rr, RUN_PAUSED) < 0)
+        return false;
     return runrec_cas(rc->st, rr->run.sandbox, rr, *rev, rev) >= 0;
 }
 
@@ -333,8 +337,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     const char *image = json_string_value(json_object_get(job, "image"));
     if (!image)
         image = "host";
-    bool resume = have_old && streq(old->state, "paused");
-    bool retry = have_old && streq(old->state, "failed");
+    bool resume = have_old && old->state == RUN_PAUSED;
+    bool retry = have_old && old->state == RUN_FAILED;
     if (retry && wall_ms() < old->next_try_ms)
         return; /* backing off */
     size_t n = load_nodes(rc, nodes, 64, image);
@@ -370,7 +374,13 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     runrec_t nr = { .port = ni->port };
     uint64_t gen = have_old ? old->run.generation + (retry ? 0 : 1) : 1;
     new_run_id(id, gen, ni->name, &nr.run);
-    memcpy(nr.state, "installing", 11);
+    /* the claim: a new generation (or activation) replaces the record old is */
+    if (!run_state_transition_ok(old->state, RUN_INSTALLING)) {
+        log_error("job %s/%s: a %s run record cannot be replaced by a new run: refused", ns, id,
+                  run_state_to_string(old->state));
+        return;
+    }
+    nr.state = RUN_INSTALLING;
     (void)snprintf(nr.host, sizeof nr.host, "%s", ni->host);
     (void)snprintf(nr.ns, sizeof nr.ns, "%s", ns);
     nr.attempts = retry ? old->attempts : 0;
@@ -414,7 +424,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     }
     crash_point("install:claimed");
     if (!retry)
-        job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = "" });
+        job_patch(rc, ns, id,
+                  &(job_patch_t){ .set_stage = true, .stage = STAGE_SCHEDULING, .message = "" });
     json_t *body = NULL;
     int status = 0;
     char msg[512] = "";
@@ -429,7 +440,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     json_decref(body);
     if (r >= 0 && (status == 200 || status == 201)) {
         crash_point("install:done");
-        memcpy(nr.state, "running", 8);
+        if (runrec_set_state(&nr, RUN_RUNNING) < 0)
+            return;
         nr.owner[0] = 0;
         nr.attempts = 0;
         nr.next_try_ms = nr.first_fail_ms = 0;
@@ -438,7 +450,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
         log_info("job %s/%s: generation %llu running on %s (activation %s)", ns, id,
                  (unsigned long long)gen, ni->name, nr.run.activation);
         job_patch(rc, ns, id,
-                  &(job_patch_t){ .stage = "RUNNING",
+                  &(job_patch_t){ .set_stage = true,
+                                  .stage = STAGE_RUNNING,
                                   .message = "",
                                   .set_run = true,
                                   .generation = gen,
@@ -462,7 +475,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     nr.next_try_ms = now + install_backoff_ms(nr.attempts);
     if (give_up)
         nr.attempts = INSTALL_ATTEMPTS_FINAL;
-    memcpy(nr.state, "failed", 7);
+    if (runrec_set_state(&nr, RUN_FAILED) < 0)
+        return;
     nr.owner[0] = 0;
     (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
     log_warn("job %s/%s: install of generation %llu on %s failed (attempt %d): %s", ns, id,
@@ -470,12 +484,14 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     if (give_up) {
         char m[600];
         (void)snprintf(m, sizeof m, "could not start: %s", msg);
-        job_patch(rc, ns, id, &(job_patch_t){ .stage = "ERROR", .message = m });
+        job_patch(rc, ns, id,
+                  &(job_patch_t){ .set_stage = true, .stage = STAGE_ERROR, .message = m });
     } else {
         char m[700];
         (void)snprintf(m, sizeof m, "install on %s failed (attempt %d): %s; trying again in %.1f s",
                        ni->name, nr.attempts, msg, (double)(nr.next_try_ms - now) / 1000.0);
-        job_patch(rc, ns, id, &(job_patch_t){ .stage = "SCHEDULING", .message = m });
+        job_patch(rc, ns, id,
+                  &(job_patch_t){ .set_stage = true, .stage = STAGE_SCHEDULING, .message = m });
     }
 }
 
@@ -483,36 +499,38 @@ static void reconcile_job(rec_t *rc, json_t *job)
 {
     const char *id = json_string_value(json_object_get(job, "id"));
     const char *ns = json_string_value(json_object_get(job, "namespace"));
-    const char *stage = json_string_value(json_object_get(job, "stage"));
-    const char *desired = json_string_value(json_object_get(job, "desired"));
-    if (!id || !ns || !stage || !desired || streq(stage, "CANCELED"))
+    job_stage_t stage;
+    job_desired_t desired;
+    if (!id || !ns || job_stage_of(job, &stage) < 0 || job_desired_of(job, &desired) < 0 ||
+        stage == STAGE_CANCELED)
         return;
-    runrec_t rr;
+    runrec_t rr = { .state = RUN_NONE };
     int64_t rev = 0;
     bool have = runrec_load(rc->st, id, &rr, &rev) == 0;
-    bool holds = have && (streq(rr.state, "running") || streq(rr.state, "paused") ||
-                          streq(rr.state, "installing") || streq(rr.state, "exited"));
-    if (streq(desired, "canceled")) {
+    if (!have)
+        rr = (runrec_t){ .state = RUN_NONE };
+    bool holds = have && (rr.state == RUN_RUNNING || rr.state == RUN_PAUSED ||
+                          rr.state == RUN_INSTALLING || rr.state == RUN_EXITED);
+    if (desired == DESIRED_CANCELED) {
         if (holds && !retire(rc, rr.host, rr.port, &rr.run))
             return;
         crash_point("cancel:retired");
         if (have && rr.has_prev)
             (void)retire(rc, rr.prev_host, rr.prev_port, &rr.prev);
-        if (have) {
-            memcpy(rr.state, "retired", 8);
+        if (have && rr.state != RUN_RETIRED && runrec_set_state(&rr, RUN_RETIRED) == 0) {
             rr.has_prev = false;
             (void)runrec_cas(rc->st, id, &rr, rev, &rev);
         }
-        job_patch(rc, ns, id, &(job_patch_t){ .stage = "CANCELED" });
+        job_patch(rc, ns, id, &(job_patch_t){ .set_stage = true, .stage = STAGE_CANCELED });
         log_info("job %s/%s canceled", ns, id);
         return;
     }
-    if (streq(stage, "COMPLETED") || streq(stage, "ERROR")) {
+    if (stage == STAGE_COMPLETED || stage == STAGE_ERROR) {
         if (have) /* a run lost with its node is retired once the node is back */
             retire_prev(rc, id, &rr, &rev);
         return;
     }
-    if (have && streq(rr.state, "installing")) {
+    if (have && rr.state == RUN_INSTALLING) {
         /* Being installed by a live control process (another one: this reconciler installs
          * synchronously), or by one that is gone: a crash between claiming the generation and
          * recording the node's answer. Then it is tried again as the same generation, from the
@@ -526,23 +544,25 @@ static void reconcile_job(rec_t *rc, json_t *job)
                  "is gone): trying it again",
                  ns, id, (unsigned long long)rr.run.generation, rr.run.node,
                  rr.owner[0] ? rr.owner : "unknown");
-        memcpy(rr.state, "failed", 7);
+        if (runrec_set_state(&rr, RUN_FAILED) < 0)
+            return;
         rr.next_try_ms = 0;
         rr.owner[0] = 0;
         if (runrec_cas(rc->st, id, &rr, rev, &rev) < 0)
             return;
     }
-    if (streq(desired, "paused")) {
-        if (have && streq(rr.state, "running") && !pause_run(rc, &rr, &rev))
+    if (desired == DESIRED_PAUSED) {
+        if (have && rr.state == RUN_RUNNING && !pause_run(rc, &rr, &rev))
             return;
-        if (!streq(stage, "PAUSED"))
-            job_patch(rc, ns, id, &(job_patch_t){ .stage = "PAUSED", .message = "" });
+        if (stage != STAGE_PAUSED)
+            job_patch(rc, ns, id,
+                      &(job_patch_t){ .set_stage = true, .stage = STAGE_PAUSED, .message = "" });
         return;
     }
     /* The run's node went silent: past node_dead_ms its run is lost, and the job's
      * on_node_loss says what follows. A lost run is kept as prev: retired when its node is back,
      * so its generation is refused there too (a new generation is refused nothing). */
-    int64_t silent = have && (streq(rr.state, "running") || streq(rr.state, "installing"))
+    int64_t silent = have && (rr.state == RUN_RUNNING || rr.state == RUN_INSTALLING)
                          ? node_silent_ms(rc, rr.run.node)
                          : -1;
     if (silent >= 0 && (uint64_t)silent >= rc->ctl->cfg.node_dead_ms) {
@@ -560,7 +580,8 @@ static void reconcile_job(rec_t *rc, json_t *job)
             retire_prev(rc, id, &rr, &rev);
         if (rr.has_prev)
             return;
-        memcpy(rr.state, "lost", 5);
+        if (runrec_set_state(&rr, RUN_LOST) < 0)
+            return;
         rr.has_prev = true;
         rr.prev = rr.run;
         memcpy(rr.prev_host, rr.host, sizeof rr.prev_host);
@@ -576,7 +597,8 @@ static void reconcile_job(rec_t *rc, json_t *job)
                        streq(policy, "fail") ? "; on_node_loss: fail"
                                              : ": a fresh run elsewhere (on_node_loss: restart)");
         job_patch(rc, ns, id,
-                  &(job_patch_t){ .stage = streq(policy, "fail") ? "ERROR" : "SCHEDULING",
+                  &(job_patch_t){ .set_stage = true,
+                                  .stage = streq(policy, "fail") ? STAGE_ERROR : STAGE_SCHEDULING,
                                   .message = m });
         if (streq(policy, "restart"))
             start_run(rc, job, ns, id, &rr, rev, true);
@@ -584,33 +606,37 @@ static void reconcile_job(rec_t *rc, json_t *job)
     }
     const char *move_to = json_string_value(json_object_get(job, "move_to"));
     bool move = move_to && *move_to;
-    if (have && streq(rr.state, "running")) {
+    if (have && rr.state == RUN_RUNNING) {
         if (!move) {
             json_int_t timeout = json_integer_value(json_object_get(job, "timeout"));
             json_int_t started = json_integer_value(json_object_get(job, "started_ms"));
             if (timeout > 0 && started > 0 && wall_ms() - started > timeout * 1000) {
-                if (retire(rc, rr.host, rr.port, &rr.run)) {
-                    memcpy(rr.state, "retired", 8);
+                if (retire(rc, rr.host, rr.port, &rr.run) &&
+                    runrec_set_state(&rr, RUN_RETIRED) == 0) {
                     (void)runrec_cas(rc->st, id, &rr, rev, &rev);
                     job_patch(rc, ns, id,
-                              &(job_patch_t){ .stage = "ERROR", .message = "timed out" });
+                              &(job_patch_t){ .set_stage = true,
+                                              .stage = STAGE_ERROR,
+                                              .message = "timed out" });
                 }
                 return;
             }
             retire_prev(rc, id, &rr, &rev);
             const char *msg = json_string_value(json_object_get(job, "message"));
-            if (!streq(stage, "RUNNING") || (msg && *msg)) /* e.g. its node is back */
-                job_patch(rc, ns, id, &(job_patch_t){ .stage = "RUNNING", .message = "" });
+            if (stage != STAGE_RUNNING || (msg && *msg)) /* e.g. its node is back */
+                job_patch(
+                    rc, ns, id,
+                    &(job_patch_t){ .set_stage = true, .stage = STAGE_RUNNING, .message = "" });
             return;
         }
         if (!pause_run(rc, &rr, &rev)) /* a move stops the run first: its root moves */
             return;
     }
-    if (have && streq(rr.state, "failed") && rr.attempts >= INSTALL_ATTEMPTS_FINAL)
+    if (have && rr.state == RUN_FAILED && rr.attempts >= INSTALL_ATTEMPTS_FINAL)
         return;
-    if (have && streq(rr.state, "exited"))
+    if (have && rr.state == RUN_EXITED)
         return;
-    start_run(rc, job, ns, id, &rr, rev, have && !streq(rr.state, "retired"));
+    start_run(rc, job, ns, id, &rr, rev, have && rr.state != RUN_RETIRED);
 }
 
 static void pass(rec_t *rc)
@@ -626,7 +652,7 @@ static void pass(rec_t *rc)
         json_decref(job);
     }
     store_kv_free(kvs, n);
-    pools_pass(rc->ctl, rc->st, &rc->kr);
+    pools_pass(rc->ctl, rc->st, &rc->kr, &rc->pool_syncs);
 }
 
 static void *rec_main(void *p)

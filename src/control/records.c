@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "cap/runjson.h"
+#include "common/log.h"
 #include "control.h"
 
 int64_t wall_ms(void)
@@ -87,7 +88,7 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
                     &first_fail, "owner", &owner) == 0 &&
         copy_field(rr.owner, sizeof rr.owner, owner) == 0 &&
         cap_run_from_json(json_object_get(j, "run"), &rr.run) == 0 &&
-        copy_field(rr.state, sizeof rr.state, state) == 0 &&
+        run_state_from_string(state, &rr.state) == 0 &&
         copy_field(rr.host, sizeof rr.host, host) == 0 &&
         copy_field(rr.ns, sizeof rr.ns, ns) == 0) {
         rr.port = (uint16_t)port;
@@ -124,12 +125,47 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
     return r;
 }
 
+int job_stage_of(json_t *job, job_stage_t *ret)
+{
+    return job_stage_from_string(json_string_value(json_object_get(job, "stage")), ret);
+}
+
+int job_desired_of(json_t *job, job_desired_t *ret)
+{
+    return job_desired_from_string(json_string_value(json_object_get(job, "desired")), ret);
+}
+
+void job_set_stage(json_t *job, job_stage_t s)
+{
+    json_object_set_new(job, "stage", json_string(job_stage_to_string(s)));
+}
+
+void job_set_desired(json_t *job, job_desired_t d)
+{
+    json_object_set_new(job, "desired", json_string(job_desired_to_string(d)));
+}
+
+int runrec_set_state(runrec_t *r, run_state_t to)
+{
+    if (!run_state_transition_ok(r->state, to)) {
+        log_error("run %s generation %llu: %s -> %s is not a transition of a run record: refused",
+                  r->run.sandbox, (unsigned long long)r->run.generation,
+                  run_state_to_string(r->state) ?: "none", run_state_to_string(to) ?: "?");
+        return -EINVAL;
+    }
+    r->state = to;
+    return 0;
+}
+
 int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev)
 {
     char key[128];
     (void)snprintf(key, sizeof key, "runs/%s", job);
+    const char *state = run_state_to_string(r->state);
+    if (!state) /* RUN_NONE: nothing to write */
+        return -EINVAL;
     json_t *j = json_pack("{s:o,s:s,s:s,s:i,s:i,s:I,s:s}", "run", cap_run_to_json(&r->run), "state",
-                          r->state, "host", r->host, "port", r->port, "attempts", r->attempts,
+                          state, "host", r->host, "port", r->port, "attempts", r->attempts,
                           "updated_ms", (json_int_t)wall_ms(), "ns", r->ns);
     if (j && r->owner[0])
         json_object_set_new(j, "owner", json_string(r->owner));
