@@ -38,8 +38,8 @@ typedef struct {
 /* The run record (store key runs/<job id>). */
 typedef struct {
     cap_run_t run;
-    run_state_t state; /* states.h: changed only through runrec_set_state */
-    char host[64];     /* the node's address */
+    runrec_state_t state; /* states.h: changed only through runrec_set_state */
+    char host[64];        /* the node's address */
     uint16_t port;
     /* a run to retire on another node once this one runs (a move) */
     bool has_prev;
@@ -188,7 +188,7 @@ int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
 bool control_alive(store_t *st, const char *instance);
 int control_heartbeat(store_t *st, const char *instance);
 /* Move r to state `to` if states.h allows it; -EINVAL (logged, r unchanged) if not. */
-int runrec_set_state(runrec_t *r, run_state_t to);
+int runrec_set_state(runrec_t *r, runrec_state_t to);
 int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev);
 int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev);
 int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev);

@@ -141,18 +141,18 @@ _printf_(2, 3) static void edge_fail_sent(edge_t *e, const char *fmt, ...)
 /* The job's route from the store: 0; -ENOENT (no run record in ns); -EAGAIN (a record that
  * does not serve: *state says what it is); another -errno when the store cannot be read. */
 static int route_from_store(control_t *ctl, const char *ns, const char *job, route_t *ret,
-                            run_state_t *state)
+                            runrec_state_t *state)
 {
     runrec_t rr;
     int64_t rev;
-    *state = RUN_NONE;
+    *state = RR_NONE;
     int r = runrec_load(ctl->store, job, &rr, &rev);
     if (r == -ENOENT || (r >= 0 && !streq(rr.ns, ns)))
         return -ENOENT;
     if (r < 0)
         return r;
     *state = rr.state;
-    if (rr.state != RUN_RUNNING)
+    if (rr.state != RR_RUNNING)
         return -EAGAIN;
     route_t rt = { .run = rr.run, .port = rr.port, .rev = rev };
     (void)snprintf(rt.job, sizeof rt.job, "%s/%s", ns, job);
@@ -447,15 +447,15 @@ static void commit(edge_t *e)
 }
 
 /* Look the route up again; true (with *fresh) when the store names another run than rejected.
- * When the job has no running run any more, *state says what it has (RUN_NONE if nothing). */
-static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh, run_state_t *state)
+ * When the job has no running run any more, *state says what it has (RR_NONE if nothing). */
+static bool refresh(edge_t *e, const route_t *rejected, route_t *fresh, runrec_state_t *state)
 {
     route_t rt;
     if (route_from_store(e->ctl, e->ns, e->job, &rt, state) < 0) {
         routecache_drop(&e->ctl->routes, e->key, rejected);
         return false;
     }
-    *state = RUN_NONE;
+    *state = RR_NONE;
     if (cap_run_equal(&rt.run, &rejected->run) && streq(rt.host, rejected->host) &&
         rt.port == rejected->port)
         return false;
@@ -474,7 +474,7 @@ static void transport_failed(edge_t *e, int err)
      * and the client hears exactly that. */
     if (!e->retried && e->replayable && !e->sent_any) {
         route_t rejected = e->route;
-        run_state_t state;
+        runrec_state_t state;
         if (refresh(e, &rejected, &fresh, &state))
             e->route = fresh;
         else
@@ -538,10 +538,10 @@ static void answered(edge_t *e)
         hl > 0 && h.status == 409 && head_has(p, (size_t)hl, "x-sbx-verdict", "RefreshRoute");
     if (refresh_route && !e->retried) {
         route_t fresh, rejected = e->route;
-        run_state_t state;
+        runrec_state_t state;
         bool again = refresh(e, &rejected, &fresh, &state);
-        if (!again && state != RUN_NONE) { /* the job stopped serving: say so, not the node's */
-            edge_fail(e, 409, "the sandbox is not running (run %s)", run_state_to_string(state));
+        if (!again && state != RR_NONE) { /* the job stopped serving: say so, not the node's */
+            edge_fail(e, 409, "the sandbox is not running (run %s)", runrec_state_to_string(state));
             return;
         }
         if (again && e->pinned && fresh.run.generation != e->pin_gen) {
@@ -720,7 +720,7 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
     if (cached && pin && e->route.run.generation != pin->generation)
         cached = false; /* the store decides whether the sandbox's run is still the one */
     if (!cached) {
-        run_state_t state;
+        runrec_state_t state;
         int r = route_from_store(ctl, ns, job, &e->route, &state);
         if (r == -ENOENT) {
             edge_free(e);
@@ -730,12 +730,12 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
         if (r == -EAGAIN) {
             edge_free(e);
             static const char starting[] = "{\"error\":\"the sandbox is starting\"}";
-            if (state == RUN_INSTALLING)
+            if (state == RR_INSTALLING)
                 conn_respond(c, 503, "application/json", starting, sizeof starting - 1,
                              "Retry-After: 1\r\n");
             else
                 conn_respond_error(c, 409, "the sandbox is not running (run %s)",
-                                   run_state_to_string(state));
+                                   runrec_state_to_string(state));
             return;
         }
         if (r < 0) { /* the store cannot be read: not an answer about the job */

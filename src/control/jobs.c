@@ -363,7 +363,7 @@ static json_t *job_view(control_t *ctl, json_t *job)
                                       (json_int_t)rr.run.generation, "node", rr.run.node,
                                       "substrate", rr.run.substrate, "activation",
                                       rr.run.activation, "instance", rr.run.instance, "state",
-                                      run_state_to_string(rr.state)));
+                                      runrec_state_to_string(rr.state)));
     return v;
 }
 

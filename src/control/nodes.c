@@ -270,12 +270,12 @@ static void run_reported(control_t *ctl, const char *node, json_t *rep)
         return;
     runrec_t rr;
     int64_t rev;
-    if (runrec_load(ctl->store, sb, &rr, &rev) < 0 || rr.state != RUN_RUNNING ||
+    if (runrec_load(ctl->store, sb, &rr, &rev) < 0 || rr.state != RR_RUNNING ||
         rr.run.generation != (uint64_t)gen || !streq(rr.run.activation, act) ||
         !streq(rr.run.node, node))
         return;
     if (streq(state, "paused")) {
-        if (runrec_set_state(&rr, RUN_PAUSED) == 0 &&
+        if (runrec_set_state(&rr, RR_PAUSED) == 0 &&
             runrec_cas(ctl->store, sb, &rr, rev, NULL) >= 0) {
             log_info("job %s: node %s stopped generation %llu (root kept): resuming it", sb, node,
                      (unsigned long long)gen);
@@ -283,7 +283,7 @@ static void run_reported(control_t *ctl, const char *node, json_t *rep)
         }
         return;
     }
-    if (runrec_set_state(&rr, RUN_EXITED) < 0 || runrec_cas(ctl->store, sb, &rr, rev, NULL) < 0)
+    if (runrec_set_state(&rr, RR_EXITED) < 0 || runrec_cas(ctl->store, sb, &rr, rev, NULL) < 0)
         return;
     json_t *job;
     int64_t jrev;

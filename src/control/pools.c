@@ -643,7 +643,7 @@ static int host_wait_running(worker_t *w, const char *ns, const char *job, runre
     uint64_t deadline = monotonic_ms() + HOST_BOOT_WAIT_MS;
     unsigned pause = 20;
     for (;;) {
-        if (runrec_load(w->st, job, rr, NULL) == 0 && rr->state == RUN_RUNNING)
+        if (runrec_load(w->st, job, rr, NULL) == 0 && rr->state == RR_RUNNING)
             return 0;
         json_t *j;
         if (job_load(w->st, ns, job, &j, NULL) < 0) {
@@ -698,7 +698,7 @@ static json_int_t fulfil(worker_t *w, json_t *pool, const char *ns, const resv_t
         if (r == 0 && status != 503 && status != 502)
             break;
         msleep(100);
-        if (runrec_load(w->st, rv->job, &rr, NULL) < 0 || rr.state != RUN_RUNNING)
+        if (runrec_load(w->st, rv->job, &rr, NULL) < 0 || rr.state != RR_RUNNING)
             break;
     }
     json_decref(body);
@@ -919,7 +919,7 @@ static void del_fn(worker_t *w, void *arg, work_result_t *res)
     char tkey[64], msg[256] = "";
     token_key(tkey, sizeof tkey, a->id);
     int status = 0, r = -ESRCH;
-    if (runrec_load(w->st, jstr(rec, "host"), &rr, NULL) == 0 && rr.state == RUN_RUNNING &&
+    if (runrec_load(w->st, jstr(rec, "host"), &rr, NULL) == 0 && rr.state == RR_RUNNING &&
         rr.run.generation == (uint64_t)jint(rec, "generation") &&
         sealed_get(w->st, &w->ctl->seal, tkey, &sec) == 0 && worker_keys(w) >= 0) {
         char path[64];
@@ -1420,7 +1420,7 @@ static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_syn
             continue;
         pending_sweep(st, ctl->instance, h);
         runrec_t rr;
-        if (runrec_load(st, jstr(h, "job"), &rr, NULL) < 0 || rr.state != RUN_RUNNING)
+        if (runrec_load(st, jstr(h, "job"), &rr, NULL) < 0 || rr.state != RR_RUNNING)
             continue;
         char hkey[200];
         (void)snprintf(hkey, sizeof hkey, "%s", jstr(h, "_key"));

@@ -312,7 +312,7 @@ static bool pause_run(rec_t *rc, runrec_t *rr, int64_t *rev)
         return false;
     }
     crash_point("pause:done");
-    if (runrec_set_state(rr, RUN_PAUSED) < 0)
+    if (runrec_set_state(rr, RR_PAUSED) < 0)
         return false;
     return runrec_cas(rc->st, rr->run.sandbox, rr, *rev, rev) >= 0;
 }
@@ -337,8 +337,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     const char *image = json_string_value(json_object_get(job, "image"));
     if (!image)
         image = "host";
-    bool resume = have_old && old->state == RUN_PAUSED;
-    bool retry = have_old && old->state == RUN_FAILED;
+    bool resume = have_old && old->state == RR_PAUSED;
+    bool retry = have_old && old->state == RR_FAILED;
     if (retry && wall_ms() < old->next_try_ms)
         return; /* backing off */
     size_t n = load_nodes(rc, nodes, 64, image);
@@ -375,12 +375,12 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     uint64_t gen = have_old ? old->run.generation + (retry ? 0 : 1) : 1;
     new_run_id(id, gen, ni->name, &nr.run);
     /* the claim: a new generation (or activation) replaces the record old is */
-    if (!run_state_transition_ok(old->state, RUN_INSTALLING)) {
+    if (!runrec_transition_ok(old->state, RR_INSTALLING)) {
         log_error("job %s/%s: a %s run record cannot be replaced by a new run: refused", ns, id,
-                  run_state_to_string(old->state));
+                  runrec_state_to_string(old->state));
         return;
     }
-    nr.state = RUN_INSTALLING;
+    nr.state = RR_INSTALLING;
     (void)snprintf(nr.host, sizeof nr.host, "%s", ni->host);
     (void)snprintf(nr.ns, sizeof nr.ns, "%s", ns);
     nr.attempts = retry ? old->attempts : 0;
@@ -440,7 +440,7 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     json_decref(body);
     if (r >= 0 && (status == 200 || status == 201)) {
         crash_point("install:done");
-        if (runrec_set_state(&nr, RUN_RUNNING) < 0)
+        if (runrec_set_state(&nr, RR_RUNNING) < 0)
             return;
         nr.owner[0] = 0;
         nr.attempts = 0;
@@ -475,7 +475,7 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     nr.next_try_ms = now + install_backoff_ms(nr.attempts);
     if (give_up)
         nr.attempts = INSTALL_ATTEMPTS_FINAL;
-    if (runrec_set_state(&nr, RUN_FAILED) < 0)
+    if (runrec_set_state(&nr, RR_FAILED) < 0)
         return;
     nr.owner[0] = 0;
     (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
@@ -504,20 +504,20 @@ static void reconcile_job(rec_t *rc, json_t *job)
     if (!id || !ns || job_stage_of(job, &stage) < 0 || job_desired_of(job, &desired) < 0 ||
         stage == STAGE_CANCELED)
         return;
-    runrec_t rr = { .state = RUN_NONE };
+    runrec_t rr = { .state = RR_NONE };
     int64_t rev = 0;
     bool have = runrec_load(rc->st, id, &rr, &rev) == 0;
     if (!have)
-        rr = (runrec_t){ .state = RUN_NONE };
-    bool holds = have && (rr.state == RUN_RUNNING || rr.state == RUN_PAUSED ||
-                          rr.state == RUN_INSTALLING || rr.state == RUN_EXITED);
+        rr = (runrec_t){ .state = RR_NONE };
+    bool holds = have && (rr.state == RR_RUNNING || rr.state == RR_PAUSED ||
+                          rr.state == RR_INSTALLING || rr.state == RR_EXITED);
     if (desired == DESIRED_CANCELED) {
         if (holds && !retire(rc, rr.host, rr.port, &rr.run))
             return;
         crash_point("cancel:retired");
         if (have && rr.has_prev)
             (void)retire(rc, rr.prev_host, rr.prev_port, &rr.prev);
-        if (have && rr.state != RUN_RETIRED && runrec_set_state(&rr, RUN_RETIRED) == 0) {
+        if (have && rr.state != RR_RETIRED && runrec_set_state(&rr, RR_RETIRED) == 0) {
             rr.has_prev = false;
             (void)runrec_cas(rc->st, id, &rr, rev, &rev);
         }
@@ -530,7 +530,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
             retire_prev(rc, id, &rr, &rev);
         return;
     }
-    if (have && rr.state == RUN_INSTALLING) {
+    if (have && rr.state == RR_INSTALLING) {
         /* Being installed by a live control process (another one: this reconciler installs
          * synchronously), or by one that is gone: a crash between claiming the generation and
          * recording the node's answer. Then it is tried again as the same generation, from the
@@ -544,7 +544,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
                  "is gone): trying it again",
                  ns, id, (unsigned long long)rr.run.generation, rr.run.node,
                  rr.owner[0] ? rr.owner : "unknown");
-        if (runrec_set_state(&rr, RUN_FAILED) < 0)
+        if (runrec_set_state(&rr, RR_FAILED) < 0)
             return;
         rr.next_try_ms = 0;
         rr.owner[0] = 0;
@@ -552,7 +552,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
             return;
     }
     if (desired == DESIRED_PAUSED) {
-        if (have && rr.state == RUN_RUNNING && !pause_run(rc, &rr, &rev))
+        if (have && rr.state == RR_RUNNING && !pause_run(rc, &rr, &rev))
             return;
         if (stage != STAGE_PAUSED)
             job_patch(rc, ns, id,
@@ -562,7 +562,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
     /* The run's node went silent: past node_dead_ms its run is lost, and the job's
      * on_node_loss says what follows. A lost run is kept as prev: retired when its node is back,
      * so its generation is refused there too (a new generation is refused nothing). */
-    int64_t silent = have && (rr.state == RUN_RUNNING || rr.state == RUN_INSTALLING)
+    int64_t silent = have && (rr.state == RR_RUNNING || rr.state == RR_INSTALLING)
                          ? node_silent_ms(rc, rr.run.node)
                          : -1;
     if (silent >= 0 && (uint64_t)silent >= rc->ctl->cfg.node_dead_ms) {
@@ -580,7 +580,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
             retire_prev(rc, id, &rr, &rev);
         if (rr.has_prev)
             return;
-        if (runrec_set_state(&rr, RUN_LOST) < 0)
+        if (runrec_set_state(&rr, RR_LOST) < 0)
             return;
         rr.has_prev = true;
         rr.prev = rr.run;
@@ -606,13 +606,13 @@ static void reconcile_job(rec_t *rc, json_t *job)
     }
     const char *move_to = json_string_value(json_object_get(job, "move_to"));
     bool move = move_to && *move_to;
-    if (have && rr.state == RUN_RUNNING) {
+    if (have && rr.state == RR_RUNNING) {
         if (!move) {
             json_int_t timeout = json_integer_value(json_object_get(job, "timeout"));
             json_int_t started = json_integer_value(json_object_get(job, "started_ms"));
             if (timeout > 0 && started > 0 && wall_ms() - started > timeout * 1000) {
                 if (retire(rc, rr.host, rr.port, &rr.run) &&
-                    runrec_set_state(&rr, RUN_RETIRED) == 0) {
+                    runrec_set_state(&rr, RR_RETIRED) == 0) {
                     (void)runrec_cas(rc->st, id, &rr, rev, &rev);
                     job_patch(rc, ns, id,
                               &(job_patch_t){ .set_stage = true,
@@ -632,11 +632,11 @@ static void reconcile_job(rec_t *rc, json_t *job)
         if (!pause_run(rc, &rr, &rev)) /* a move stops the run first: its root moves */
             return;
     }
-    if (have && rr.state == RUN_FAILED && rr.attempts >= INSTALL_ATTEMPTS_FINAL)
+    if (have && rr.state == RR_FAILED && rr.attempts >= INSTALL_ATTEMPTS_FINAL)
         return;
-    if (have && rr.state == RUN_EXITED)
+    if (have && rr.state == RR_EXITED)
         return;
-    start_run(rc, job, ns, id, &rr, rev, have && rr.state != RUN_RETIRED);
+    start_run(rc, job, ns, id, &rr, rev, have && rr.state != RR_RETIRED);
 }
 
 static void pass(rec_t *rc)

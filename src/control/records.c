@@ -88,7 +88,7 @@ int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
                     &first_fail, "owner", &owner) == 0 &&
         copy_field(rr.owner, sizeof rr.owner, owner) == 0 &&
         cap_run_from_json(json_object_get(j, "run"), &rr.run) == 0 &&
-        run_state_from_string(state, &rr.state) == 0 &&
+        runrec_state_from_string(state, &rr.state) == 0 &&
         copy_field(rr.host, sizeof rr.host, host) == 0 &&
         copy_field(rr.ns, sizeof rr.ns, ns) == 0) {
         rr.port = (uint16_t)port;
@@ -145,12 +145,12 @@ void job_set_desired(json_t *job, job_desired_t d)
     json_object_set_new(job, "desired", json_string(job_desired_to_string(d)));
 }
 
-int runrec_set_state(runrec_t *r, run_state_t to)
+int runrec_set_state(runrec_t *r, runrec_state_t to)
 {
-    if (!run_state_transition_ok(r->state, to)) {
+    if (!runrec_transition_ok(r->state, to)) {
         log_error("run %s generation %llu: %s -> %s is not a transition of a run record: refused",
                   r->run.sandbox, (unsigned long long)r->run.generation,
-                  run_state_to_string(r->state) ?: "none", run_state_to_string(to) ?: "?");
+                  runrec_state_to_string(r->state) ?: "none", runrec_state_to_string(to) ?: "?");
         return -EINVAL;
     }
     r->state = to;
@@ -161,8 +161,8 @@ int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, 
 {
     char key[128];
     (void)snprintf(key, sizeof key, "runs/%s", job);
-    const char *state = run_state_to_string(r->state);
-    if (!state) /* RUN_NONE: nothing to write */
+    const char *state = runrec_state_to_string(r->state);
+    if (!state) /* RR_NONE: nothing to write */
         return -EINVAL;
     json_t *j = json_pack("{s:o,s:s,s:s,s:i,s:i,s:I,s:s}", "run", cap_run_to_json(&r->run), "state",
                           state, "host", r->host, "port", r->port, "attempts", r->attempts,

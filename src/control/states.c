@@ -5,14 +5,14 @@
 #include "common/macro.h"
 #include "states.h"
 
-static const char *const run_states[RUN_STATE_MAX] = {
-    [RUN_INSTALLING] = "installing",
-    [RUN_RUNNING] = "running",
-    [RUN_PAUSED] = "paused",
-    [RUN_FAILED] = "failed",
-    [RUN_RETIRED] = "retired",
-    [RUN_EXITED] = "exited",
-    [RUN_LOST] = "lost",
+static const char *const run_states[RR_STATE_MAX] = {
+    [RR_INSTALLING] = "installing",
+    [RR_RUNNING] = "running",
+    [RR_PAUSED] = "paused",
+    [RR_FAILED] = "failed",
+    [RR_RETIRED] = "retired",
+    [RR_EXITED] = "exited",
+    [RR_LOST] = "lost",
 };
 
 static const char *const stages[STAGE_MAX] = {
@@ -36,41 +36,41 @@ static int lookup(const char *const *table, int n, const char *s)
     return -EINVAL;
 }
 
-const char *run_state_to_string(run_state_t s)
+const char *runrec_state_to_string(runrec_state_t s)
 {
-    return (unsigned)s < RUN_STATE_MAX ? run_states[s] : NULL;
+    return (unsigned)s < RR_STATE_MAX ? run_states[s] : NULL;
 }
 
-int run_state_from_string(const char *s, run_state_t *ret)
+int runrec_state_from_string(const char *s, runrec_state_t *ret)
 {
-    int i = lookup(run_states, RUN_STATE_MAX, s);
+    int i = lookup(run_states, RR_STATE_MAX, s);
     if (i < 0)
         return i;
-    *ret = (run_state_t)i;
+    *ret = (runrec_state_t)i;
     return 0;
 }
 
 /* from -> to, one bit per target state. */
 #define TO(s) (1u << (s))
-static const unsigned transitions[RUN_STATE_MAX] = {
-    [RUN_NONE] = TO(RUN_INSTALLING),
+static const unsigned transitions[RR_STATE_MAX] = {
+    [RR_NONE] = TO(RR_INSTALLING),
     /* installed, or failed (also: its installer is gone), lost with its node, or canceled */
-    [RUN_INSTALLING] = TO(RUN_RUNNING) | TO(RUN_FAILED) | TO(RUN_LOST) | TO(RUN_RETIRED),
-    [RUN_RUNNING] = TO(RUN_PAUSED) | TO(RUN_EXITED) | TO(RUN_LOST) | TO(RUN_RETIRED),
+    [RR_INSTALLING] = TO(RR_RUNNING) | TO(RR_FAILED) | TO(RR_LOST) | TO(RR_RETIRED),
+    [RR_RUNNING] = TO(RR_PAUSED) | TO(RR_EXITED) | TO(RR_LOST) | TO(RR_RETIRED),
     /* resumed or moved (a new generation from its root), or canceled */
-    [RUN_PAUSED] = TO(RUN_INSTALLING) | TO(RUN_RETIRED),
+    [RR_PAUSED] = TO(RR_INSTALLING) | TO(RR_RETIRED),
     /* tried again (a new activation), or canceled */
-    [RUN_FAILED] = TO(RUN_INSTALLING) | TO(RUN_RETIRED),
-    [RUN_EXITED] = TO(RUN_RETIRED),
+    [RR_FAILED] = TO(RR_INSTALLING) | TO(RR_RETIRED),
+    [RR_EXITED] = TO(RR_RETIRED),
     /* restarted elsewhere (on_node_loss: restart), or canceled */
-    [RUN_LOST] = TO(RUN_INSTALLING) | TO(RUN_RETIRED),
+    [RR_LOST] = TO(RR_INSTALLING) | TO(RR_RETIRED),
     /* started over as a first generation (a job whose record was retired) */
-    [RUN_RETIRED] = TO(RUN_INSTALLING),
+    [RR_RETIRED] = TO(RR_INSTALLING),
 };
 
-bool run_state_transition_ok(run_state_t from, run_state_t to)
+bool runrec_transition_ok(runrec_state_t from, runrec_state_t to)
 {
-    if ((unsigned)from >= RUN_STATE_MAX || (unsigned)to >= RUN_STATE_MAX)
+    if ((unsigned)from >= RR_STATE_MAX || (unsigned)to >= RR_STATE_MAX)
         return false;
     return transitions[from] & TO(to);
 }

@@ -9,25 +9,25 @@
 
 /* A run record (runs/<job>): one generation's run, from its claim to its end. */
 typedef enum {
-    RUN_NONE = 0,   /* no record yet (a new job) */
-    RUN_INSTALLING, /* claimed; a control process is installing it on its node */
-    RUN_RUNNING,    /* installed and serving */
-    RUN_PAUSED,     /* stopped with its root kept (a pause, or the first half of a move) */
-    RUN_FAILED,     /* the install failed; tried again after a backoff (or final) */
-    RUN_RETIRED,    /* removed from its node (canceled, timed out) */
-    RUN_EXITED,     /* its command ended */
-    RUN_LOST,       /* its node went silent past node_dead_ms; kept to retire it later */
-    RUN_STATE_MAX,
-} run_state_t;
+    RR_NONE = 0,   /* no record yet (a new job) */
+    RR_INSTALLING, /* claimed; a control process is installing it on its node */
+    RR_RUNNING,    /* installed and serving */
+    RR_PAUSED,     /* stopped with its root kept (a pause, or the first half of a move) */
+    RR_FAILED,     /* the install failed; tried again after a backoff (or final) */
+    RR_RETIRED,    /* removed from its node (canceled, timed out) */
+    RR_EXITED,     /* its command ended */
+    RR_LOST,       /* its node went silent past node_dead_ms; kept to retire it later */
+    RR_STATE_MAX,
+} runrec_state_t;
 
 /* "installing", "running", ...; NULL for a value out of range. */
-const char *run_state_to_string(run_state_t s);
-/* The state a string names; -EINVAL for anything else (RUN_NONE has no spelling). */
-int run_state_from_string(const char *s, run_state_t *ret);
-/* Whether a run record may go from `from` to `to`. A claim (to RUN_INSTALLING: a new generation,
+const char *runrec_state_to_string(runrec_state_t s);
+/* The state a string names; -EINVAL for anything else (RR_NONE has no spelling). */
+int runrec_state_from_string(const char *s, runrec_state_t *ret);
+/* Whether a run record may go from `from` to `to`. A claim (to RR_INSTALLING: a new generation,
  * or a new activation of the same one) is allowed from every state a start may follow; the rest
  * are the steps of one run. */
-bool run_state_transition_ok(run_state_t from, run_state_t to);
+bool runrec_transition_ok(runrec_state_t from, runrec_state_t to);
 
 /* A job's stage (what the API shows). */
 typedef enum {

@@ -10,20 +10,20 @@
 
 TEST(run_states_round_trip)
 {
-    for (int s = RUN_INSTALLING; s < RUN_STATE_MAX; s++) {
-        const char *name = run_state_to_string((run_state_t)s);
+    for (int s = RR_INSTALLING; s < RR_STATE_MAX; s++) {
+        const char *name = runrec_state_to_string((runrec_state_t)s);
         ASSERT_TRUE(name != NULL);
-        run_state_t back = RUN_NONE;
-        ASSERT_EQ(run_state_from_string(name, &back), 0);
+        runrec_state_t back = RR_NONE;
+        ASSERT_EQ(runrec_state_from_string(name, &back), 0);
         ASSERT_EQ((int)back, s);
     }
-    run_state_t x = RUN_RUNNING;
-    ASSERT_EQ(run_state_from_string("Running", &x), -EINVAL);
-    ASSERT_EQ(run_state_from_string("", &x), -EINVAL);
-    ASSERT_EQ(run_state_from_string(NULL, &x), -EINVAL);
-    ASSERT_EQ((int)x, RUN_RUNNING); /* untouched on failure */
-    ASSERT_TRUE(run_state_to_string(RUN_NONE) == NULL);
-    ASSERT_TRUE(run_state_to_string(RUN_STATE_MAX) == NULL);
+    runrec_state_t x = RR_RUNNING;
+    ASSERT_EQ(runrec_state_from_string("Running", &x), -EINVAL);
+    ASSERT_EQ(runrec_state_from_string("", &x), -EINVAL);
+    ASSERT_EQ(runrec_state_from_string(NULL, &x), -EINVAL);
+    ASSERT_EQ((int)x, RR_RUNNING); /* untouched on failure */
+    ASSERT_TRUE(runrec_state_to_string(RR_NONE) == NULL);
+    ASSERT_TRUE(runrec_state_to_string(RR_STATE_MAX) == NULL);
 }
 
 TEST(stages_and_desires_round_trip)
@@ -51,30 +51,30 @@ TEST(stages_and_desires_round_trip)
 TEST(run_transitions_are_exactly_the_lifecycle)
 {
     /* allowed[from] lists the states a record may go to; every other pair is refused */
-    static const char *const allowed[RUN_STATE_MAX] = {
-        [RUN_NONE] = "installing",
-        [RUN_INSTALLING] = "running failed lost retired",
-        [RUN_RUNNING] = "paused exited lost retired",
-        [RUN_PAUSED] = "installing retired",
-        [RUN_FAILED] = "installing retired",
-        [RUN_RETIRED] = "installing",
-        [RUN_EXITED] = "retired",
-        [RUN_LOST] = "installing retired",
+    static const char *const allowed[RR_STATE_MAX] = {
+        [RR_NONE] = "installing",
+        [RR_INSTALLING] = "running failed lost retired",
+        [RR_RUNNING] = "paused exited lost retired",
+        [RR_PAUSED] = "installing retired",
+        [RR_FAILED] = "installing retired",
+        [RR_RETIRED] = "installing",
+        [RR_EXITED] = "retired",
+        [RR_LOST] = "installing retired",
     };
-    for (int from = 0; from < RUN_STATE_MAX; from++)
-        for (int to = 0; to < RUN_STATE_MAX; to++) {
-            const char *name = run_state_to_string((run_state_t)to);
+    for (int from = 0; from < RR_STATE_MAX; from++)
+        for (int to = 0; to < RR_STATE_MAX; to++) {
+            const char *name = runrec_state_to_string((runrec_state_t)to);
             bool want = false;
             if (name) {
                 const char *p = strstr(allowed[from], name);
                 size_t n = strlen(name);
                 want = p && (p == allowed[from] || p[-1] == ' ') && (p[n] == ' ' || !p[n]);
             }
-            bool got = run_state_transition_ok((run_state_t)from, (run_state_t)to);
+            bool got = runrec_transition_ok((runrec_state_t)from, (runrec_state_t)to);
             ASSERT_EQ(got, want);
         }
-    ASSERT_FALSE(run_state_transition_ok(RUN_STATE_MAX, RUN_RUNNING));
-    ASSERT_FALSE(run_state_transition_ok(RUN_RUNNING, RUN_STATE_MAX));
+    ASSERT_FALSE(runrec_transition_ok(RR_STATE_MAX, RR_RUNNING));
+    ASSERT_FALSE(runrec_transition_ok(RR_RUNNING, RR_STATE_MAX));
 }
 
 TAP_MAIN(T(run_states_round_trip), T(stages_and_desires_round_trip),
