@@ -204,7 +204,9 @@ static void manage_body_done(conn_t *c)
     if (!r)
         return;
     if (streq(op, "pause")) {
+        node_crash_point(n, "pause:before_stop");
         run_stop(n, r);
+        node_crash_point(n, "pause:after_stop");
         log_info("paused run %s generation %llu", r->id.sandbox,
                  (unsigned long long)r->id.generation);
         conn_respond_json(c, 200, json_pack("{s:o}", "run", run_json(r)));

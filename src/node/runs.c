@@ -721,6 +721,7 @@ static void trash_removed(helper_t *h, int wstatus)
 void run_retire(node_t *n, run_t *r)
 {
     run_stop(n, r);
+    node_crash_point(n, "retire:after_stop");
     run_unlink(n, r);
     run_unmount_disk(r);
     helper_t *h = calloc(1, sizeof *h);
@@ -733,6 +734,7 @@ void run_retire(node_t *n, run_t *r)
         snprintf(h->path, sizeof h->path, "%s/runs/.trash-%u-%s-%s", n->cfg.state_dir, r->id_base,
                  r->id.sandbox, rnd) < (int)sizeof h->path &&
         rename(r->dir, h->path) == 0) {
+        node_crash_point(n, "retire:after_rename");
         char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
         h->done = trash_removed;
         h->id_base = r->id_base;
@@ -829,8 +831,11 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
         rc = disk_mount(img, root, err, errlen);
     if (rc < 0)
         return rc;
-    if (restore && !keep_root)
+    if (restore && !keep_root) {
         rc = restore_remote(n, restore, r, root, err, errlen);
+        if (rc >= 0)
+            node_crash_point(n, "install:after_fetch"); /* a moved root, here, not yet running */
+    }
     if (rc < 0 || streq(r->image, "host"))
         return rc;
     /* an image run: its verified rootfs (unpacked once per manifest) under the layer kept on
