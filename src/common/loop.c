@@ -89,6 +89,12 @@ int loop_watch(loop_t *l, watcher_t *w, uint32_t events)
     return 0;
 }
 
+/* Always EPOLL_CTL_DEL, even when the fd is about to be closed: epoll registers the file
+ * description, not the fd, and close() drops the registration only with the description's last
+ * descriptor. A child holding a copy of the fd table (a posix_spawn/vfork child of another
+ * thread before its exec, a fork) or a dup/SCM_RIGHTS copy keeps it alive, and epoll would go on
+ * reporting the closed fd with w as its data: a use-after-free once w is freed
+ * (tests/unit/test_loop.c shows it). */
 void loop_unwatch(loop_t *l, watcher_t *w)
 {
     if (!w->added)

@@ -3,7 +3,11 @@
  * callback, deferred calls, and an fd watcher. Every run has a guard timer so a bug cannot
  * hang the test. */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/loop.h"
@@ -260,5 +264,85 @@ TEST(fd_watcher_sees_data)
     ASSERT_MEMEQ(rd.got, rd.n, "abc", 3);
 }
 
+/* Why loop_unwatch() does EPOLL_CTL_DEL before the fd is closed, and why skipping it (relying on
+ * close() to drop the registration) was a use-after-free: epoll registers a *file description*,
+ * and close() removes it only when the last descriptor of that description goes. A child that
+ * holds a copy of the fd table (fork, or a posix_spawn/vfork child of another thread before its
+ * exec closes the CLOEXEC fds; also a dup or SCM_RIGHTS copy) keeps the description alive, and
+ * epoll goes on reporting events for the closed fd with the old data.ptr: a freed watcher. */
+static pid_t hold_fds_in_a_child(int *ret_release)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) { /* holds a copy of every fd until the parent closes p[1] */
+        char c;
+        close(p[1]);
+        (void)!read(p[0], &c, 1);
+        _exit(0);
+    }
+    close(p[0]);
+    *ret_release = p[1];
+    return pid;
+}
+
+static bool stale_event;
+static void on_stale(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    (void)w;
+    (void)ev;
+    stale_event = true;
+    loop_stop(l);
+}
+
+TEST(a_closed_fd_shared_with_a_child_stays_registered_unless_deleted_first)
+{
+    static int stale_marker, our_marker;
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    ASSERT_TRUE(ep >= 0);
+    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &stale_marker }, got[4];
+    /* the cause: closed without EPOLL_CTL_DEL while a child holds the description */
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev), 0);
+    int release;
+    pid_t child = hold_fds_in_a_child(&release);
+    ASSERT_TRUE(child > 0);
+    close(sv[0]); /* no EPOLL_CTL_DEL */
+    ASSERT_EQ(write(sv[1], "x", 1), 1);
+    int n = epoll_wait(ep, got, 4, 200);
+    ASSERT_EQ(n, 1);                               /* an event for a closed fd ... */
+    ASSERT_TRUE(got[0].data.ptr == &stale_marker); /* ... carrying the freed watcher */
+    close(release);
+    ASSERT_EQ(waitpid(child, NULL, 0), child);
+    ASSERT_EQ(epoll_wait(ep, got, 4, 50), 0); /* the child's exit dropped the description */
+    close(sv[1]);
+    /* what the loop does: delete, then close; the child holding the description is harmless */
+    loop_t *l = NULL;
+    ASSERT_EQ(loop_new(&l), 0);
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    watcher_t w;
+    watcher_init(&w, sv[0], on_stale, &our_marker);
+    ASSERT_EQ(loop_watch(l, &w, EPOLLIN), 0);
+    child = hold_fds_in_a_child(&release);
+    ASSERT_TRUE(child > 0);
+    loop_unwatch(l, &w);
+    close(sv[0]);
+    ASSERT_EQ(write(sv[1], "x", 1), 1);
+    timer_t_ stop;
+    timer_init(&stop, on_stop, NULL);
+    ASSERT_EQ(timer_arm(l, &stop, 200), 0);
+    stale_event = false;
+    ASSERT_EQ(loop_run(l), 0);
+    ASSERT_FALSE(stale_event); /* nothing reported for the closed fd */
+    close(release);
+    ASSERT_EQ(waitpid(child, NULL, 0), child);
+    close(sv[1]);
+    loop_free(l);
+    close(ep);
+}
+
 TAP_MAIN(T(timers_fire_in_due_order), T(disarm_and_rearm), T(many_timers_keep_heap_order),
-         T(deferred_calls_run_after_the_batch), T(fd_watcher_sees_data))
+         T(deferred_calls_run_after_the_batch), T(fd_watcher_sees_data),
+         T(a_closed_fd_shared_with_a_child_stays_registered_unless_deleted_first))
