@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/http.h"
 #include "server/relay.h"
 
 #define CHECK(x)                                                                                   \
@@ -29,13 +30,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Scan p[0..n) in pieces; returns the body's length when it ended, -1 malformed, -2 unfinished */
 static long scan(const char *p, size_t n, unsigned seed)
 {
-    relay_chunks_t k = { 0 };
+    http_chunks_t k = { 0 };
     size_t off = 0;
     while (off < n) {
         size_t piece = seed ? 1 + (seed * 2654435761u + off) % 7 : n - off;
         piece = piece > n - off ? n - off : piece;
         bool done = false;
-        ssize_t t = relay_scan_chunks(&k, p + off, piece, &done);
+        ssize_t t = http_scan_chunks(&k, p + off, piece, &done);
         if (t < 0)
             return -1;
         CHECK((size_t)t <= piece);

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "common/macro.h"
+
 /* RFC 9110 tchar. */
 static bool is_tchar(unsigned char c)
 {
@@ -216,4 +218,87 @@ const char *http_reason(int status)
     case 505: return "HTTP Version Not Supported";
     default: return "Unknown";
     }
+}
+
+enum { CK_SIZE, CK_EXT, CK_SIZE_LF, CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_TRAILER, CK_TLINE, CK_END };
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done)
+{
+    *done = false;
+    for (size_t i = 0; i < n;) {
+        char ch = p[i];
+        switch (k->st) {
+        case CK_SIZE: {
+            int v = hexval(ch);
+            if (v >= 0 && k->digits < 15) {
+                k->size = k->size * 16 + (uint64_t)v;
+                k->digits++;
+            } else if (k->digits > 0 && (ch == ';' || ch == ' ' || ch == '\t'))
+                k->st = CK_EXT;
+            else if (k->digits > 0 && ch == '\r')
+                k->st = CK_SIZE_LF;
+            else
+                return -1;
+            i++;
+            break;
+        }
+        case CK_EXT:
+            if (ch == '\r')
+                k->st = CK_SIZE_LF;
+            else if (ch == '\n')
+                return -1;
+            i++;
+            break;
+        case CK_SIZE_LF:
+            if (ch != '\n')
+                return -1;
+            k->st = k->size == 0 ? CK_TRAILER : CK_DATA;
+            i++;
+            break;
+        case CK_DATA: {
+            uint64_t take = MIN(k->size, (uint64_t)(n - i));
+            i += (size_t)take;
+            k->size -= take;
+            if (k->size == 0)
+                k->st = CK_DATA_CR;
+            break;
+        }
+        case CK_DATA_CR:
+            if (ch != '\r')
+                return -1;
+            k->st = CK_DATA_LF;
+            i++;
+            break;
+        case CK_DATA_LF:
+            if (ch != '\n')
+                return -1;
+            *k = (http_chunks_t){ .st = CK_SIZE };
+            i++;
+            break;
+        case CK_TRAILER: /* at the start of a trailer line, or of the final empty line */
+            k->st = ch == '\r' ? CK_END : CK_TLINE;
+            i++;
+            break;
+        case CK_TLINE:
+            if (ch == '\n')
+                k->st = CK_TRAILER;
+            i++;
+            break;
+        case CK_END:
+            if (ch != '\n')
+                return -1;
+            *done = true;
+            return (ssize_t)(i + 1);
+        default: return -1;
+        }
+    }
+    return (ssize_t)n;
 }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/strutil.h"
 
@@ -43,3 +44,12 @@ int http_parse_request(const char *buf, size_t len, http_request_t *req);
 bool http_header_get(const http_request_t *req, const char *name, sv_t *ret);
 
 const char *http_reason(int status);
+
+/* Where a chunked body ends, scanned as its bytes arrive (a zeroed state starts a body). */
+typedef struct {
+    int st;
+    uint64_t size;
+    int digits;
+} http_chunks_t;
+/* Bytes of p that belong to the chunked body (all of n, or fewer when it ended: *done), or -1. */
+ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done);

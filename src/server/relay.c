@@ -34,7 +34,7 @@ struct relay {
     bool close;    /* the backend said it closes */
     bool ended;
     uint64_t left;
-    relay_chunks_t ck;
+    http_chunks_t ck;
     relay_done_cb cb;
     void *data;
 };
@@ -121,89 +121,6 @@ ssize_t relay_parse_head(const char *p, size_t n, relay_head_t *ret)
     return (ssize_t)hl;
 }
 
-enum { CK_SIZE, CK_EXT, CK_SIZE_LF, CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_TRAILER, CK_TLINE, CK_END };
-
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
-ssize_t relay_scan_chunks(relay_chunks_t *k, const char *p, size_t n, bool *done)
-{
-    *done = false;
-    for (size_t i = 0; i < n;) {
-        char ch = p[i];
-        switch (k->st) {
-        case CK_SIZE: {
-            int v = hexval(ch);
-            if (v >= 0 && k->digits < 15) {
-                k->size = k->size * 16 + (uint64_t)v;
-                k->digits++;
-            } else if (k->digits > 0 && (ch == ';' || ch == ' ' || ch == '\t'))
-                k->st = CK_EXT;
-            else if (k->digits > 0 && ch == '\r')
-                k->st = CK_SIZE_LF;
-            else
-                return -1;
-            i++;
-            break;
-        }
-        case CK_EXT:
-            if (ch == '\r')
-                k->st = CK_SIZE_LF;
-            else if (ch == '\n')
-                return -1;
-            i++;
-            break;
-        case CK_SIZE_LF:
-            if (ch != '\n')
-                return -1;
-            k->st = k->size == 0 ? CK_TRAILER : CK_DATA;
-            i++;
-            break;
-        case CK_DATA: {
-            uint64_t take = MIN(k->size, (uint64_t)(n - i));
-            i += (size_t)take;
-            k->size -= take;
-            if (k->size == 0)
-                k->st = CK_DATA_CR;
-            break;
-        }
-        case CK_DATA_CR:
-            if (ch != '\r')
-                return -1;
-            k->st = CK_DATA_LF;
-            i++;
-            break;
-        case CK_DATA_LF:
-            if (ch != '\n')
-                return -1;
-            *k = (relay_chunks_t){ .st = CK_SIZE };
-            i++;
-            break;
-        case CK_TRAILER: /* at the start of a trailer line, or of the final empty line */
-            k->st = ch == '\r' ? CK_END : CK_TLINE;
-            i++;
-            break;
-        case CK_TLINE:
-            if (ch == '\n')
-                k->st = CK_TRAILER;
-            i++;
-            break;
-        case CK_END:
-            if (ch != '\n')
-                return -1;
-            *done = true;
-            return (ssize_t)(i + 1);
-        default: return -1;
-        }
-    }
-    return (ssize_t)n;
-}
-
 /* ---- the relay ------------------------------------------------------------------------------ */
 
 static void relay_free(void *p)
@@ -274,7 +191,7 @@ static int pass_head(relay_t *r, const relay_head_t *h, size_t hl)
     r->close = h->close;
     r->fr = bodyless ? FR_LENGTH : h->chunked ? FR_CHUNKED : h->has_length ? FR_LENGTH : FR_EOF;
     r->left = bodyless ? 0 : h->length;
-    r->ck = (relay_chunks_t){ .st = CK_SIZE };
+    r->ck = (http_chunks_t){ .st = 0 };
     int rc = conn_raw_begin(c, h->status);
     if (rc < 0)
         return rc;
@@ -336,7 +253,7 @@ static int relay_process(relay_t *r)
             r->left -= take;
             done = r->left == 0;
         } else if (r->fr == FR_CHUNKED) {
-            ssize_t k = relay_scan_chunks(&r->ck, buf_head(&r->in), r->in.len, &done);
+            ssize_t k = http_scan_chunks(&r->ck, buf_head(&r->in), r->in.len, &done);
             if (k < 0)
                 return -EPROTO;
             take = (size_t)k;

@@ -44,11 +44,3 @@ typedef struct {
 } relay_head_t;
 /* > 0: the head's length; 0: incomplete; < 0: malformed. */
 ssize_t relay_parse_head(const char *p, size_t n, relay_head_t *ret);
-
-typedef struct {
-    int st;
-    uint64_t size;
-    int digits;
-} relay_chunks_t;
-/* Bytes of p that belong to the chunked body (all of n, or fewer when it ended: *done), or -1. */
-ssize_t relay_scan_chunks(relay_chunks_t *k, const char *p, size_t n, bool *done);
