@@ -20,16 +20,26 @@ for p in "${PACKAGES[@]}"; do
     [[ "$status" == installed ]] || missing+=("$p")
 done
 
-if ((${#missing[@]} == 0)); then
-    exit 0
+# Node.js runs E2B's own SDK in the compatibility tests (tests/e2b): Debian's nodejs and npm
+# unless a newer Node.js is installed already.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+
+if ((${#missing[@]} > 0)); then
+    echo "setup: installing ${missing[*]}"
+    if ((EUID != 0)); then
+        echo "setup: missing packages and not root; run: sudo apt-get install ${missing[*]}" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    echo "setup: done"
 fi
 
-echo "setup: installing ${missing[*]}"
-if ((EUID != 0)); then
-    echo "setup: missing packages and not root; run: sudo apt-get install ${missing[*]}" >&2
-    exit 1
+# E2B's SDK, the version pinned in tests/e2b/package-lock.json (from the npm registry).
+e2b_dir="$(dirname "$0")/../tests/e2b"
+if [[ ! -f "$e2b_dir/node_modules/e2b/package.json" ]]; then
+    echo "setup: installing E2B's SDK for the compatibility tests (npm ci in tests/e2b)"
+    (cd "$e2b_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup: done"

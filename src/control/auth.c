@@ -234,33 +234,28 @@ bool auth_account(control_t *ctl, conn_t *c, const char *owner)
     return true;
 }
 
-bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret)
+int auth_token_lookup(control_t *ctl, const char *tok, principal_t *ret)
 {
-    char tok[256], hash[65], key[80];
-    if (!bearer(c, tok, sizeof tok)) {
-        unauthorized(c, "an API token is required (Authorization: Bearer ...)");
-        return false;
-    }
+    char hash[65], key[80];
     auth_token_hash(tok, hash);
-    sodium_memzero(tok, sizeof tok);
     uint64_t now = loop_now_ms(ctl->srv.loop);
     token_cache_t *tc = &ctl->tokens[(hash[0] * 16 + hash[1]) % CTL_TOKEN_CACHE_SLOTS];
-    if (tc->expires_ms > now && streq(tc->hash, hash))
-        return auth_account(ctl, c, tc->p.principal) && principal_allowed(c, &tc->p, ns, need, ret);
+    if (tc->expires_ms > now && streq(tc->hash, hash)) {
+        *ret = tc->p;
+        return 0;
+    }
     (void)snprintf(key, sizeof key, "tokens/%s", hash);
     store_kv_t kv;
-    if (store_get(ctl->store, key, &kv) < 0) {
-        unauthorized(c, "unknown API token");
-        return false;
-    }
+    int r = store_get(ctl->store, key, &kv);
+    if (r < 0)
+        return r == -ENOENT ? -ENOENT : r;
     json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
     store_kv_clear(&kv);
     const char *p = NULL, *pns = NULL, *role = NULL;
     if (json_unpack(j, "{s:s,s:s,s:s}", "principal", &p, "namespace", &pns, "role", &role) < 0 ||
         strlen(p) >= sizeof ret->principal || strlen(pns) >= sizeof ret->ns) {
         json_decref(j);
-        conn_respond_error(c, 500, "corrupt token record");
-        return false;
+        return -EBADMSG;
     }
     principal_t pr = { .role = role_parse(role) };
     memcpy(pr.principal, p, strlen(p) + 1);
@@ -269,6 +264,30 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
     memcpy(tc->hash, hash, sizeof tc->hash);
     tc->p = pr;
     tc->expires_ms = now + CTL_TOKEN_CACHE_MS;
+    *ret = pr;
+    return 0;
+}
+
+bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principal_t *ret)
+{
+    char tok[256];
+    if (!bearer(c, tok, sizeof tok)) {
+        unauthorized(c, "an API token is required (Authorization: Bearer ...)");
+        return false;
+    }
+    principal_t pr;
+    int r = auth_token_lookup(ctl, tok, &pr);
+    sodium_memzero(tok, sizeof tok);
+    if (r == -ENOENT) {
+        unauthorized(c, "unknown API token");
+        return false;
+    }
+    if (r < 0) {
+        conn_respond_error(c, r == -EBADMSG ? 500 : 503, "%s",
+                           r == -EBADMSG ? "corrupt token record"
+                                         : "the control plane cannot read its store");
+        return false;
+    }
     return auth_account(ctl, c, pr.principal) && principal_allowed(c, &pr, ns, need, ret);
 }
 

@@ -77,6 +77,8 @@ static void control_dispatch(conn_t *c)
         route_jobs(ctl, c, sv_make(path.p + 9, path.len - 9));
         return;
     }
+    if (e2b_route(ctl, c)) /* /sandboxes..., /v2/sandboxes...: E2B's control API (e2b.c) */
+        return;
     if (sv_has_prefix(path, SV("/v1/pools/"))) {
         route_pools(ctl, c, sv_make(path.p + 10, path.len - 10));
         return;

@@ -162,6 +162,9 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
  * authenticated; over cfg.max_conns_per_principal answers 429 itself and returns false. */
 bool auth_account(control_t *ctl, conn_t *c, const char *owner);
 void auth_token_hash(const char *token, char out[65]);
+/* The principal of an API token (remembered CTL_TOKEN_CACHE_MS): 0, -ENOENT (unknown token),
+ * -EBADMSG (a corrupt record), or another -errno (the store). Answers nothing. */
+int auth_token_lookup(control_t *ctl, const char *tok, principal_t *ret);
 int random_hex(char *out, size_t nbytes); /* 2*nbytes hex chars + NUL */
 void route_tokens_create(control_t *ctl, conn_t *c);
 void route_tokens_list(control_t *ctl, conn_t *c);
@@ -319,10 +322,13 @@ void work_stop(control_t *ctl);
 /* Run fn(arg) on a worker and answer c with its result (503 when too many wait); free_arg(arg)
  * afterwards in any case. */
 void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_arg)(void *));
-void work_answer(work_result_t *res, int status, json_t *j); /* steals j */
+void work_answer(work_result_t *res, int status, json_t *j); /* steals j; NULL with 204 */
 void work_fail(work_result_t *res, int status, const char *fmt, ...) _printf_(3, 4);
 /* The worker's signing keys, loaded again when older than a second. */
 int worker_keys(worker_t *w);
+
+/* e2b.c: E2B's control API; false when the path is none of its routes */
+bool e2b_route(control_t *ctl, conn_t *c);
 
 /* pools.c */
 void route_pools(control_t *ctl, conn_t *c, sv_t rest); /* rest: after /v1/pools/ */

@@ -113,6 +113,10 @@ static void answer(work_task_t *t)
     conn_set_handler(c, NULL, NULL);
     t->conn = NULL;
     const char *extra = t->res.headers[0] ? t->res.headers : NULL;
+    if (t->res.status == 204) {
+        (void)conn_respond(c, 204, NULL, NULL, 0, extra);
+        return;
+    }
     if (!t->res.json) {
         conn_respond_error(c, 500, "internal error: the task gave no answer");
         return;
@@ -231,7 +235,7 @@ void work_answer(work_result_t *res, int status, json_t *j)
 {
     json_decref(res->json);
     res->status = status;
-    res->json = j ? j : json_pack("{s:s}", "error", "out of memory");
+    res->json = j || status == 204 ? j : json_pack("{s:s}", "error", "out of memory");
 }
 
 void work_fail(work_result_t *res, int status, const char *fmt, ...)

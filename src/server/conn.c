@@ -518,8 +518,29 @@ static void conn_send_continue(conn_t *c)
     conn_flush(c);
 }
 
+/* The raw bytes a chunked body of at most max payload bytes may take: the framing of chunks
+ * (a sender's chunks may be small) and trailers on top of the payload. */
+static size_t chunked_raw_cap(size_t max) { return max + max / 2 + 64 * 1024; }
+
 void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c))
 {
+    if (c->req.has_transfer_encoding) {
+        if (!http_te_chunked(&c->req)) {
+            c->keep_alive = false;
+            conn_respond_error(c, 501, "Transfer-Encoding: only \"chunked\" is supported");
+            return;
+        }
+        buf_init(&c->body, chunked_raw_cap(max));
+        c->collecting = c->collect_chunked = true;
+        c->chunks = (http_chunks_t){ 0 };
+        c->collect_max = max;
+        c->collect_done = done;
+        c->keep_alive = c->req.keep_alive && !c->req.upgrade; /* framed: the next request follows */
+        conn_send_continue(c);
+        if (!c->dead)
+            conn_process_input(c);
+        return;
+    }
     if (c->body_left > max) {
         c->keep_alive = false;
         conn_respond_error(c, 413, "request body too large (max %zu bytes)", max);
@@ -566,6 +587,42 @@ int conn_hijack(conn_t *c, int *ret_fd, sockio_t **ret_io, buf_t *ret_pending)
     c->ops = NULL;
     conn_abort(c);
     return 0;
+}
+
+/* Collect the chunked body's bytes sitting in `in`; once its end is in, decode it and call the
+ * collector. Returns false if the connection went away or nothing more is wanted. */
+static bool conn_collect_chunks(conn_t *c)
+{
+    bool done = false;
+    ssize_t k = http_scan_chunks(&c->chunks, buf_head(&c->in), c->in.len, &done);
+    if (k < 0) {
+        c->keep_alive = false;
+        c->collecting = c->collect_chunked = false;
+        conn_respond_error(c, 400, "malformed chunked request body");
+        return false;
+    }
+    if (buf_append(&c->body, buf_head(&c->in), (size_t)k) < 0) {
+        c->keep_alive = false;
+        c->collecting = c->collect_chunked = false;
+        conn_respond_error(c, 413, "request body too large (max %zu bytes)", c->collect_max);
+        return false;
+    }
+    buf_consume(&c->in, (size_t)k);
+    if (!done)
+        return true;
+    c->collecting = c->collect_chunked = false;
+    ssize_t n = http_chunked_decode(buf_head(&c->body), c->body.len);
+    if (n < 0 || (size_t)n > c->collect_max) {
+        c->keep_alive = n >= 0 && c->keep_alive;
+        conn_respond_error(c, n < 0 ? 400 : 413,
+                           n < 0 ? "malformed chunked request body" : "request body too large");
+        return false;
+    }
+    c->body.len = (size_t)n;
+    void (*fn)(conn_t *) = c->collect_done;
+    c->collect_done = NULL;
+    fn(c);
+    return false;
 }
 
 /* Deliver body bytes sitting in `in` to the collector or the handler. Returns false if the
@@ -615,8 +672,9 @@ static bool conn_deliver_body(conn_t *c)
 
 static bool conn_wants_body(const conn_t *c)
 {
-    return c->state == CS_REQUEST && c->body_left > 0 && !c->body_paused &&
-           (c->collecting || (c->ops && c->ops->on_body));
+    return c->state == CS_REQUEST &&
+           (c->collect_chunked || (c->body_left > 0 && !c->body_paused &&
+                                   (c->collecting || (c->ops && c->ops->on_body))));
 }
 
 static void conn_begin_request(conn_t *c, int head_len)
@@ -641,7 +699,7 @@ static void conn_begin_request(conn_t *c, int head_len)
                          http_header_get(&c->req, "expect", &expect) &&
                          sv_eq_lit_nocase(expect, "100-continue");
     c->resp_started = c->resp_done = c->resp_chunked = false;
-    c->body_paused = c->collecting = false;
+    c->body_paused = c->collecting = c->collect_chunked = false;
     c->ops = NULL;
     c->hdata = NULL;
     c->last_progress_ms = loop_now_ms(c->srv->loop);
@@ -707,6 +765,10 @@ static void conn_process_input(conn_t *c)
                 conn_begin_request(c, r);
                 continue;
             }
+        } else if (c->state == CS_REQUEST && c->in.len > 0 && c->collect_chunked) {
+            if (!conn_collect_chunks(c))
+                break;
+            continue;
         } else if (c->state == CS_REQUEST && c->in.len > 0 && c->body_left > 0) {
             if (!conn_deliver_body(c))
                 break;

@@ -56,6 +56,11 @@ struct conn {
     bool body_paused;
     bool expect_continue; /* "Expect: 100-continue" and no 100 sent yet */
     bool collecting;      /* body is being collected into `body` */
+    /* a chunked body being collected: its raw bytes go to `body` as scanned, and are decoded
+     * in place once the last chunk and the trailers are in */
+    bool collect_chunked;
+    http_chunks_t chunks;
+    size_t collect_max; /* the payload's cap */
     buf_t body;
     void (*collect_done)(conn_t *c);
     /* response */

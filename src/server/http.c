@@ -222,6 +222,13 @@ const char *http_reason(int status)
 
 enum { CK_SIZE, CK_EXT, CK_SIZE_LF, CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_TRAILER, CK_TLINE, CK_END };
 
+bool http_te_chunked(const http_request_t *req)
+{
+    sv_t v;
+    return req->has_transfer_encoding && http_header_get(req, "transfer-encoding", &v) &&
+           sv_eq_lit_nocase(v, "chunked");
+}
+
 static int hexval(char c)
 {
     return c >= '0' && c <= '9'   ? c - '0'
@@ -301,4 +308,32 @@ ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done)
         }
     }
     return (ssize_t)n;
+}
+
+ssize_t http_chunked_decode(char *p, size_t n)
+{
+    size_t in = 0, out = 0;
+    for (;;) {
+        uint64_t size = 0;
+        int digits = 0, v;
+        while (in < n && (v = hexval(p[in])) >= 0) {
+            if (++digits > 15)
+                return -EBADMSG;
+            size = size * 16 + (uint64_t)v;
+            in++;
+        }
+        if (digits == 0)
+            return -EBADMSG;
+        const char *eol = memmem(p + in, n - in, "\r\n", 2); /* after extensions */
+        if (!eol)
+            return -EBADMSG;
+        in = (size_t)(eol - p) + 2;
+        if (size == 0)
+            return (ssize_t)out; /* trailers follow; nothing of them is payload */
+        if (size > n - in || n - in - size < 2 || p[in + size] != '\r' || p[in + size + 1] != '\n')
+            return -EBADMSG;
+        memmove(p + out, p + in, (size_t)size);
+        out += (size_t)size;
+        in += (size_t)size + 2;
+    }
 }

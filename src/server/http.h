@@ -43,6 +43,14 @@ int http_parse_request(const char *buf, size_t len, http_request_t *req);
 /* Case-insensitive header lookup; the first match. */
 bool http_header_get(const http_request_t *req, const char *name, sv_t *ret);
 
+/* Whether the request's Transfer-Encoding is exactly "chunked" (the only coding we decode). */
+bool http_te_chunked(const http_request_t *req);
+
+/* Decode a complete chunked body (p, n bytes: chunks, the last chunk and trailers, as
+ * relay_scan_chunks() found them) in place: its payload ends up at p. Returns the payload's
+ * length, or -EBADMSG when the framing is not a chunked body. */
+ssize_t http_chunked_decode(char *p, size_t n);
+
 const char *http_reason(int status);
 
 /* Where a chunked body ends, scanned as its bytes arrive (a zeroed state starts a body). */

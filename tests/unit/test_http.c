@@ -2,6 +2,7 @@
 /* The strict HTTP/1.1 request-head parser (src/server/http.c): what it accepts, what it
  * refuses and with which status. Every refusal sits beside a positive control that differs
  * from it by the one rule under test. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,11 +371,63 @@ TEST(reasons)
     ASSERT_STREQ(http_reason(299), "Unknown");
 }
 
-TAP_MAIN(T(simple_get), T(no_query_and_no_headers), T(post_with_body_returns_head_length),
-         T(header_value_whitespace_is_trimmed), T(header_lookup_is_case_insensitive),
-         T(connection_semantics), T(duplicate_headers), T(conflicting_host_refused),
-         T(bare_lf_and_bare_cr_refused), T(space_before_colon_refused), T(obs_fold_refused),
-         T(non_token_header_name_refused), T(bad_header_value_bytes_refused),
+/* A chunked request body: scanned as it arrives (http_scan_chunks), then decoded in place. */
+static ssize_t scan_then_decode(const char *wire, char *out, size_t cap, size_t *ret_used)
+{
+    size_t n = strlen(wire);
+    if (n > cap)
+        return -1;
+    memcpy(out, wire, n);
+    http_chunks_t k = { 0 };
+    bool done = false;
+    size_t used = 0;
+    for (size_t i = 0; i < n && !done; i++) { /* one byte at a time: the scanner keeps state */
+        ssize_t t = http_scan_chunks(&k, out + i, 1, &done);
+        if (t < 0)
+            return -2;
+        used += (size_t)t;
+    }
+    if (!done)
+        return -3;
+    *ret_used = used;
+    return http_chunked_decode(out, used);
+}
+
+TEST(chunked_bodies_decode)
+{
+    char buf[256];
+    size_t used;
+    ASSERT_EQ(
+        scan_then_decode("5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n", buf, sizeof buf, &used),
+        12);
+    ASSERT_MEMEQ(buf, 12, "hello, world", 12);
+    /* trailers are no payload; bytes after the body are not the body's */
+    const char *w = "A\r\n0123456789\r\n0\r\nX-Trailer: 1\r\n\r\nGET / HTTP/1.1";
+    http_chunks_t k = { 0 };
+    bool done = false;
+    memcpy(buf, w, strlen(w));
+    ssize_t t = http_scan_chunks(&k, buf, strlen(w), &done);
+    ASSERT_TRUE(done);
+    ASSERT_EQ(t, (ssize_t)(strlen(w) - strlen("GET / HTTP/1.1")));
+    ASSERT_EQ(http_chunked_decode(buf, (size_t)t), 10);
+    ASSERT_MEMEQ(buf, 10, "0123456789", 10);
+    /* an empty body */
+    ASSERT_EQ(scan_then_decode("0\r\n\r\n", buf, sizeof buf, &used), 0);
+    /* malformed: no size, a size longer than the data, a missing CRLF after the data */
+    ASSERT_EQ(scan_then_decode("\r\n\r\n", buf, sizeof buf, &used), -2);
+    char bad[] = "5\r\nhel\r\n0\r\n\r\n";
+    ASSERT_EQ(http_chunked_decode(bad, strlen(bad)), -EBADMSG);
+    char nocrlf[] = "3\r\nabcX\r\n0\r\n\r\n";
+    ASSERT_EQ(http_chunked_decode(nocrlf, strlen(nocrlf)), -EBADMSG);
+    char huge[] = "1000000000000000\r\nx\r\n0\r\n\r\n";
+    ASSERT_EQ(http_chunked_decode(huge, strlen(huge)), -EBADMSG);
+}
+
+TAP_MAIN(T(chunked_bodies_decode), T(simple_get), T(no_query_and_no_headers),
+         T(post_with_body_returns_head_length), T(header_value_whitespace_is_trimmed),
+         T(header_lookup_is_case_insensitive), T(connection_semantics), T(duplicate_headers),
+         T(conflicting_host_refused), T(bare_lf_and_bare_cr_refused), T(space_before_colon_refused),
+         T(obs_fold_refused), T(non_token_header_name_refused), T(bad_header_value_bytes_refused),
          T(content_length_values), T(content_length_with_transfer_encoding_refused),
          T(request_line_refusals), T(http_version_not_supported), T(too_many_headers),
          T(head_size_cap), T(incomplete_heads_need_more), T(pipelined_requests), T(reasons))

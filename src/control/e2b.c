@@ -1,0 +1,779 @@
+/* SPDX-License-Identifier: MIT */
+/* E2B's control API on sbx-control, so that E2B's SDKs (E2B_API_URL = this control plane,
+ * X-API-KEY = an sbx API token) create and manage sandboxes here. Wire contract:
+ * ../shared/research/clients.md section 1.2; every error is {"code": <status>, "message"}.
+ *
+ *   POST   /sandboxes, /v2/sandboxes            create (201 only once the sandbox's agent runs)
+ *   GET    /sandboxes, /v2/sandboxes            list (v2: ?metadata=&state=&limit=&nextToken=)
+ *   GET    /sandboxes/{id}                      detail
+ *   DELETE /sandboxes/{id}                      kill (204)
+ *   POST   /sandboxes/{id}/timeout              {"timeout": s}: ends s seconds from now (204)
+ *   POST   /sandboxes/{id}/pause                (204; 409 when paused already)
+ *   POST   /sandboxes/{id}/resume               (201, the sandbox)
+ *   POST   /sandboxes/{id}/connect, /v2/...     resume if paused; 200 (201 when resumed)
+ *
+ * A sandbox is a dedicated job of the token's namespace (a token of every namespace uses
+ * namespace "e2b"): its id is the job id (no '-' or '.'), templateID names the image ("base":
+ * the control's default image), metadata becomes labels "e2b.meta/<key>", envVars its env,
+ * allow_internet_access (E2B's default: true) its network (egress, or none), timeout (default
+ * 300 s) its lifetime. Its envdAccessToken is the job's sandbox token (SBX_TOKEN). */
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "control.h"
+
+#define E2B_NS "e2b"
+#define E2B_ENVD_VERSION "0.5.7"
+#define E2B_DEFAULT_TIMEOUT_S 300
+#define E2B_BODY_MAX (256 * 1024)
+#define E2B_START_WAIT_MS 120000
+#define E2B_LIST_MAX 1000
+#define META_PREFIX "e2b.meta/"
+#define TEMPLATE_LABEL "e2b/template"
+
+static json_int_t jint(json_t *o, const char *k)
+{
+    return json_integer_value(json_object_get(o, k));
+}
+static const char *jstr(json_t *o, const char *k)
+{
+    const char *s = json_string_value(json_object_get(o, k));
+    return s ? s : "";
+}
+
+_printf_(3, 4) static void e2b_error(conn_t *c, int status, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    conn_respond_json(c, status, json_pack("{s:i,s:s}", "code", status, "message", msg));
+}
+
+_printf_(3, 4) static void e2b_fail(work_result_t *res, int status, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    work_answer(res, status, json_pack("{s:i,s:s}", "code", status, "message", msg));
+}
+
+static void rfc3339(int64_t ms, char out[80])
+{
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    (void)snprintf(out, 80, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                   tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+}
+
+/* The namespace an E2B caller's sandboxes live in. */
+static const char *caller_ns(const principal_t *pr) { return streq(pr->ns, "*") ? E2B_NS : pr->ns; }
+
+/* X-API-KEY -> principal with at least `need` on its namespace; answers 401/403 itself. */
+static bool e2b_auth(control_t *ctl, conn_t *c, role_t need, principal_t *ret)
+{
+    sv_t v;
+    char tok[256];
+    if (!http_header_get(&c->req, "x-api-key", &v) || v.len == 0 || v.len >= sizeof tok) {
+        e2b_error(c, 401, "an API key is required (X-API-KEY: an sbx API token)");
+        return false;
+    }
+    memcpy(tok, v.p, v.len);
+    tok[v.len] = 0;
+    principal_t pr;
+    int r = auth_token_lookup(ctl, tok, &pr);
+    sodium_memzero(tok, sizeof tok);
+    if (r == -ENOENT) {
+        e2b_error(c, 401, "unknown API key");
+        return false;
+    }
+    if (r < 0) {
+        e2b_error(c, 503, "the control plane cannot check API keys now: %s", strerror(-r));
+        return false;
+    }
+    if (!auth_account(ctl, c, pr.principal))
+        return false;
+    if (pr.role < need) {
+        e2b_error(c, 403, "the API key of %s may not %s sandboxes", pr.principal,
+                  need >= ROLE_WRITE ? "change" : "read");
+        return false;
+    }
+    *ret = pr;
+    return true;
+}
+
+/* ---- the Sandbox shapes ----------------------------------------------------------------------- */
+
+static bool is_e2b_job(json_t *job)
+{
+    return json_object_get(json_object_get(job, "labels"), TEMPLATE_LABEL) != NULL;
+}
+
+static json_t *metadata_of(json_t *job)
+{
+    json_t *m = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(job, "labels"), k, v) {
+        if (strncmp(k, META_PREFIX, strlen(META_PREFIX)) == 0)
+            json_object_set(m, k + strlen(META_PREFIX), v);
+    }
+    return m;
+}
+
+/* What create, connect and resume answer (the SDK's Sandbox). */
+static json_t *sandbox_json(json_t *job, const char *token)
+{
+    const char *tpl = jstr(json_object_get(job, "labels"), TEMPLATE_LABEL);
+    json_t *j =
+        json_pack("{s:s,s:s,s:s,s:s,s:n,s:s}", "sandboxID", jstr(job, "id"), "templateID", tpl,
+                  "clientID", "sbx", "envdVersion", E2B_ENVD_VERSION, "domain", "alias", tpl);
+    if (j && token)
+        json_object_set_new(j, "envdAccessToken", json_string(token));
+    return j;
+}
+
+/* running | paused, or NULL for a job that is no sandbox any more. */
+static const char *sandbox_state(json_t *job)
+{
+    job_stage_t st;
+    job_desired_t d;
+    if (job_stage_of(job, &st) < 0 || job_desired_of(job, &d) < 0 || job_stage_ended(st) ||
+        d == DESIRED_CANCELED)
+        return NULL;
+    return st == STAGE_PAUSED || d == DESIRED_PAUSED ? "paused" : "running";
+}
+
+/* The list and detail shape (ListedSandbox / SandboxDetail). */
+static json_t *listed_json(json_t *job, bool detail)
+{
+    const char *state = sandbox_state(job);
+    json_t *fl = json_object_get(job, "flavor");
+    int64_t started = jint(job, "started_ms") ?: jint(job, "created_ms");
+    char at[80], end[80];
+    rfc3339(started, at);
+    rfc3339(started + jint(job, "timeout") * 1000, end);
+    const char *tpl = jstr(json_object_get(job, "labels"), TEMPLATE_LABEL);
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:I,s:I,s:s,s:o}", "sandboxID",
+                          jstr(job, "id"), "templateID", tpl, "clientID", "sbx", "alias", tpl,
+                          "startedAt", at, "endAt", end, "state", state ? state : "killed",
+                          "cpuCount", (json_int_t)MAX(1, jint(fl, "cpu_millis") / 1000), "memoryMB",
+                          jint(fl, "memory_mb"), "diskSizeMB", jint(fl, "disk_mb"), "envdVersion",
+                          E2B_ENVD_VERSION, "metadata", metadata_of(job));
+    if (j && detail) {
+        json_object_set_new(j, "domain", json_null());
+        json_object_set_new(j, "allowInternetAccess",
+                            json_boolean(streq(jstr(job, "network"), "egress")));
+    }
+    return j;
+}
+
+/* ---- waiting for a run (workers) -------------------------------------------------------------- */
+
+static int wait_running(worker_t *w, const char *ns, const char *id, char *why, size_t whycap)
+{
+    uint64_t deadline = monotonic_ms() + E2B_START_WAIT_MS;
+    unsigned pause_ms = 20;
+    for (;;) {
+        runrec_t rr;
+        json_t *job;
+        if (job_load(w->st, ns, id, &job, NULL) < 0) {
+            (void)snprintf(why, whycap, "sandbox %s is gone", id);
+            return -ENOENT;
+        }
+        job_stage_t st = STAGE_SCHEDULING;
+        (void)job_stage_of(job, &st);
+        bool ended = job_stage_ended(st);
+        if (ended)
+            (void)snprintf(why, whycap, "sandbox %s could not start: %s", id, jstr(job, "message"));
+        json_decref(job);
+        if (ended)
+            return -ESRCH;
+        if (st == STAGE_RUNNING && runrec_load(w->st, id, &rr, NULL) == 0 && rr.state == RR_RUNNING)
+            return 0;
+        if (monotonic_ms() > deadline || w->ctl->stopping) {
+            (void)snprintf(why, whycap, "sandbox %s did not start within %d s", id,
+                           E2B_START_WAIT_MS / 1000);
+            return -ETIMEDOUT;
+        }
+        struct timespec ts = { 0, (long)pause_ms * 1000000L };
+        (void)nanosleep(&ts, NULL);
+        pause_ms = MIN(pause_ms * 2, 200u);
+    }
+}
+
+typedef struct {
+    char ns[64], principal[64], id[32];
+    role_t role;
+    bool v2, resume;
+    char *body;
+    size_t body_len;
+} e2b_arg_t;
+
+static e2b_arg_t *new_arg(const principal_t *pr, const char *id);
+
+static void arg_free(void *p)
+{
+    e2b_arg_t *a = p;
+    free(a->body);
+    free(a);
+}
+
+static const char *create_body(control_t *ctl, json_t *b, json_t **ret_req, const char **ret_tpl)
+{
+    const char *tpl = "base";
+    json_t *meta = NULL, *env = NULL, *inet = NULL;
+    json_int_t timeout = E2B_DEFAULT_TIMEOUT_S;
+    if (!json_is_object(b))
+        return "expected a JSON object";
+    /* E2B's other fields (secure, autoPause, network, mcp, ...) are accepted and not used */
+    (void)json_unpack(b, "{s?s,s?I,s?o,s?o,s?o}", "templateID", &tpl, "timeout", &timeout,
+                      "metadata", &meta, "envVars", &env, "allow_internet_access", &inet);
+    if (!json_is_string(json_object_get(b, "templateID")) && json_object_get(b, "templateID"))
+        return "templateID: a string";
+    if (timeout < 1 || timeout > 7 * 86400)
+        return "timeout: 1..604800 seconds";
+    if (inet && !json_is_boolean(inet))
+        return "allow_internet_access: a boolean";
+    json_t *labels = json_pack("{s:s}", TEMPLATE_LABEL, tpl);
+    const char *k;
+    json_t *v;
+    if (meta && !json_is_object(meta)) {
+        json_decref(labels);
+        return "metadata: an object of strings";
+    }
+    json_object_foreach(meta, k, v) {
+        char key[80];
+        if (!json_is_string(v) || (size_t)snprintf(key, sizeof key, META_PREFIX "%s", k) > 63) {
+            json_decref(labels);
+            return "metadata: string values, keys of at most 54 bytes";
+        }
+        json_object_set(labels, key, v);
+    }
+    const char *image = streq(tpl, "base") ? ctl->cfg.default_image : tpl;
+    char tok[65];
+    random_hex(tok, 32);
+    *ret_req = json_pack("{s:s,s:s,s:o,s:{s:s},s:I,s:s}", "image", image, "network",
+                         inet && !json_is_true(inet) ? "none" : "egress", "labels", labels,
+                         "secrets", "SBX_TOKEN", tok, "timeout", timeout, "flavor", "cpu-basic");
+    if (*ret_req && env)
+        json_object_set(*ret_req, "env", env);
+    sodium_memzero(tok, sizeof tok);
+    *ret_tpl = tpl;
+    return *ret_req ? NULL : "out of memory";
+}
+
+static void create_fn(worker_t *w, void *arg, work_result_t *res)
+{
+    e2b_arg_t *a = arg;
+    control_t *ctl = w->ctl;
+    json_t *b = json_loadb(a->body ? a->body : "{}", a->body ? a->body_len : 2, 0, NULL);
+    json_t *req = NULL, *job = NULL, *sec = NULL;
+    const char *tpl = NULL;
+    const char *e = create_body(ctl, b, &req, &tpl);
+    if (!e)
+        e = job_from_request(req, ctl->cfg.default_image, &job, &sec);
+    json_decref(req);
+    if (e) {
+        e2b_fail(res, 400, "create: %s", e);
+        json_decref(b);
+        return;
+    }
+    const char *image = jstr(job, "image");
+    if (streq(image, "host") && a->role != ROLE_ADMIN && !streq(ctl->cfg.default_image, "host")) {
+        e2b_fail(res, 403, "template host (the node's own programs) is for admins");
+    } else if (!image_on_live_node(w->st, image, NULL)) {
+        e2b_fail(res, 400, "template %s: no such image on any live node", tpl);
+    } else {
+        char id[25];
+        random_hex(id, 12);
+        char tok[80];
+        (void)snprintf(tok, sizeof tok, "%s", jstr(sec, "SBX_TOKEN"));
+        int r = job_insert(w->st, &ctl->seal, a->ns, a->principal, id, job, sec);
+        if (r < 0) {
+            e2b_fail(res, 500, "create: %s", strerror(-r));
+        } else {
+            log_info("e2b: sandbox %s/%s (template %s) created by %s", a->ns, id, tpl,
+                     a->principal);
+            control_kick(ctl);
+            char why[300];
+            r = wait_running(w, a->ns, id, why, sizeof why);
+            if (r < 0) {
+                e2b_fail(res, r == -ETIMEDOUT ? 504 : 500, "%s", why);
+            } else {
+                json_t *fresh;
+                if (job_load(w->st, a->ns, id, &fresh, NULL) == 0) {
+                    work_answer(res, 201, sandbox_json(fresh, tok));
+                    json_decref(fresh);
+                } else {
+                    e2b_fail(res, 500, "sandbox %s: its record is gone", id);
+                }
+            }
+        }
+        sodium_memzero(tok, sizeof tok);
+    }
+    json_decref(job);
+    json_decref(sec);
+    json_decref(b);
+}
+
+/* pause: E2B's pause returns once the sandbox is paused (its root kept). */
+static void pause_wait_fn(worker_t *w, void *arg, work_result_t *res)
+{
+    e2b_arg_t *a = arg;
+    uint64_t deadline = monotonic_ms() + E2B_START_WAIT_MS;
+    for (unsigned pause_ms = 20;; pause_ms = MIN(pause_ms * 2, 200u)) {
+        json_t *job;
+        if (job_load(w->st, a->ns, a->id, &job, NULL) < 0) {
+            e2b_fail(res, 404, "sandbox %s not found", a->id);
+            return;
+        }
+        job_stage_t st = STAGE_SCHEDULING;
+        (void)job_stage_of(job, &st);
+        json_decref(job);
+        if (st == STAGE_PAUSED) {
+            work_answer(res, 204, NULL);
+            return;
+        }
+        if (job_stage_ended(st)) {
+            e2b_fail(res, 404, "sandbox %s ended", a->id);
+            return;
+        }
+        if (monotonic_ms() > deadline || w->ctl->stopping) {
+            e2b_fail(res, 504, "sandbox %s did not pause within %d s", a->id,
+                     E2B_START_WAIT_MS / 1000);
+            return;
+        }
+        struct timespec ts = { 0, (long)pause_ms * 1000000L };
+        (void)nanosleep(&ts, NULL);
+    }
+}
+
+/* connect / resume: resume a paused sandbox, wait until it runs, answer the Sandbox. */
+static void connect_fn(worker_t *w, void *arg, work_result_t *res)
+{
+    e2b_arg_t *a = arg;
+    bool resumed = false;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        json_t *job;
+        int64_t rev;
+        if (job_load(w->st, a->ns, a->id, &job, &rev) < 0 || !is_e2b_job(job) ||
+            !sandbox_state(job)) {
+            json_decref(job);
+            e2b_fail(res, 404, "sandbox %s not found", a->id);
+            return;
+        }
+        job_desired_t d;
+        if (job_desired_of(job, &d) == 0 && d == DESIRED_PAUSED) {
+            job_set_desired(job, DESIRED_RUNNING);
+            int r = job_save(w->st, a->ns, a->id, job, rev, NULL);
+            json_decref(job);
+            if (r == -ESTALE)
+                continue;
+            if (r < 0) {
+                e2b_fail(res, 500, "resume: %s", strerror(-r));
+                return;
+            }
+            resumed = true;
+            control_kick(w->ctl);
+            break;
+        }
+        json_decref(job);
+        if (a->resume) {
+            e2b_fail(res, 409, "sandbox %s is not paused", a->id);
+            return;
+        }
+        break;
+    }
+    char why[300];
+    int r = wait_running(w, a->ns, a->id, why, sizeof why);
+    if (r < 0) {
+        e2b_fail(res, r == -ENOENT ? 404 : r == -ETIMEDOUT ? 504 : 500, "%s", why);
+        return;
+    }
+    json_t *job, *sec;
+    if (job_load(w->st, a->ns, a->id, &job, NULL) < 0) {
+        e2b_fail(res, 404, "sandbox %s not found", a->id);
+        return;
+    }
+    if (job_secrets_get(w->st, &w->ctl->seal, a->id, &sec) < 0) {
+        json_decref(job);
+        e2b_fail(res, 500, "sandbox %s: its access token cannot be read", a->id);
+        return;
+    }
+    work_answer(res, resumed ? 201 : 200, sandbox_json(job, jstr(sec, "SBX_TOKEN")));
+    json_decref(sec);
+    json_decref(job);
+}
+
+/* ---- the loop thread's routes ----------------------------------------------------------------- */
+
+static bool query_get(const conn_t *c, const char *name, char *out, size_t cap)
+{
+    const char *q = memchr(c->req.target.p, '?', c->req.target.len);
+    if (!q)
+        return false;
+    sv_t query = sv_make(q + 1, c->req.target.len - (size_t)(q + 1 - c->req.target.p));
+    size_t nl = strlen(name);
+    while (query.len) {
+        const char *amp = memchr(query.p, '&', query.len);
+        sv_t part = sv_make(query.p, amp ? (size_t)(amp - query.p) : query.len);
+        query = amp ? sv_make(amp + 1, query.len - part.len - 1) : SV("");
+        if (part.len > nl && memcmp(part.p, name, nl) == 0 && part.p[nl] == '=') {
+            int n = url_decode(sv_make(part.p + nl + 1, part.len - nl - 1), out, cap - 1, true);
+            if (n < 0)
+                return false;
+            out[n] = 0;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether job matches the v2 list's filters: metadata "k=v&k2=v2" (URL-encoded), state list. */
+static bool list_match(json_t *job, const char *meta, const char *states)
+{
+    const char *state = sandbox_state(job);
+    if (!state || !is_e2b_job(job))
+        return false;
+    if (states[0]) {
+        bool any = false;
+        char buf[64];
+        (void)snprintf(buf, sizeof buf, "%s", states);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+            any = any || streq(t, state);
+        if (!any)
+            return false;
+    }
+    if (meta[0]) {
+        json_t *labels = json_object_get(job, "labels");
+        char buf[1024];
+        (void)snprintf(buf, sizeof buf, "%s", meta);
+        for (char *save = NULL, *t = strtok_r(buf, "&", &save); t; t = strtok_r(NULL, "&", &save)) {
+            char key[160], dk[128], dv[512];
+            char *eq = strchr(t, '=');
+            int kn =
+                url_decode(sv_make(t, eq ? (size_t)(eq - t) : strlen(t)), dk, sizeof dk - 1, true);
+            int vn = eq ? url_decode(sv_make(eq + 1, strlen(eq + 1)), dv, sizeof dv - 1, true) : 0;
+            if (kn < 0 || vn < 0)
+                return false;
+            dk[kn] = 0;
+            dv[vn] = 0;
+            (void)snprintf(key, sizeof key, META_PREFIX "%s", dk);
+            json_t *v = json_object_get(labels, key);
+            if (!v || (eq && !streq(json_string_value(v), dv)))
+                return false;
+        }
+    }
+    return true;
+}
+
+static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
+{
+    char meta[1024] = "", states[64] = "", next[64] = "", lim[16] = "";
+    if (v2) {
+        (void)query_get(c, "metadata", meta, sizeof meta);
+        (void)query_get(c, "state", states, sizeof states);
+        (void)query_get(c, "nextToken", next, sizeof next);
+        (void)query_get(c, "limit", lim, sizeof lim);
+    } else {
+        (void)snprintf(states, sizeof states, "running");
+    }
+    uint64_t limit = E2B_LIST_MAX;
+    if (lim[0] && (parse_u64_str(lim, E2B_LIST_MAX, &limit) < 0 || limit == 0)) {
+        e2b_error(c, 400, "limit: 1..%d", E2B_LIST_MAX);
+        return;
+    }
+    char prefix[96];
+    (void)snprintf(prefix, sizeof prefix, "jobs/%s/", ns);
+    store_kv_t *kvs;
+    size_t n;
+    int r = store_list(ctl->store, prefix, &kvs, &n);
+    if (r < 0) {
+        e2b_error(c, 503, "list: the control plane cannot read its store");
+        return;
+    }
+    json_t *arr = json_array();
+    char last[32] = "";
+    bool more = false;
+    for (size_t i = 0; arr && i < n; i++) {
+        json_t *job = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+        const char *id = jstr(job, "id");
+        /* pages in id order: nextToken is the last id of the previous page */
+        if (job && (!next[0] || strcmp(id, next) > 0) && list_match(job, meta, states)) {
+            if (json_array_size(arr) == limit) {
+                more = true;
+            } else {
+                json_array_append_new(arr, listed_json(job, false));
+                (void)snprintf(last, sizeof last, "%s", id);
+            }
+        }
+        json_decref(job);
+        if (more)
+            break;
+    }
+    store_kv_free(kvs, n);
+    _cleanup_free_ char *body = json_dumps(arr, JSON_COMPACT);
+    json_decref(arr);
+    char extra[96] = "";
+    if (more)
+        (void)snprintf(extra, sizeof extra, "x-next-token: %s\r\n", last);
+    if (!body)
+        conn_respond_errno(c, -ENOMEM, "list");
+    else
+        (void)conn_respond(c, 200, "application/json", body, strlen(body), extra[0] ? extra : NULL);
+}
+
+/* Load an E2B sandbox of ns for the loop thread; answers 404 itself. */
+static json_t *load_sandbox(control_t *ctl, conn_t *c, const char *ns, const char *id,
+                            int64_t *ret_rev)
+{
+    json_t *job;
+    if (!cap_id_valid(id) || job_load(ctl->store, ns, id, &job, ret_rev) < 0) {
+        e2b_error(c, 404, "sandbox %s not found", id);
+        return NULL;
+    }
+    if (!is_e2b_job(job) || !sandbox_state(job)) {
+        json_decref(job);
+        e2b_error(c, 404, "sandbox %s not found", id);
+        return NULL;
+    }
+    return job;
+}
+
+static void kill_sandbox(control_t *ctl, conn_t *c, const char *ns, const char *id)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int64_t rev;
+        json_t *job = load_sandbox(ctl, c, ns, id, &rev);
+        if (!job)
+            return;
+        job_set_desired(job, DESIRED_CANCELED);
+        int r = job_save(ctl->store, ns, id, job, rev, NULL);
+        json_decref(job);
+        if (r == -ESTALE)
+            continue;
+        if (r < 0) {
+            e2b_error(c, 500, "kill: %s", strerror(-r));
+            return;
+        }
+        log_info("e2b: sandbox %s/%s killed", ns, id);
+        control_kick(ctl);
+        (void)conn_respond(c, 204, NULL, NULL, 0, NULL);
+        return;
+    }
+    e2b_error(c, 503, "kill: too much contention on the sandbox's record");
+}
+
+typedef struct {
+    char ns[64], id[32], op[16];
+} body_ctx_t;
+
+static void body_ctx_free(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    free(c->hdata);
+    c->hdata = NULL;
+}
+static const handler_ops_t body_ctx_ops = { .on_close = body_ctx_free };
+
+/* timeout and pause: a change of the job record, answered 204 */
+static void change_done(conn_t *c)
+{
+    control_t *ctl = c->srv->app;
+    body_ctx_t *bx = c->hdata;
+    json_t *b = c->body.len ? json_loadb(buf_head(&c->body), c->body.len, 0, NULL) : NULL;
+    json_int_t secs = -1;
+    if (streq(bx->op, "timeout") &&
+        (json_unpack(b, "{s:I}", "timeout", &secs) < 0 || secs < 0 || secs > 7 * 86400)) {
+        json_decref(b);
+        e2b_error(c, 400, "timeout: expected {\"timeout\": 0..604800 seconds}");
+        return;
+    }
+    json_decref(b);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int64_t rev;
+        json_t *job = load_sandbox(ctl, c, bx->ns, bx->id, &rev);
+        if (!job)
+            return;
+        if (streq(bx->op, "pause")) {
+            if (streq(sandbox_state(job), "paused")) {
+                json_decref(job);
+                e2b_error(c, 409, "sandbox %s is paused already", bx->id);
+                return;
+            }
+            job_set_desired(job, DESIRED_PAUSED);
+        } else {
+            /* the job ends `timeout` seconds after it started: make that s from now */
+            int64_t started = jint(job, "started_ms") ?: jint(job, "created_ms");
+            int64_t t = (wall_ms() - started) / 1000 + secs;
+            json_object_set_new(job, "timeout", json_integer(MAX(1, t)));
+        }
+        int r = job_save(ctl->store, bx->ns, bx->id, job, rev, NULL);
+        json_decref(job);
+        if (r == -ESTALE)
+            continue;
+        if (r < 0) {
+            e2b_error(c, 500, "%s: %s", bx->op, strerror(-r));
+            return;
+        }
+        control_kick(ctl);
+        if (streq(bx->op, "pause")) { /* answered once paused */
+            principal_t pr = { .role = ROLE_WRITE };
+            e2b_arg_t *a = new_arg(&pr, bx->id);
+            if (!a) {
+                e2b_error(c, 500, "out of memory");
+                return;
+            }
+            (void)snprintf(a->ns, sizeof a->ns, "%s", bx->ns);
+            conn_set_handler(c, NULL, NULL);
+            free(bx);
+            work_submit(ctl, c, pause_wait_fn, a, arg_free);
+            return;
+        }
+        (void)conn_respond(c, 204, NULL, NULL, 0, NULL);
+        return;
+    }
+    e2b_error(c, 503, "%s: too much contention on the sandbox's record", bx->op);
+}
+
+static e2b_arg_t *new_arg(const principal_t *pr, const char *id)
+{
+    e2b_arg_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    (void)snprintf(a->ns, sizeof a->ns, "%s", caller_ns(pr));
+    (void)snprintf(a->principal, sizeof a->principal, "%s", pr->principal);
+    if (id)
+        (void)snprintf(a->id, sizeof a->id, "%s", id);
+    a->role = pr->role;
+    return a;
+}
+
+static void submit_done(conn_t *c)
+{
+    control_t *ctl = c->srv->app;
+    e2b_arg_t *a = c->hdata;
+    conn_set_handler(c, NULL, NULL);
+    a->body = malloc(c->body.len + 1);
+    if (!a->body) {
+        arg_free(a);
+        e2b_error(c, 500, "out of memory");
+        return;
+    }
+    memcpy(a->body, buf_head(&c->body), c->body.len);
+    a->body_len = c->body.len;
+    work_submit(ctl, c, a->id[0] ? connect_fn : create_fn, a, arg_free);
+}
+
+static void submit_arg_close(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    arg_free(c->hdata);
+    c->hdata = NULL;
+}
+static const handler_ops_t submit_ops = { .on_close = submit_arg_close };
+
+/* Whether path is one of the E2B control API's: /sandboxes[/...] or /v2/sandboxes[/...]. */
+bool e2b_route(control_t *ctl, conn_t *c)
+{
+    sv_t path = c->req.path, m = c->req.method;
+    bool v2 = sv_has_prefix(path, SV("/v2/sandboxes"));
+    sv_t rest;
+    if (v2)
+        rest = sv_make(path.p + 13, path.len - 13);
+    else if (sv_has_prefix(path, SV("/sandboxes")))
+        rest = sv_make(path.p + 10, path.len - 10);
+    else
+        return false;
+    if (rest.len && rest.p[0] != '/')
+        return false;
+    bool get = sv_eq(m, SV("GET")), post = sv_eq(m, SV("POST")), del = sv_eq(m, SV("DELETE"));
+    char id[32] = "", op[16] = "";
+    if (rest.len > 1) {
+        sv_t r = sv_make(rest.p + 1, rest.len - 1);
+        const char *slash = memchr(r.p, '/', r.len);
+        size_t il = slash ? (size_t)(slash - r.p) : r.len;
+        size_t ol = slash ? r.len - il - 1 : 0;
+        if (il == 0 || il >= sizeof id || ol >= sizeof op || memchr(r.p, 0, r.len)) {
+            e2b_error(c, 404, "no such route");
+            return true;
+        }
+        memcpy(id, r.p, il);
+        if (ol)
+            memcpy(op, slash + 1, ol);
+    }
+    principal_t pr;
+    if (!id[0] && (post || get)) {
+        if (!e2b_auth(ctl, c, post ? ROLE_WRITE : ROLE_READ, &pr))
+            return true;
+        if (get) {
+            list_sandboxes(ctl, c, caller_ns(&pr), v2);
+            return true;
+        }
+        e2b_arg_t *a = new_arg(&pr, NULL);
+        if (!a) {
+            e2b_error(c, 500, "out of memory");
+            return true;
+        }
+        a->v2 = v2;
+        conn_set_handler(c, &submit_ops, a);
+        conn_collect_body(c, E2B_BODY_MAX, submit_done);
+        return true;
+    }
+    if (!id[0]) {
+        e2b_error(c, 405, "method not allowed");
+        return true;
+    }
+    if (!op[0] && (get || del)) {
+        if (!e2b_auth(ctl, c, get ? ROLE_READ : ROLE_WRITE, &pr))
+            return true;
+        if (del) {
+            kill_sandbox(ctl, c, caller_ns(&pr), id);
+            return true;
+        }
+        json_t *job = load_sandbox(ctl, c, caller_ns(&pr), id, NULL);
+        if (job) {
+            conn_respond_json(c, 200, listed_json(job, true));
+            json_decref(job);
+        }
+        return true;
+    }
+    if (post && (streq(op, "timeout") || streq(op, "pause"))) {
+        if (!e2b_auth(ctl, c, ROLE_WRITE, &pr))
+            return true;
+        body_ctx_t *bx = calloc(1, sizeof *bx);
+        if (!bx) {
+            e2b_error(c, 500, "out of memory");
+            return true;
+        }
+        (void)snprintf(bx->ns, sizeof bx->ns, "%s", caller_ns(&pr));
+        (void)snprintf(bx->id, sizeof bx->id, "%s", id);
+        (void)snprintf(bx->op, sizeof bx->op, "%s", op);
+        conn_set_handler(c, &body_ctx_ops, bx);
+        conn_collect_body(c, 4096, change_done);
+        return true;
+    }
+    if (post && (streq(op, "connect") || streq(op, "resume"))) {
+        if (!e2b_auth(ctl, c, ROLE_WRITE, &pr))
+            return true;
+        e2b_arg_t *a = new_arg(&pr, id);
+        if (!a) {
+            e2b_error(c, 500, "out of memory");
+            return true;
+        }
+        a->resume = streq(op, "resume");
+        conn_set_handler(c, &submit_ops, a);
+        conn_collect_body(c, 4096, submit_done);
+        return true;
+    }
+    e2b_error(c, op[0] ? 404 : 405, op[0] ? "no such route" : "method not allowed");
+    return true;
+}

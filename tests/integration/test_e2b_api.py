@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: MIT
+"""E2B's control API on sbx-control (src/control/e2b.c): driven by E2B's own SDK (the npm
+package `e2b`, unmodified, tests/e2b/control_api.mjs), and by hand for the error shapes, the
+keys and namespaces, and the chunked request bodies the JS SDK sends."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from sbxplatform import TLS_PORTS, Platform
+
+E2B_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2b")
+
+
+@pytest.fixture(scope="module")
+def plat():
+    p = Platform(nodes=("e2b-n1",))
+    yield p
+    p.stop()
+
+
+def e2b(plat, method, path, body=None, key=None, **kw):
+    return plat.request(method, path, body, token=None,
+                        headers={"X-API-KEY": key if key is not None else plat.admin}, **kw)
+
+
+def create(plat, key=None, **body):
+    body.setdefault("templateID", "base")
+    r = e2b(plat, "POST", "/v2/sandboxes", body, key=key, timeout=150)
+    assert r.status == 201, r
+    return r.json()
+
+
+def test_e2b_sdk_drives_the_control_api(plat):
+    """The SDK creates (201 only once the sandbox runs), reads, lists by metadata, extends the
+    timeout, connects, kills (and a second kill answers false), and gets SandboxNotFoundError
+    for an unknown id."""
+    if not os.path.exists(os.path.join(E2B_DIR, "node_modules", "e2b", "package.json")):
+        pytest.skip("E2B's SDK is not installed (scripts/setup.sh installs it)")
+    env = dict(os.environ, E2B_API_URL=f"https://127.0.0.1:{plat.control.port}",
+               E2B_API_KEY=plat.admin,
+               NODE_EXTRA_CA_CERTS=os.path.join(plat.control.state, "tls", "ca.crt"))
+    r = subprocess.run([shutil.which("node") or "node", "control_api.mjs"], cwd=E2B_DIR, env=env,
+                       capture_output=True, text=True, timeout=240)
+    steps = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.returncode == 0, (r.stdout, r.stderr[-3000:], plat.logs_tail())
+    assert [s["step"] for s in steps][-1] == "done", steps
+    sid = steps[0]["id"]
+    # what the SDK did is what the platform has: the job is canceled
+    job = plat.request("GET", f"/v1/jobs/e2b/{sid}").json()
+    assert job["stage"] in ("CANCELED",) or job.get("desired") == "canceled", job
+
+
+def test_sandbox_shapes_and_lifecycle(plat):
+    s = create(plat, metadata={"owner": "ann"}, envVars={"GREETING": "hi"},
+               allow_internet_access=False, timeout=200)
+    sid = s["sandboxID"]
+    assert "-" not in sid and "." not in sid
+    assert s["envdVersion"] == "0.5.7" and s["templateID"] == "base" and s["envdAccessToken"]
+    assert s["domain"] is None and s["clientID"]
+    # the job behind it runs with what was asked (env, network, the token as SBX_TOKEN)
+    job = plat.request("GET", f"/v1/jobs/e2b/{sid}").json()
+    assert job["stage"] == "RUNNING" and job["network"] == "none", job
+    assert job["env"] == {"GREETING": "hi"} and job["secret_names"] == ["SBX_TOKEN"], job
+    d = e2b(plat, "GET", f"/sandboxes/{sid}").json()
+    assert d["state"] == "running" and d["metadata"] == {"owner": "ann"}, d
+    assert d["allowInternetAccess"] is False and d["endAt"] > d["startedAt"], d
+    # pause: 204, a second pause 409; connect resumes (201) with the same token
+    assert e2b(plat, "POST", f"/sandboxes/{sid}/pause", {}).status == 204
+    r = e2b(plat, "POST", f"/sandboxes/{sid}/pause", {})
+    assert r.status == 409 and r.json()["code"] == 409, r
+    assert e2b(plat, "GET", f"/sandboxes/{sid}").json()["state"] == "paused"
+    r = e2b(plat, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 60}, timeout=150)
+    assert r.status == 201 and r.json()["envdAccessToken"] == s["envdAccessToken"], r
+    r = e2b(plat, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 60}, timeout=150)
+    assert r.status == 200, r  # running already
+    job = plat.request("GET", f"/v1/jobs/e2b/{sid}").json()
+    assert job["run"]["generation"] == 2, job  # resumed as a new generation
+    # timeout: the job now ends about 5 s from now
+    assert e2b(plat, "POST", f"/sandboxes/{sid}/timeout", {"timeout": 5}).status == 204
+    # kill: 204, then 404 in E2B's shape (the SDK reads "code")
+    assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204
+    r = e2b(plat, "DELETE", f"/sandboxes/{sid}")
+    assert r.status == 404 and r.json() == {"code": 404, "message": f"sandbox {sid} not found"}
+
+
+def test_list_filters_and_pages(plat):
+    ids = [create(plat, metadata={"batch": "b1", "n": str(i)})["sandboxID"] for i in range(3)]
+    other = create(plat, metadata={"batch": "b2"})["sandboxID"]
+    r = e2b(plat, "GET", "/v2/sandboxes?metadata=batch%3Db1&limit=2")
+    assert r.status == 200 and len(r.json()) == 2, r
+    nxt = r.headers.get("x-next-token")
+    assert nxt, r.headers
+    r2 = e2b(plat, "GET", f"/v2/sandboxes?metadata=batch%3Db1&limit=2&nextToken={nxt}")
+    got = [s["sandboxID"] for s in r.json() + r2.json()]
+    assert sorted(got) == sorted(ids) and not r2.headers.get("x-next-token"), (got, ids)
+    r = e2b(plat, "GET", "/v2/sandboxes?metadata=batch%3Db1%26n%3D1")
+    assert [s["sandboxID"] for s in r.json()] == [ids[1]], r
+    assert e2b(plat, "POST", f"/sandboxes/{ids[0]}/pause", {}).status == 204
+    r = e2b(plat, "GET", "/v2/sandboxes?metadata=batch%3Db1&state=paused")
+    assert [s["sandboxID"] for s in r.json()] == [ids[0]], r
+    r = e2b(plat, "GET", "/sandboxes")  # v1: running only
+    listed = {s["sandboxID"] for s in r.json()}
+    assert other in listed and ids[0] not in listed, r
+    for sid in ids + [other]:
+        assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204
+
+
+def test_keys_roles_and_namespaces(plat):
+    r = plat.request("GET", "/v2/sandboxes", token=None)
+    assert r.status == 401 and r.json()["code"] == 401, r
+    assert e2b(plat, "GET", "/v2/sandboxes", key="sbx_" + "0" * 40).status == 401
+    a_write = plat.token("e2b-a", "team-a", "write")
+    a_read = plat.token("e2b-a-read", "team-a", "read")
+    b_write = plat.token("e2b-b", "team-b", "write")
+    s = create(plat, key=a_write)
+    sid = s["sandboxID"]
+    assert plat.request("GET", f"/v1/jobs/team-a/{sid}").status == 200  # in the key's namespace
+    # read: sees it, cannot create, kill or pause it
+    assert e2b(plat, "GET", f"/sandboxes/{sid}", key=a_read).status == 200
+    for method, path, body in [("POST", "/v2/sandboxes", {"templateID": "base"}),
+                               ("DELETE", f"/sandboxes/{sid}", None),
+                               ("POST", f"/sandboxes/{sid}/pause", {})]:
+        r = e2b(plat, method, path, body, key=a_read)
+        assert r.status == 403 and r.json()["code"] == 403, ("ATTACK: a read key did", path, r)
+    # another namespace's key: the sandbox does not exist for it
+    for method, path in [("GET", f"/sandboxes/{sid}"), ("DELETE", f"/sandboxes/{sid}"),
+                         ("POST", f"/sandboxes/{sid}/pause")]:
+        r = e2b(plat, method, path, {} if method == "POST" else None, key=b_write)
+        assert r.status == 404, ("ATTACK: another namespace's key reached it", path, r)
+    assert sid not in {x["sandboxID"] for x in e2b(plat, "GET", "/v2/sandboxes", key=b_write).json()}
+    assert e2b(plat, "GET", f"/sandboxes/{sid}", key=a_write).json()["state"] == "running"
+    assert e2b(plat, "DELETE", f"/sandboxes/{sid}", key=a_write).status == 204
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"templateID": "no-such-image"}, "no such image"),
+    ({"templateID": "Bad/Name"}, "image"),
+    ({"templateID": "base", "timeout": 0}, "timeout"),
+    ({"templateID": "base", "metadata": {"k": 1}}, "metadata"),
+    ({"templateID": "base", "envVars": {"1X": "y"}}, "env"),
+    ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
+])
+def test_bad_create_requests_say_why(plat, body, words):
+    r = e2b(plat, "POST", "/v2/sandboxes", body)
+    assert r.status == 400 and r.json()["code"] == 400 and words in r.json()["message"], r
+
+
+# ---- chunked request bodies (the HTTP core: conn_collect_body) ---------------------------------
+
+def raw_exchange(plat, head, body_wire, read_two=False):
+    port = plat.control.port
+    s = TLS_PORTS[port].wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=60),
+                                    server_hostname="127.0.0.1")
+    s.sendall(head.encode() + body_wire)
+    data = b""
+    answers = []
+    while len(answers) < (2 if read_two else 1):
+        while b"\r\n\r\n" not in data:
+            got = s.recv(65536)
+            if not got:
+                s.close()
+                return answers, True
+            data += got
+        h, data = data.split(b"\r\n\r\n", 1)
+        n = int(next((l.split(b":")[1] for l in h.split(b"\r\n")
+                      if l.lower().startswith(b"content-length")), b"0"))
+        while len(data) < n:
+            data += s.recv(65536)
+        answers.append((int(h.split(b" ")[1]), data[:n]))
+        data = data[n:]
+    s.close()
+    return answers, False
+
+
+def chunked(payload, size=7):
+    return b"".join(b"%x\r\n%s\r\n" % (len(payload[i:i + size]), payload[i:i + size])
+                    for i in range(0, len(payload), size)) + b"0\r\n\r\n"
+
+
+def test_chunked_request_bodies_are_read_and_the_connection_goes_on(plat):
+    body = json.dumps({"labels": {"via": "chunked"}, "secrets": {"SBX_TOKEN": "t" * 32}}).encode()
+    head = (f"POST /v1/jobs/chunky HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {plat.admin}\r\n"
+            f"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n")
+    nxt = f"GET /v1/jobs/chunky HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {plat.admin}\r\n\r\n"
+    answers, _ = raw_exchange(plat, head, chunked(body) + nxt.encode(), read_two=True)
+    (st1, b1), (st2, b2) = answers
+    assert st1 == 201 and json.loads(b1)["labels"] == {"via": "chunked"}, (st1, b1)
+    assert st2 == 200 and json.loads(b2)[0]["id"] == json.loads(b1)["id"], (st2, b2)
+    assert plat.request("POST", f"/v1/jobs/chunky/{json.loads(b1)['id']}/cancel").status == 202
+
+
+@pytest.mark.parametrize("te,wire,status", [
+    ("chunked", b"zz\r\nhello\r\n0\r\n\r\n", 400),
+    ("chunked", b"5\r\nhelloXX0\r\n\r\n", 400),
+    ("gzip", b"", 501),
+])
+def test_bad_chunked_bodies_are_refused(plat, te, wire, status):
+    head = (f"POST /v1/jobs/chunky HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {plat.admin}\r\n"
+            f"Transfer-Encoding: {te}\r\n\r\n")
+    answers, closed = raw_exchange(plat, head, wire)
+    assert answers and answers[0][0] == status, answers
+
+
+def test_a_chunked_body_over_the_cap_is_413(plat):
+    head = (f"POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-KEY: {plat.admin}\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n")
+    big = b'{"templateID":"base","metadata":{"k":"' + b"x" * (300 * 1024) + b'"}}'
+    answers, _ = raw_exchange(plat, head, chunked(big, 64 * 1024))
+    assert answers and answers[0][0] == 413, answers
