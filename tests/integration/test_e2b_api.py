@@ -118,7 +118,8 @@ def test_keys_roles_and_namespaces(plat):
     b_write = plat.token("e2b-b", "team-b", "write")
     s = create(plat, key=a_write)
     sid = s["sandboxID"]
-    assert plat.request("GET", f"/v1/jobs/team-a/{sid}").status == 200  # in the key's namespace
+    assert plat.request("GET", f"/v1/jobs/team-a/{sid}").status == 200, \
+        "ATTACK: the sandbox is not in its key's namespace"
     # read: sees it, cannot create, kill or pause it
     assert e2b(plat, "GET", f"/sandboxes/{sid}", key=a_read).status == 200
     for method, path, body in [("POST", "/v2/sandboxes", {"templateID": "base"}),
