@@ -189,6 +189,9 @@ int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
 /* records.c: JSON <-> records */
 /* Whether control process `instance` has written its record within CTL_ALIVE_MS. */
 bool control_alive(store_t *st, const char *instance);
+/* Whether control process `instance` is known gone: its record absent or stale (a store error
+ * is no proof: false). */
+bool control_gone(store_t *st, const char *instance);
 int control_heartbeat(store_t *st, const char *instance);
 /* Move r to state `to` if states.h allows it; -EINVAL (logged, r unchanged) if not. */
 int runrec_set_state(runrec_t *r, runrec_state_t to);
@@ -301,7 +304,7 @@ int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_re
  * -errno when no answer came (msg says why). */
 int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t *rr,
                const char *method, const char *path, const char *token, json_t *body,
-               int *ret_status, json_t **ret_json, char *msg, size_t msgcap);
+               uint64_t timeout_ms, int *ret_status, json_t **ret_json, char *msg, size_t msgcap);
 
 /* work.c: API calls that wait on nodes run on worker threads; the answer returns to the loop */
 typedef struct {
@@ -339,6 +342,11 @@ typedef struct {
         char job[32];
         int64_t ms;
     } at[256];
+    struct { /* sandboxes seen on an agent without a record, since when (this clock) */
+        char id[17];
+        int64_t since_ms;
+    } orphans[256];
+    int64_t orphans_swept_ms;
 } pool_syncs_t;
 void pools_pass(control_t *ctl, store_t *st, const keyring_t *kr, pool_syncs_t *ps);
 

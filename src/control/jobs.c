@@ -346,8 +346,14 @@ int job_insert(store_t *st, const seal_keys_t *seal, const char *ns, const char 
     json_object_foreach(sec, k, v)
         json_array_append_new(json_object_get(job, "secret_names"), json_string(k));
     int r = job_secrets_put(st, seal, id, sec);
-    if (r >= 0)
-        r = job_save(st, ns, id, job, STORE_REV_ABSENT, NULL);
+    if (r < 0)
+        return r;
+    r = job_save(st, ns, id, job, STORE_REV_ABSENT, NULL);
+    if (r < 0) { /* no job: its secrets go too */
+        char key[64];
+        (void)snprintf(key, sizeof key, "secrets/%s", id);
+        (void)store_del(st, key, STORE_REV_ANY);
+    }
     return r;
 }
 

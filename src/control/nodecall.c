@@ -65,7 +65,7 @@ int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_re
 
 int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t *rr,
                const char *method, const char *path, const char *token, json_t *body,
-               int *ret_status, json_t **ret_json, char *msg, size_t msgcap)
+               uint64_t timeout_ms, int *ret_status, json_t **ret_json, char *msg, size_t msgcap)
 {
     char target[512], hdr[160] = "";
     int n = snprintf(target, sizeof target, "/v1/runs/%s/ports/%u%s", rr->run.sandbox,
@@ -92,7 +92,7 @@ int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t 
         .body = b,
         .body_len = b ? strlen(b) : 0,
         .bind_body = true,
-        .timeout_ms = 60000,
+        .timeout_ms = timeout_ms,
     };
     httpc_response_t resp = { 0 };
     int r = node_request(ctl, st, kr, &q, &resp, msg, msgcap);

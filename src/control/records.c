@@ -65,6 +65,21 @@ bool control_alive(store_t *st, const char *instance)
     return wall_ms() - seen < CTL_ALIVE_MS;
 }
 
+bool control_gone(store_t *st, const char *instance)
+{
+    char key[64];
+    store_kv_t kv;
+    (void)snprintf(key, sizeof key, "controls/%s", instance);
+    int r = store_get(st, key, &kv);
+    if (r < 0)
+        return r == -ENOENT;
+    json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
+    store_kv_clear(&kv);
+    json_int_t seen = json_integer_value(json_object_get(j, "last_seen_ms"));
+    json_decref(j);
+    return wall_ms() - seen >= CTL_ALIVE_MS;
+}
+
 int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev)
 {
     char key[128];

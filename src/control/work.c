@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "control.h"
 
-#define WORKERS 4
+#define WORKERS 8
 #define WORK_QUEUE_MAX 256
 
 struct work_task {

@@ -492,7 +492,7 @@ def test_the_edge_refuses_another_generation_before_the_reconciler_marks_the_san
     pool = new_pool(plat, per_host=4, max_hosts=1)
     (a,) = make_ok(plat, pool, 1)
     assert sb_exec(plat, pool, a, "echo before").out == "before\n"  # positive control
-    keys = [f"poolsbx/t/{pool['name']}/{a['id']}", f"secrets/psb-{a['id']}"]
+    keys = [f"poolsbx/t/{pool['name']}/{a['id']}", f"secrets/psb/t/{pool['name']}/{a['id']}"]
     saved = {k: _sql(plat, f"SELECT hex(value) FROM kv WHERE key = '{k}'") for k in keys}
     assert all(saved.values()), saved
     host = a["host"]
