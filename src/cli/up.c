@@ -30,6 +30,7 @@ typedef struct {
     unsigned port;
     const char *images;
     const char *default_image;
+    const char *id_range;
     unsigned wait_s;
 } up_opts_t;
 
@@ -233,11 +234,13 @@ static bool died(pid_t pid, const char *name, const char *log)
 
 static int parse_up(int argc, char **argv, up_opts_t *o, bool up)
 {
-    static const struct option lo[] = {
-        { "state", required_argument, 0, 's' },  { "port", required_argument, 0, 'p' },
-        { "images", required_argument, 0, 'i' }, { "default-image", required_argument, 0, 'd' },
-        { "wait", required_argument, 0, 'w' },   { 0, 0, 0, 0 }
-    };
+    static const struct option lo[] = { { "state", required_argument, 0, 's' },
+                                        { "port", required_argument, 0, 'p' },
+                                        { "images", required_argument, 0, 'i' },
+                                        { "default-image", required_argument, 0, 'd' },
+                                        { "wait", required_argument, 0, 'w' },
+                                        { "id-range", required_argument, 0, 'r' },
+                                        { 0, 0, 0, 0 } };
     const char *state = DEFAULT_STATE;
     unsigned long v;
     int c;
@@ -262,6 +265,11 @@ static int parse_up(int argc, char **argv, up_opts_t *o, bool up)
             if (!up)
                 return cli_usage("--default-image belongs to up");
             o->default_image = optarg;
+            break;
+        case 'r':
+            if (!up)
+                return cli_usage("--id-range belongs to up");
+            o->id_range = optarg;
             break;
         case 'w':
             if (!up || parse_num(optarg, 3600, &v) < 0)
@@ -388,10 +396,12 @@ static int node_live(const up_opts_t *o)
 
 static const char up_help[] =
     "usage: sbx up [--state DIR] [--port P] [--images DIR] [--default-image NAME] [--wait S]\n"
+    "              [--id-range START:COUNT]\n"
     "Start the local platform: one sbx-control on 127.0.0.1:P (default 49980; its SQLite store\n"
     "in DIR/control, default /var/lib/sbx) and one sbx-node on P+1, logs and pid files in DIR;\n"
     "wait until the node is live; write $SBX_HOME (default ~/.sbx, 0700): endpoint, token\n"
-    "(0600), ca.crt. Running again when it runs says so and rewrites $SBX_HOME. Needs root.\n";
+    "(0600), ca.crt. Running again when it runs says so and rewrites $SBX_HOME. Needs root.\n"
+    "--images, --id-range: passed to sbx-node; --default-image: to sbx-control.\n";
 
 int cmd_up(const cli_t *cli, int argc, char **argv)
 {
@@ -499,9 +509,14 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
         char *nargv[16] = { node_bin, "--state",   node_state, "--listen",
                             nlisten,  "--control", listen,     "--join-token-file",
                             join,     "--name",    "node-1",   NULL };
+        int k = 11;
         if (o.images) {
-            nargv[11] = "--images";
-            nargv[12] = (char *)o.images;
+            nargv[k++] = "--images";
+            nargv[k++] = (char *)o.images;
+        }
+        if (o.id_range) {
+            nargv[k++] = "--id-range";
+            nargv[k++] = (char *)o.id_range;
         }
         if ((r = spawn_daemon(nargv, node_log, node_pid, &npid)) < 0) {
             fprintf(stderr, "sbx: cannot start sbx-node: %s\n", strerror(-r));

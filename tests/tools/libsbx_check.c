@@ -5,7 +5,7 @@
  *
  *   libsbx-check dedicated          create, exec (streams, codes, binary bytes), files,
  *                                   processes, proxy URL, kill; prints "id <ID>" first
- *   libsbx-check create             create one sandbox and print its id
+ *   libsbx-check create TEXT        create one sandbox, write TEXT to /tmp/mark, print its id
  *   libsbx-check reconnect ID TEXT  a fresh process: connect(ID) with only the API token, read
  *                                   /tmp/mark (must be TEXT), exec in it
  *   libsbx-check errors             bad input: unknown ids, bad image, bad labels, bad endpoint
@@ -301,7 +301,7 @@ static int cmd_dedicated(void)
     return failures ? 1 : 0;
 }
 
-static int cmd_create(void)
+static int cmd_create(const char *mark)
 {
     sbx_client_t *c;
     if (client(&c) < 0)
@@ -309,9 +309,7 @@ static int cmd_create(void)
     sbx_error_t e = { 0 };
     sbx_sandbox_t *s;
     OK(sbx_sandbox_create(c, NULL, &s, &e), e);
-    both_t b = { 0 };
-    sbx_exec_result_t res;
-    OK(run(s, "echo -n \"$SBX_MARK\" > /tmp/mark", &b, &res, &e), e);
+    OK(sbx_file_write(s, "/tmp/mark", mark, strlen(mark), &e), e);
     printf("%s\n", sbx_sandbox_id(s));
     sbx_sandbox_free(s);
     sbx_client_free(c);
@@ -477,14 +475,15 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "dedicated") == 0)
         return cmd_dedicated();
-    if (argc >= 2 && strcmp(argv[1], "create") == 0)
-        return cmd_create();
+    if (argc >= 3 && strcmp(argv[1], "create") == 0)
+        return cmd_create(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "reconnect") == 0)
         return cmd_reconnect(argv[2], argv[3]);
     if (argc >= 2 && strcmp(argv[1], "errors") == 0)
         return cmd_errors();
     if (argc >= 3 && strcmp(argv[1], "pool") == 0)
         return cmd_pool(argv[2]);
-    fprintf(stderr, "usage: libsbx-check dedicated|create|reconnect ID TEXT|errors|pool NAME\n");
+    fprintf(stderr,
+            "usage: libsbx-check dedicated|create TEXT|reconnect ID TEXT|errors|pool NAME\n");
     return 2;
 }
