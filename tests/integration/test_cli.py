@@ -273,11 +273,7 @@ def test_bash_completion_parses():
     assert r.returncode == 0 and "_sbx" in r.stdout, r
 
 
-@pytest.mark.skip_ok("the pools API (sbx-control) lands with issue 11's control-plane part")
 def test_pool_commands(up):
-    r = up.sbx("pool", "ls", "--json")
-    if r.returncode != 0:
-        pytest.skip("this sbx-control has no pools API yet: " + r.stderr.strip())
     name = "cp-" + secrets.token_hex(3)
     up.sbx("pool", "create", name, "--per-host", "4", "--max-hosts", "1", check=0)
     assert name in up.sbx("pool", "ls", check=0).stdout
@@ -299,6 +295,22 @@ def test_pool_commands(up):
     up.sbx("kill", ids[0], check=0)
     r = up.sbx("exec", ids[0], "--", "true")
     assert r.returncode == 3, r
+    up.sbx("pool", "rm", name, check=0)
+
+
+def test_pooled_sandbox_of_a_dead_host_is_reported_gone(up):
+    name = "gone-" + secrets.token_hex(3)
+    up.sbx("pool", "create", name, "--max-hosts", "1", check=0)
+    sid = up.sbx("create", "--pool", name, check=0, timeout=180).stdout.strip()
+    assert up.sbx("exec", sid, "--", "true").returncode == 0  # positive control
+    host = json.loads(up.sbx("pool", "inspect", name, check=0).stdout)["hosts"][0]["job"]
+    up.sbx("jobs", "cancel", host, check=0)
+
+    def gone():
+        r = up.sbx("exec", sid, "--", "true")
+        return r if r.returncode == 3 else None
+    r = wait_until(gone, 20, 0.3)
+    assert r and "410" in r.stderr and "gone" in r.stderr, r
     up.sbx("pool", "rm", name, check=0)
 
 

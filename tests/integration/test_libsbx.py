@@ -31,11 +31,6 @@ def write_home(p, path, token=None):
     return path
 
 
-def pools_api(p):
-    """Whether this control plane serves the pools API (issue 11; may land after libsbx)."""
-    return p.request("GET", "/v1/pools/default").status == 200
-
-
 @pytest.fixture(scope="module")
 def plat():
     p = Platform(nodes=("nodeA",))
@@ -92,9 +87,6 @@ def test_bad_input_errors_are_values_with_reasons(plat):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.skip_ok("the pools API (sbx-control) lands with issue 11's control-plane part")
 def test_pool_through_libsbx(plat):
-    if not pools_api(plat):
-        pytest.skip("this sbx-control has no pools API yet (GET /v1/pools/{ns} is not 200)")
     r = check(plat, "pool", "lp-" + secrets.token_hex(4), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
