@@ -537,29 +537,25 @@ static int read_head(http_conn_t *c, head_t *h, bool *ret_any)
     return 0;
 }
 
-static int exchange(http_conn_t *c, const http_req_t *rq, http_resp_t *resp, bool *ret_any)
+int http_read_response(http_conn_t *c, const http_req_t *rq, http_resp_t *resp, bool *ret_any)
 {
-    char hostport[300];
-    (void)snprintf(hostport, sizeof hostport, strchr(c->host, ':') ? "[%s]:%s" : "%s:%s", c->host,
-                   c->port);
-    int r = send_request(c, rq, hostport);
-    if (r < 0)
-        return r;
     head_t h;
+    int r;
     do {
         memset(&h, 0, sizeof h);
         r = read_head(c, &h, ret_any);
-        if (r < 0)
+        if (r < 0) {
+            http_conn_close(c);
             return r;
+        }
     } while (h.status >= 100 && h.status < 200);
     resp->status = h.status;
     resp->content_length = h.chunked ? UINT64_MAX : h.clen;
+    bool ok = h.status >= 200 && h.status < 300;
     body_out_t o = { .rq = rq,
                      .resp = resp,
-                     .to_sink = rq->sink && h.status >= 200 && h.status < 300,
-                     .cap = h.status >= 200 && h.status < 300
-                                ? (rq->body_max ? rq->body_max : HTTP_ERRBODY_MAX)
-                                : HTTP_ERRBODY_MAX };
+                     .to_sink = rq->sink && ok,
+                     .cap = ok && rq->body_max ? rq->body_max : HTTP_ERRBODY_MAX };
     bool no_body = strcmp(rq->method, "HEAD") == 0 || h.status == 204 || h.status == 304;
     if (no_body)
         r = 0;
@@ -589,7 +585,18 @@ static int exchange(http_conn_t *c, const http_req_t *rq, http_resp_t *resp, boo
         http_conn_close(c);
     else
         c->used = true;
-    return r;
+    return r < 0 ? r : 0;
+}
+
+static int exchange(http_conn_t *c, const http_req_t *rq, http_resp_t *resp, bool *ret_any)
+{
+    char hostport[300];
+    (void)snprintf(hostport, sizeof hostport, strchr(c->host, ':') ? "[%s]:%s" : "%s:%s", c->host,
+                   c->port);
+    int r = send_request(c, rq, hostport);
+    if (r < 0)
+        return r;
+    return http_read_response(c, rq, resp, ret_any);
 }
 
 int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, char *msg, size_t msglen)

@@ -64,6 +64,9 @@ void http_conn_done(http_conn_t *c);
 /* One exchange; keeps the connection when the answer allows it. On failure msg says why. */
 int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, char *msg, size_t msglen);
 void http_resp_free(http_resp_t *r);
+/* The response half of http_do on an open connection (c->fd a connected socket, no TLS): for
+ * tests and fuzzing. *ret_any tells whether any byte of an answer came. */
+int http_read_response(http_conn_t *c, const http_req_t *rq, http_resp_t *resp, bool *ret_any);
 
 /* ---- the API layer ---------------------------------------------------------------------- */
 
