@@ -200,6 +200,9 @@ int cmd_create(const cli_t *cli, int argc, char **argv)
         };
         sbx_sandbox_t **list;
         size_t n, rejected = 0;
+        if (isatty(STDERR_FILENO))
+            fprintf(stderr, "sbx: placing %lu sandbox%s in pool %s (a host may have to start)\n",
+                    count, count == 1 ? "" : "es", pool);
         r = sbx_pool_sandboxes_create(c, pool, &po, &list, &n, &rejected, &e);
         if (r < 0) {
             r = cli_fail(&e);
@@ -398,12 +401,16 @@ int cmd_exec(const cli_t *cli, int argc, char **argv)
         return EXIT_EXEC_CANNOT;
     }
     sbx_client_t *c;
-    if ((r = cli_client(cli, &c)))
+    if ((r = cli_client(cli, &c))) {
+        free(in);
+        free(a.joined);
         return r;
+    }
     sbx_sandbox_t *s;
     if ((r = open_sandbox(c, a.id, &s))) {
         sbx_client_free(c);
         free(in);
+        free(a.joined);
         return r;
     }
     sbx_exec_opts_t o = { .cmd = a.joined,
@@ -453,11 +460,14 @@ int cmd_spawn(const cli_t *cli, int argc, char **argv)
     if (r)
         return r;
     sbx_client_t *c;
-    if ((r = cli_client(cli, &c)))
+    if ((r = cli_client(cli, &c))) {
+        free(a.joined);
         return r;
+    }
     sbx_sandbox_t *s;
     if ((r = open_sandbox(c, a.id, &s))) {
         sbx_client_free(c);
+        free(a.joined);
         return r;
     }
     sbx_exec_opts_t o = { .cmd = a.joined,

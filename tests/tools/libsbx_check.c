@@ -437,6 +437,7 @@ static int cmd_pool(const char *name)
         CHECK(len == 6 && memcmp(d, "pooled", 6) == 0, "read %zu", len);
         sbx_free(d);
     }
+    sbx_sandbox_list_free(list, n);
     /* full: 4 per host, one host: 3 + 3 places 1 and rejects 2 */
     sbx_sandbox_t **more;
     size_t m;
