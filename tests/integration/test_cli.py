@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, free_port, wait_until
+from conftest import BUILD, assert_no_sanitizer_report, free_port, wait_until
 
 SBX = os.path.join(BUILD, "sbx")
 # A subordinate id range of this module's own (sbxplatform's nodes use 1.0e9..1.7e9).
@@ -84,7 +84,12 @@ def up():
             p = u.pid(name)
             if p and alive(p):
                 os.kill(p, signal.SIGKILL)
-        shutil.rmtree(u.dir, ignore_errors=True)
+        try:
+            for log in ("control.log", "node.log"):  # the daemons `sbx up` started
+                with open(os.path.join(u.state, log), errors="replace") as f:
+                    assert_no_sanitizer_report(f.read())
+        finally:
+            shutil.rmtree(u.dir, ignore_errors=True)
 
 
 def new_sandbox(up):
