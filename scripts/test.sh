@@ -107,6 +107,7 @@ stage_bench_smoke() { bash scripts/bench.sh --quick; }
 stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
 stage_bench_platform_smoke() { bash scripts/bench-platform.sh --quick; }
 stage_bench_boundary_smoke() { build/bench/bench-boundary --quick; }
+stage_bench_libsbx_smoke() { bash scripts/bench-libsbx.sh --quick; }
 
 # name : time limit (s) : stage it needs
 STAGES=(
@@ -133,6 +134,7 @@ STAGES=(
     "bench_pool_smoke:300:build"
     "bench_platform_smoke:300:build"
     "bench_boundary_smoke:120:build"
+    "bench_libsbx_smoke:300:build"
 )
 
 if [[ "${1:-}" == --stage ]]; then
