@@ -38,6 +38,7 @@ typedef struct {
     const char *direct_port, *direct_token;
     const char *pool;
     atomic_uint failures;
+    atomic_uint_fast64_t phase_ns[3]; /* create, exec, delete: summed over threads */
 } bench_t;
 
 static uint64_t mono_ns(void)
@@ -106,8 +107,7 @@ static void cold_starts(bench_t *b)
         if (sbx_exec(list[0], &t, &res, &e) < 0 || res.exit_code != 0)
             fail(b, "first pooled exec", e.message);
         uint64_t t2 = mono_ns();
-        figure("empty pool: first sandbox (its host booted)", (double)(t1 - t0) / 1e6, "ms",
-               NULL);
+        figure("empty pool: first sandbox (its host booted)", (double)(t1 - t0) / 1e6, "ms", NULL);
         figure("empty pool: first sandbox + first exec of true", (double)(t2 - t0) / 1e6, "ms",
                NULL);
         (void)sbx_sandbox_kill(list[0], &e);
@@ -124,6 +124,24 @@ typedef struct {
     int kind; /* 0 spawn, 1 direct, 2 full */
 } worker_t;
 
+static void phases(bench_t *b, uint64_t t0, uint64_t t1, uint64_t t2, uint64_t t3)
+{
+    atomic_fetch_add(&b->phase_ns[0], t1 - t0);
+    atomic_fetch_add(&b->phase_ns[1], t2 - t1);
+    atomic_fetch_add(&b->phase_ns[2], t3 - t2);
+}
+
+/* Mean latency of each phase of the last kind run, then reset. */
+static void print_phases(bench_t *b, const char *who)
+{
+    static const char *names[] = { "create", "exec true", "delete" };
+    for (int i = 0; i < 3; i++) {
+        char label[80];
+        (void)snprintf(label, sizeof label, "  %s: %s, mean latency", who, names[i]);
+        figure(label, (double)atomic_exchange(&b->phase_ns[i], 0) / b->n / 1e6, "ms", NULL);
+    }
+}
+
 static void spawn_trios(worker_t *w)
 {
     char *argv[] = { "/bin/true", NULL };
@@ -136,8 +154,8 @@ static void spawn_trios(worker_t *w)
     }
 }
 
-static int direct_call(http_conn_t *hc, const char *method, const char *target,
-                       const char *token, const char *body, http_resp_t *ret, bench_t *b)
+static int direct_call(http_conn_t *hc, const char *method, const char *target, const char *token,
+                       const char *body, http_resp_t *ret, bench_t *b)
 {
     char hdr[160];
     (void)snprintf(hdr, sizeof hdr, "X-Sandbox-Token: %s\r\n", token);
@@ -170,6 +188,7 @@ static void direct_trios(worker_t *w)
     }
     for (unsigned i = 0; i < w->count; i++) {
         http_resp_t r;
+        uint64_t t0 = mono_ns();
         if (direct_call(&hc, "POST", "/v1/sandboxes", w->b->direct_token, "{\"count\":1}", &r,
                         w->b) < 0)
             break;
@@ -185,14 +204,17 @@ static void direct_trios(worker_t *w)
         }
         char target[128];
         (void)snprintf(target, sizeof target, "/v1/sandboxes/%s/exec", id);
+        uint64_t t1 = mono_ns();
         if (direct_call(&hc, "POST", target, tok, "{\"cmd\":[\"true\"]}", &r, w->b) == 0) {
             if (!strstr(r.body, "\"exit_code\":0"))
                 fail(w->b, "direct exec", r.body);
             http_resp_free(&r);
         }
         (void)snprintf(target, sizeof target, "/v1/sandboxes/%s", id);
+        uint64_t t2 = mono_ns();
         if (direct_call(&hc, "DELETE", target, tok, NULL, &r, w->b) == 0)
             http_resp_free(&r);
+        phases(w->b, t0, t1, t2, mono_ns());
         json_decref(j);
     }
     http_conn_done(&hc);
@@ -210,15 +232,19 @@ static void full_trios(worker_t *w)
     for (unsigned i = 0; i < w->count; i++) {
         sbx_sandbox_t **list;
         size_t n;
+        uint64_t t0 = mono_ns();
         if (sbx_pool_sandboxes_create(c, w->b->pool, NULL, &list, &n, NULL, &e) < 0) {
             fail(w->b, "full create", e.message);
             break;
         }
         sbx_exec_result_t res;
+        uint64_t t1 = mono_ns();
         if (sbx_exec(list[0], &t, &res, &e) < 0 || res.exit_code != 0)
             fail(w->b, "full exec", e.message);
+        uint64_t t2 = mono_ns();
         if (sbx_sandbox_kill(list[0], &e) < 0)
             fail(w->b, "full delete", e.message);
+        phases(w->b, t0, t1, t2, mono_ns());
         sbx_sandbox_list_free(list, n);
     }
     sbx_client_free(c);
@@ -295,8 +321,10 @@ int main(int argc, char **argv)
     figure("baseline: posix_spawn /bin/true + waitpid", spawn / b.n * 1e6, "us/op", NULL);
     double direct = trios(&b, 1);
     figure("direct: pool host agent (HTTP, loopback)", direct / b.n * 1e6, "us/op", NULL);
+    print_phases(&b, "direct");
     double full = trios(&b, 2);
     figure("full path: libsbx -> control -> node -> pool host", full / b.n * 1e6, "us/op", NULL);
+    print_phases(&b, "full path");
     figure("full path throughput", b.n / full, "ops/s", NULL);
     char note[64];
     (void)snprintf(note, sizeof note, "target <= 2: %s", full / direct <= 2 ? "met" : "MISSED");
