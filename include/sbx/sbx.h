@@ -58,6 +58,10 @@ typedef struct {
     const char *ns;
     /* How long one read or write may wait (ms); 0: 120000. */
     unsigned io_timeout_ms;
+    /* Uploads and downloads of at least this many bytes move as parallel_ranges ranges at once,
+     * each on a connection (and a thread) of its own. 0: 64 MiB. */
+    uint64_t parallel_threshold;
+    unsigned parallel_ranges; /* 0: 4; 1: never split */
 } sbx_config_t;
 
 SBX_API int sbx_client_new(const sbx_config_t *cfg, sbx_client_t **ret, sbx_error_t *err);
@@ -190,8 +194,10 @@ SBX_API int sbx_file_read(sbx_sandbox_t *s, const char *path, void **ret_data, s
                           sbx_error_t *err);
 SBX_API int sbx_file_write(sbx_sandbox_t *s, const char *path, const void *data, size_t len,
                            sbx_error_t *err);
-/* Copy a local file into the sandbox / a sandbox file to a local path, streamed. progress
- * (may be NULL) is called with bytes done and the total as they move. */
+/* Copy a local file into the sandbox / a sandbox file to a local path, streamed; at or above
+ * the client's parallel_threshold in ranges moved at once. progress (may be NULL) is called
+ * with bytes done and the total as they move (one call at a time; from the library's transfer
+ * threads when the file moves in ranges). */
 typedef void (*sbx_transfer_fn)(uint64_t done, uint64_t total, void *userdata);
 SBX_API int sbx_file_upload(sbx_sandbox_t *s, const char *local_path, const char *path,
                             sbx_transfer_fn progress, void *userdata, sbx_error_t *err);

@@ -137,6 +137,7 @@ void sbx_client_free(sbx_client_t *c)
     free(c->auth);
     free(c->endpoint);
     free(c->ns);
+    free(c->ca_file);
     free(c);
 }
 
@@ -191,6 +192,10 @@ int sbx_client_new(const sbx_config_t *cfg, sbx_client_t **ret, sbx_error_t *err
         err_set(err, r, 0, "%s", msg);
         goto fail;
     }
+    c->ca_file = TAKE_PTR(ca);
+    c->io_timeout_ms = cfg->io_timeout_ms;
+    c->range_threshold = cfg->parallel_threshold ? cfg->parallel_threshold : 64u << 20;
+    c->ranges = cfg->parallel_ranges ? MIN(cfg->parallel_ranges, 16u) : 4;
     *ret = c;
     return 0;
 fail:

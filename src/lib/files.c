@@ -3,6 +3,7 @@
  * stat, mkdir, delete, rename). */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,158 @@ int sbx_file_write(sbx_sandbox_t *s, const char *path, const void *data, size_t 
     return r;
 }
 
+/* ---- upload and download: one stream, or ranges on connections of their own ------------------ */
+
+/* Progress summed over the ranges, reported cumulatively, one call at a time. */
+typedef struct {
+    pthread_mutex_t lock;
+    uint64_t done, total;
+    sbx_transfer_fn fn;
+    void *ud;
+} progress_t;
+
+static void progress_add(uint64_t n, uint64_t total, void *ud)
+{
+    progress_t *p = ud;
+    (void)total;
+    (void)pthread_mutex_lock(&p->lock);
+    p->done += n;
+    if (p->fn)
+        p->fn(p->done, p->total, p->ud);
+    (void)pthread_mutex_unlock(&p->lock);
+}
+
+typedef struct {
+    int fd;
+    uint64_t off; /* where the next byte goes */
+    int failed;
+} fd_sink_t;
+
+static int fd_sink(const void *data, size_t n, void *ud)
+{
+    fd_sink_t *fs = ud;
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = pwrite(fs->fd, p, n, (off_t)fs->off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return fs->failed = w < 0 ? -errno : -EIO;
+        p += w;
+        n -= (size_t)w;
+        fs->off += (uint64_t)w;
+    }
+    return 0;
+}
+
+typedef struct {
+    sbx_sandbox_t *s;
+    const char *path;
+    int fd;
+    bool upload;
+    uint64_t off, len;
+    progress_t *prog;
+    int r, status;
+    char *body; /* the platform's answer to a refused range */
+    char msg[400];
+} range_t;
+
+static void *range_run(void *arg)
+{
+    range_t *g = arg;
+    sbx_client_t *c = g->s->c;
+    char more[96];
+    if (g->upload)
+        (void)snprintf(more, sizeof more, "&offset=%llu", (unsigned long long)g->off);
+    else
+        (void)snprintf(more, sizeof more, "&offset=%llu&length=%llu", (unsigned long long)g->off,
+                       (unsigned long long)g->len);
+    _cleanup_free_ char *t = file_route(g->s, g->upload ? "write" : "read", g->path, more);
+    _cleanup_free_ char *th = token_line(g->s);
+    _cleanup_free_ char *hdr = th ? strprintf("%s%s", c->auth, th) : NULL;
+    if (!t || !hdr) {
+        g->r = -ENOMEM;
+        return NULL;
+    }
+    http_conn_t hc;
+    g->r = http_conn_init(&hc, c->endpoint, c->ca_file, c->io_timeout_ms, g->msg, sizeof g->msg);
+    if (g->r < 0)
+        return NULL;
+    fd_sink_t fs = { .fd = g->fd, .off = g->off };
+    http_req_t rq = { .method = g->upload ? "PUT" : "GET",
+                      .target = t,
+                      .headers = hdr,
+                      .content_type = g->upload ? "application/octet-stream" : NULL,
+                      .body_fd = g->upload ? g->fd : -1,
+                      .body_fd_off = g->off,
+                      .body_fd_len = g->len,
+                      .sink = g->upload ? NULL : fd_sink,
+                      .sink_ud = &fs,
+                      .progress = progress_add,
+                      .progress_ud = g->prog };
+    http_resp_t resp = { 0 };
+    g->r = http_do(&hc, &rq, &resp, g->msg, sizeof g->msg);
+    http_conn_done(&hc);
+    if (fs.failed) {
+        g->r = fs.failed;
+        (void)snprintf(g->msg, sizeof g->msg, "cannot write the local file: %s",
+                       strerror(-fs.failed));
+    } else if (g->r >= 0 && (resp.status < 200 || resp.status >= 300)) {
+        g->status = resp.status;
+        g->body = TAKE_PTR(resp.body);
+        g->r = -EIO;
+    } else if (g->r >= 0 && !g->upload && fs.off != g->off + g->len) {
+        g->r = -EIO;
+        (void)snprintf(g->msg, sizeof g->msg, "the file changed while it was copied");
+    }
+    http_resp_free(&resp);
+    return NULL;
+}
+
+/* Move [0, size) of fd in ranges at once; the first failure becomes the error. */
+static int move_ranges(sbx_sandbox_t *s, const char *what, const char *path, int fd, bool upload,
+                       uint64_t size, progress_t *prog, sbx_error_t *err)
+{
+    unsigned k = s->c->ranges;
+    range_t g[16];
+    pthread_t th[16];
+    bool started[16] = { false };
+    uint64_t per = (size + k - 1) / k;
+    for (unsigned i = 0; i < k; i++) {
+        uint64_t off = per * i;
+        g[i] = (range_t){ .s = s,
+                          .path = path,
+                          .fd = fd,
+                          .upload = upload,
+                          .off = off,
+                          .len = off >= size ? 0 : MIN(per, size - off),
+                          .prog = prog };
+        if (g[i].len == 0)
+            continue;
+        started[i] = pthread_create(&th[i], NULL, range_run, &g[i]) == 0;
+        if (!started[i])
+            g[i].r = -EAGAIN;
+    }
+    int r = 0;
+    for (unsigned i = 0; i < k; i++) {
+        if (started[i])
+            (void)pthread_join(th[i], NULL);
+        if (r == 0 && g[i].r < 0) {
+            char w[600];
+            (void)snprintf(w, sizeof w, "%s %s:%s (bytes %llu..%llu)", what, s->display, path,
+                           (unsigned long long)g[i].off, (unsigned long long)(g[i].off + g[i].len));
+            if (g[i].status)
+                r = api_status_error(w, g[i].status, g[i].body, g[i].body ? strlen(g[i].body) : 0,
+                                     err);
+            else
+                r = err_set(err, g[i].r, 0, "%s: %s", w,
+                            g[i].msg[0] ? g[i].msg : strerror(-g[i].r));
+        }
+        free(g[i].body);
+    }
+    return r;
+}
+
 int sbx_file_upload(sbx_sandbox_t *s, const char *local_path, const char *path,
                     sbx_transfer_fn progress, void *userdata, sbx_error_t *err)
 {
@@ -109,49 +262,48 @@ int sbx_file_upload(sbx_sandbox_t *s, const char *local_path, const char *path,
                        strerror(errno));
     if (!S_ISREG(st.st_mode))
         return err_set(err, -EINVAL, 0, "upload: %s is not a regular file", local_path);
+    uint64_t size = (uint64_t)st.st_size;
+    bool ranged = s->c->ranges > 1 && size >= s->c->range_threshold;
     char mode[32];
     (void)snprintf(mode, sizeof mode, "&mkdir=true&mode=%o", (unsigned)(st.st_mode & 0777));
     _cleanup_free_ char *t = file_route(s, "write", path, mode);
     if (!t)
         return err_set(err, -ENOMEM, 0, "out of memory");
+    progress_t prog = {
+        .lock = PTHREAD_MUTEX_INITIALIZER, .total = size, .fn = progress, .ud = userdata
+    };
+    /* ranged: the file is made (parents, mode, truncated) first, then written at offsets */
     http_req_t rq = { .method = "PUT",
                       .target = t,
                       .content_type = "application/octet-stream",
                       .body_fd = fd,
-                      .body_fd_len = (uint64_t)st.st_size,
-                      .progress = progress,
-                      .progress_ud = userdata };
+                      .body_fd_len = ranged ? 0 : size,
+                      .progress = progress_add,
+                      .progress_ud = &prog };
     http_resp_t resp;
     int r = file_call(s, "upload to", path, &rq, &resp, err);
-    if (r >= 0)
-        http_resp_free(&resp);
+    if (r < 0)
+        return r;
+    http_resp_free(&resp);
+    if (ranged)
+        r = move_ranges(s, "upload to", path, fd, true, size, &prog, err);
     return r;
-}
-
-typedef struct {
-    int fd;
-    int failed;
-} fd_sink_t;
-
-static int fd_sink(const void *data, size_t n, void *ud)
-{
-    fd_sink_t *fs = ud;
-    const char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fs->fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return fs->failed = w < 0 ? -errno : -EIO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 int sbx_file_download(sbx_sandbox_t *s, const char *path, const char *local_path,
                       sbx_transfer_fn progress, void *userdata, sbx_error_t *err)
 {
+    uint64_t size = 0;
+    bool ranged = false;
+    if (s->c->ranges > 1) {
+        sbx_file_info_t st;
+        int r = sbx_file_stat(s, path, &st, err);
+        if (r < 0)
+            return r;
+        size = st.size;
+        ranged = strcmp(st.type, "file") == 0 && size >= s->c->range_threshold;
+        sbx_file_info_clear(&st);
+    }
     _cleanup_free_ char *t = file_route(s, "read", path, NULL);
     _cleanup_free_ char *tmp = strprintf("%s.sbx-part-XXXXXX", local_path);
     if (!t || !tmp)
@@ -161,20 +313,34 @@ int sbx_file_download(sbx_sandbox_t *s, const char *path, const char *local_path
     if (fd < 0)
         return err_set(err, negative_errno(), 0, "download: cannot create a file beside %s: %s",
                        local_path, strerror(errno));
-    fd_sink_t fs = { .fd = fd };
-    http_req_t rq = { .method = "GET",
-                      .target = t,
-                      .body_fd = -1,
-                      .sink = fd_sink,
-                      .sink_ud = &fs,
-                      .progress = progress,
-                      .progress_ud = userdata };
-    http_resp_t resp = { 0 };
-    int r = file_call(s, "download", path, &rq, &resp, err);
-    http_resp_free(&resp);
-    if (fs.failed)
-        r = err_set(err, fs.failed, 0, "download: cannot write %s: %s", local_path,
-                    strerror(-fs.failed));
+    progress_t prog = { .lock = PTHREAD_MUTEX_INITIALIZER,
+                        .total = ranged ? size : UINT64_MAX,
+                        .fn = progress,
+                        .ud = userdata };
+    int r;
+    if (ranged) {
+        r = ftruncate(fd, (off_t)size) < 0
+                ? err_set(err, negative_errno(), 0, "download: cannot size %s: %s", tmp,
+                          strerror(errno))
+                : move_ranges(s, "download", path, fd, false, size, &prog, err);
+    } else {
+        fd_sink_t fs = { .fd = fd };
+        http_req_t rq = { .method = "GET",
+                          .target = t,
+                          .body_fd = -1,
+                          .sink = fd_sink,
+                          .sink_ud = &fs,
+                          .progress = progress_add,
+                          .progress_ud = &prog };
+        http_resp_t resp = { 0 };
+        r = file_call(s, "download", path, &rq, &resp, err);
+        if (r >= 0 && resp.content_length != UINT64_MAX)
+            prog.total = resp.content_length;
+        http_resp_free(&resp);
+        if (fs.failed)
+            r = err_set(err, fs.failed, 0, "download: cannot write %s: %s", local_path,
+                        strerror(-fs.failed));
+    }
     if (r >= 0 && fsync(fd) < 0)
         r = err_set(err, negative_errno(), 0, "download: cannot write %s: %s", local_path,
                     strerror(errno));

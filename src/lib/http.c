@@ -345,7 +345,7 @@ static int body_put(body_out_t *o, const void *p, size_t n)
     if (o->to_sink) {
         int r = o->rq->sink(p, n, o->rq->sink_ud);
         if (r >= 0 && o->rq->progress)
-            o->rq->progress(o->done, o->resp->content_length, o->rq->progress_ud);
+            o->rq->progress(n, o->resp->content_length, o->rq->progress_ud);
         return r < 0 ? r : 0;
     }
     http_resp_t *resp = o->resp;
@@ -462,15 +462,14 @@ static int send_request(http_conn_t *c, const http_req_t *rq, const char *hostpo
         return r;
     if (rq->body_fd < 0)
         return rq->body_len ? io_write(c, rq->body, rq->body_len) : 0;
-    if (lseek(rq->body_fd, 0, SEEK_SET) < 0)
-        return -errno;
     static const size_t chunk = 256 * 1024;
     char *buf = malloc(chunk);
     if (!buf)
         return -ENOMEM;
-    uint64_t left = blen;
-    while (left > 0 && r >= 0) {
-        ssize_t n = read(rq->body_fd, buf, left < chunk ? (size_t)left : chunk);
+    uint64_t done = 0;
+    while (done < blen && r >= 0) {
+        uint64_t want = blen - done < chunk ? blen - done : chunk;
+        ssize_t n = pread(rq->body_fd, buf, (size_t)want, (off_t)(rq->body_fd_off + done));
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
@@ -478,9 +477,9 @@ static int send_request(http_conn_t *c, const http_req_t *rq, const char *hostpo
             break;
         }
         r = io_write(c, buf, (size_t)n);
-        left -= (uint64_t)n;
+        done += (uint64_t)n;
         if (r >= 0 && rq->progress)
-            rq->progress(blen - left, blen, rq->progress_ud);
+            rq->progress((uint64_t)n, blen, rq->progress_ud);
     }
     free(buf);
     return r;

@@ -41,9 +41,9 @@ typedef struct {
     const char *content_type;
     const void *body;
     size_t body_len;
-    int body_fd; /* >= 0: the body is body_fd_len bytes read from this fd (from offset 0) */
-    uint64_t body_fd_len;
-    sbx_transfer_fn progress; /* for body_fd uploads and sink downloads */
+    int body_fd; /* >= 0: the body is body_fd_len bytes read (pread) from this fd at body_fd_off */
+    uint64_t body_fd_off, body_fd_len;
+    sbx_transfer_fn progress; /* (bytes just moved, total, ud): body_fd uploads, sunk bodies */
     void *progress_ud;
     http_sink_fn sink; /* 2xx bodies go here when set; other bodies are kept for the error */
     void *sink_ud;
@@ -74,6 +74,10 @@ struct sbx_client {
     char *endpoint;
     char *token;
     char *ns;
+    char *ca_file;
+    unsigned io_timeout_ms;
+    uint64_t range_threshold;
+    unsigned ranges;
     char *auth; /* "Authorization: Bearer <token>\r\n" */
     http_conn_t conn;
 };

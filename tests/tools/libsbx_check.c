@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +202,82 @@ static int scenario_files(sbx_sandbox_t *s)
     return 0;
 }
 
+typedef struct {
+    uint64_t last, total;
+    int calls, backwards, other_thread;
+    pthread_t main;
+} prog_t;
+
+static void on_progress(uint64_t done, uint64_t total, void *ud)
+{
+    prog_t *p = ud;
+    p->calls++;
+    p->backwards += done < p->last;
+    p->last = done;
+    p->total = total;
+    p->other_thread += !pthread_equal(pthread_self(), p->main);
+}
+
+/* Files at or above the threshold move in ranges, each on its own connection and thread. */
+static int scenario_ranges(const char *id)
+{
+    sbx_config_t cfg = { .parallel_threshold = 1 << 20, .parallel_ranges = 3 };
+    sbx_client_t *c;
+    sbx_error_t e = { 0 };
+    OK(sbx_client_new(&cfg, &c, &e), e);
+    sbx_sandbox_t *s;
+    OK(sbx_sandbox_connect(c, id, &s, &e), e);
+    size_t size = (3 << 20) + 5; /* not a multiple of the range count */
+    unsigned char *buf = malloc(size);
+    for (size_t i = 0; i < size; i++)
+        buf[i] = (unsigned char)(i * 2654435761u >> 13);
+    char src[] = "/tmp/libsbx-rng-XXXXXX";
+    int fd = mkstemp(src);
+    CHECK(fd >= 0 && write(fd, buf, size) == (ssize_t)size, "write %s", src);
+    close(fd);
+    prog_t up = { .main = pthread_self() };
+    OK(sbx_file_upload(s, src, "/tmp/ranges/up.bin", on_progress, &up, &e), e);
+    CHECK(up.last == size && up.total == size && !up.backwards && up.other_thread > 0,
+          "upload progress last %llu total %llu backwards %d other_thread %d",
+          (unsigned long long)up.last, (unsigned long long)up.total, up.backwards, up.other_thread);
+    void *data;
+    size_t len;
+    OK(sbx_file_read(s, "/tmp/ranges/up.bin", &data, &len, &e), e);
+    CHECK(len == size && memcmp(data, buf, size) == 0, "ranged upload differs (%zu)", len);
+    sbx_free(data);
+    char dst[64];
+    snprintf(dst, sizeof dst, "%s.back", src);
+    prog_t down = { .main = pthread_self() };
+    OK(sbx_file_download(s, "/tmp/ranges/up.bin", dst, on_progress, &down, &e), e);
+    CHECK(down.last == size && !down.backwards && down.other_thread > 0,
+          "download progress last %llu backwards %d other_thread %d", (unsigned long long)down.last,
+          down.backwards, down.other_thread);
+    unsigned char *back = malloc(size + 1);
+    int dfd = open(dst, O_RDONLY);
+    ssize_t got = 0, k;
+    while (dfd >= 0 && (k = read(dfd, back + got, size + 1 - (size_t)got)) > 0)
+        got += k;
+    CHECK(got == (ssize_t)size && memcmp(back, buf, size) == 0, "ranged download differs (%zd)",
+          got);
+    close(dfd);
+    /* a missing file: the error names it, and no partial file is left */
+    int r = sbx_file_download(s, "/tmp/ranges/none", dst, NULL, NULL, &e);
+    CHECK(r == -ENOENT && strstr(e.message, "/tmp/ranges/none"), "missing: %d %s", r, e.message);
+    /* below the threshold: one stream on the calling thread */
+    prog_t small = { .main = pthread_self() };
+    OK(sbx_file_write(s, "/tmp/ranges/small", "tiny", 4, &e), e);
+    OK(sbx_file_download(s, "/tmp/ranges/small", dst, on_progress, &small, &e), e);
+    CHECK(small.last == 4 && small.other_thread == 0, "small: %llu %d",
+          (unsigned long long)small.last, small.other_thread);
+    unlink(src);
+    unlink(dst);
+    free(buf);
+    free(back);
+    sbx_sandbox_free(s);
+    sbx_client_free(c);
+    return 0;
+}
+
 static int scenario_processes(sbx_sandbox_t *s)
 {
     sbx_error_t e = { 0 };
@@ -263,7 +340,8 @@ static int cmd_dedicated(void)
     printf("id %s\n", sbx_sandbox_id(s));
     fflush(stdout);
     CHECK(sbx_sandbox_pool(s) == NULL, "dedicated has a pool");
-    if (scenario_exec(s) || scenario_files(s) || scenario_processes(s))
+    if (scenario_exec(s) || scenario_files(s) || scenario_ranges(sbx_sandbox_id(s)) ||
+        scenario_processes(s))
         return 1;
     char *url, *hdr;
     OK(sbx_sandbox_proxy(s, SBX_AGENT_PORT, &url, &hdr, &e), e);
