@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,8 +384,136 @@ static const char exec_help[] =
     "  -w, --workdir DIR   working directory\n"
     "  -t, --timeout S     kill it after S seconds (fractions allowed)\n"
     "  -e, --env K=V       an environment variable (repeatable)\n"
-    "  -i, --interactive   send this terminal's stdin (read to its end first) as its stdin\n"
+    "  -i, --interactive   stream this terminal's stdin to it as it comes (closed at EOF);\n"
+    "                      SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to it\n"
     "  -c, --shell         run the words joined by spaces with /bin/sh -c\n";
+
+static int exit_code_of(const sbx_exec_result_t *res, double timeout)
+{
+    if (res->timed_out) {
+        fprintf(stderr, "sbx: the command timed out after %.1f s and was killed\n", timeout);
+        return EXIT_EXEC_TIMEOUT;
+    }
+    return res->signal > 0 ? 128 + res->signal : res->exit_code & 0xff;
+}
+
+/* -i: the command runs as a background process with its stdin open; one thread feeds it this
+ * process's stdin, another passes signals on, each with a client of its own (a client is not
+ * shared between threads); the calling thread follows the output to the exit. */
+typedef struct {
+    const cli_t *cli;
+    const char *sid;
+    char pid[32];
+} feed_t;
+
+static int feed_open(const feed_t *f, sbx_client_t **rc, sbx_sandbox_t **rs)
+{
+    sbx_config_t cfg = { .ns = f->cli->ns };
+    sbx_error_t e = { 0 };
+    if (sbx_client_new(&cfg, rc, &e) < 0)
+        return -1;
+    if (sbx_sandbox_connect(*rc, f->sid, rs, &e) < 0) {
+        sbx_client_free(*rc);
+        return -1;
+    }
+    return 0;
+}
+
+static void *feed_stdin(void *arg)
+{
+    feed_t *f = arg;
+    sbx_client_t *c;
+    sbx_sandbox_t *s;
+    if (feed_open(f, &c, &s) < 0)
+        return NULL;
+    static char buf[65536];
+    sbx_error_t e = { 0 };
+    for (;;) {
+        ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            (void)sbx_process_stdin(s, f->pid, "", 0, true, &e);
+            break;
+        }
+        if (sbx_process_stdin(s, f->pid, buf, (size_t)n, false, &e) < 0)
+            break; /* it exited, or closed its stdin */
+    }
+    sbx_sandbox_free(s);
+    sbx_client_free(c);
+    return NULL;
+}
+
+static void *forward_signals(void *arg)
+{
+    feed_t *f = arg;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGQUIT);
+    for (unsigned n = 1;; n++) {
+        int sig;
+        if (sigwait(&set, &sig) != 0)
+            continue;
+        if (n >= 3) { /* the sandbox does not answer: give up on it */
+            fprintf(stderr, "sbx: third signal, leaving %s running in %s\n", f->pid, f->sid);
+            _exit(128 + sig);
+        }
+        sbx_client_t *c;
+        sbx_sandbox_t *s;
+        sbx_error_t e = { 0 };
+        if (feed_open(f, &c, &s) < 0)
+            continue;
+        if (sbx_process_signal(s, f->pid, sig, 0, &e) < 0)
+            fprintf(stderr, "sbx: %s\n", e.message);
+        sbx_sandbox_free(s);
+        sbx_client_free(c);
+    }
+    return NULL;
+}
+
+static int exec_interactive(const cli_t *cli, run_args_t *a, sbx_sandbox_t *s)
+{
+    sbx_exec_opts_t o = { .cmd = a->joined,
+                          .argv = a->joined ? NULL : (const char *const *)a->cmd,
+                          .cwd = a->cwd,
+                          .env = a->env.kv,
+                          .n_env = a->env.n,
+                          .timeout_s = a->timeout,
+                          .tag = "sbx exec -i",
+                          .keep_stdin_open = true,
+                          .on_stdout = out_stdout,
+                          .on_stderr = out_stderr };
+    sbx_process_t p;
+    sbx_error_t e = { 0 };
+    if (sbx_process_start(s, &o, &p, &e) < 0) {
+        int code = cli_fail(&e);
+        return e.http_status == 400 || code == EXIT_FAIL ? EXIT_EXEC_CANNOT : code;
+    }
+    static feed_t f;
+    f.cli = cli;
+    f.sid = a->id;
+    (void)snprintf(f.pid, sizeof f.pid, "%s", p.id);
+    sbx_process_clear(&p);
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGQUIT);
+    (void)pthread_sigmask(SIG_BLOCK, &set, &old); /* every thread: sigwait takes them */
+    pthread_t t1, t2;
+    if (pthread_create(&t1, NULL, feed_stdin, &f) == 0)
+        (void)pthread_detach(t1);
+    if (pthread_create(&t2, NULL, forward_signals, &f) == 0)
+        (void)pthread_detach(t2);
+    sbx_exec_result_t res;
+    if (sbx_process_output(s, f.pid, true, &o, &res, &e) < 0)
+        return cli_fail(&e);
+    return exit_code_of(&res, a->timeout);
+}
 
 int cmd_exec(const cli_t *cli, int argc, char **argv)
 {
@@ -394,51 +523,38 @@ int cmd_exec(const cli_t *cli, int argc, char **argv)
     int r = parse_run(argc, argv, &a, false);
     if (r)
         return r;
-    char *in = NULL;
-    size_t in_len = 0;
-    if (a.in && read_all_stdin(&in, &in_len) < 0) {
-        fprintf(stderr, "sbx: cannot read stdin (at most 64 MiB)\n");
-        return EXIT_EXEC_CANNOT;
-    }
     sbx_client_t *c;
     if ((r = cli_client(cli, &c))) {
-        free(in);
         free(a.joined);
         return r;
     }
     sbx_sandbox_t *s;
     if ((r = open_sandbox(c, a.id, &s))) {
         sbx_client_free(c);
-        free(in);
         free(a.joined);
         return r;
     }
-    sbx_exec_opts_t o = { .cmd = a.joined,
-                          .argv = a.joined ? NULL : (const char *const *)a.cmd,
-                          .cwd = a.cwd,
-                          .env = a.env.kv,
-                          .n_env = a.env.n,
-                          .timeout_s = a.timeout,
-                          .stdin_data = in,
-                          .stdin_len = in_len,
-                          .on_stdout = out_stdout,
-                          .on_stderr = out_stderr };
-    sbx_exec_result_t res;
-    sbx_error_t e = { 0 };
-    r = sbx_exec(s, &o, &res, &e);
-    if (r < 0) {
-        int code = cli_fail(&e);
-        r = e.http_status == 400 || code == EXIT_FAIL ? EXIT_EXEC_CANNOT : code;
-    } else if (res.timed_out) {
-        fprintf(stderr, "sbx: the command timed out after %.1f s and was killed\n", a.timeout);
-        r = EXIT_EXEC_TIMEOUT;
-    } else if (res.signal > 0) {
-        r = 128 + res.signal;
+    if (a.in) {
+        r = exec_interactive(cli, &a, s);
     } else {
-        r = res.exit_code & 0xff;
+        sbx_exec_opts_t o = { .cmd = a.joined,
+                              .argv = a.joined ? NULL : (const char *const *)a.cmd,
+                              .cwd = a.cwd,
+                              .env = a.env.kv,
+                              .n_env = a.env.n,
+                              .timeout_s = a.timeout,
+                              .on_stdout = out_stdout,
+                              .on_stderr = out_stderr };
+        sbx_exec_result_t res;
+        sbx_error_t e = { 0 };
+        if (sbx_exec(s, &o, &res, &e) < 0) {
+            int code = cli_fail(&e);
+            r = e.http_status == 400 || code == EXIT_FAIL ? EXIT_EXEC_CANNOT : code;
+        } else {
+            r = exit_code_of(&res, a.timeout);
+        }
     }
     (void)fflush(stdout);
-    free(in);
     free(a.joined);
     sbx_sandbox_free(s);
     sbx_client_free(c);
@@ -684,8 +800,8 @@ int cmd_stdin(const cli_t *cli, int argc, char **argv)
         return r;
     if (a.npos != 2)
         return cli_usage("stdin: ID PROC expected");
-    char *in;
-    size_t len;
+    char *in = NULL;
+    size_t len = 0;
     if (read_all_stdin(&in, &len) < 0) {
         fprintf(stderr, "sbx: cannot read stdin (at most 64 MiB)\n");
         return EXIT_FAIL;

@@ -153,6 +153,41 @@ def test_create_exec_stream_exit_codes(up):
     up.sbx("kill", sid, check=0)
 
 
+def test_exec_interactive_streams_stdin_and_passes_signals(up):
+    sid = new_sandbox(up)
+    p = subprocess.Popen([SBX, "exec", "-i", sid, "--", "sh", "-c",
+                          "read a; echo got $a; read b; echo got $b; exit 5"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=up.env)
+    try:
+        p.stdin.write("one\n")
+        p.stdin.flush()
+        # the first answer comes while stdin is still open: input is streamed, not read whole
+        assert p.stdout.readline() == "got one\n"
+        p.stdin.write("two\n")
+        p.stdin.close()
+        assert p.stdout.readline() == "got two\n"
+        assert p.wait(30) == 5
+    finally:
+        p.kill()
+        p.wait()
+    # SIGINT to sbx reaches the command (128 + 2), which then no longer runs in the sandbox
+    p = subprocess.Popen([SBX, "exec", "-i", sid, "--", "sleep", "60"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=up.env)
+    try:
+        def started():
+            procs = json.loads(up.sbx("ps", "--json", sid, check=0).stdout)
+            return [x for x in procs if x["cmd"] == '["sleep","60"]' and x["running"]]
+        assert wait_until(started, 10, 0.2)
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 130, p.stderr.read()
+    finally:
+        p.kill()
+        p.wait()
+    procs = json.loads(up.sbx("ps", "--json", sid, check=0).stdout)
+    assert not [x for x in procs if x["cmd"] == '["sleep","60"]' and x["running"]], procs
+    up.sbx("kill", sid, check=0)
+
+
 def test_cp_ls_kill(up):
     sid = new_sandbox(up)
     src = os.path.join(up.dir, "blob")
