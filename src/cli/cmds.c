@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* sbx commands on libsbx: sandboxes, exec, processes, files, pools, jobs, tokens. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -404,6 +406,7 @@ typedef struct {
     const cli_t *cli;
     const char *sid;
     char pid[32];
+    int stop; /* read end of a pipe: readable once the command has exited */
 } feed_t;
 
 static int feed_open(const feed_t *f, sbx_client_t **rc, sbx_sandbox_t **rs)
@@ -429,6 +432,14 @@ static void *feed_stdin(void *arg)
     static char buf[65536];
     sbx_error_t e = { 0 };
     for (;;) {
+        struct pollfd pf[2] = { { .fd = STDIN_FILENO, .events = POLLIN },
+                                { .fd = f->stop, .events = POLLIN } };
+        if (poll(pf, 2, -1) < 0 && errno != EINTR)
+            break;
+        if (pf[1].revents)
+            break; /* the command exited */
+        if (!pf[0].revents)
+            continue;
         ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
         if (n < 0 && errno == EINTR)
             continue;
@@ -453,10 +464,13 @@ static void *forward_signals(void *arg)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGHUP);
     sigaddset(&set, SIGQUIT);
+    sigaddset(&set, SIGUSR2); /* from exec_interactive: the command has exited */
     for (unsigned n = 1;; n++) {
         int sig;
         if (sigwait(&set, &sig) != 0)
             continue;
+        if (sig == SIGUSR2)
+            break;
         if (n >= 3) { /* the sandbox does not answer: give up on it */
             fprintf(stderr, "sbx: third signal, leaving %s running in %s\n", f->pid, f->sid);
             _exit(128 + sig);
@@ -493,26 +507,40 @@ static int exec_interactive(const cli_t *cli, run_args_t *a, sbx_sandbox_t *s)
         return e.http_status == 400 || code == EXIT_FAIL ? EXIT_EXEC_CANNOT : code;
     }
     static feed_t f;
+    int stop[2];
+    if (pipe2(stop, O_CLOEXEC) < 0) {
+        fprintf(stderr, "sbx: pipe: %s\n", strerror(errno));
+        return EXIT_FAIL;
+    }
     f.cli = cli;
     f.sid = a->id;
+    f.stop = stop[0];
     (void)snprintf(f.pid, sizeof f.pid, "%s", p.id);
     sbx_process_clear(&p);
-    sigset_t set, old;
+    sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGHUP);
     sigaddset(&set, SIGQUIT);
-    (void)pthread_sigmask(SIG_BLOCK, &set, &old); /* every thread: sigwait takes them */
+    sigaddset(&set, SIGUSR2);
+    (void)pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread: sigwait takes them */
     pthread_t t1, t2;
-    if (pthread_create(&t1, NULL, feed_stdin, &f) == 0)
-        (void)pthread_detach(t1);
-    if (pthread_create(&t2, NULL, forward_signals, &f) == 0)
-        (void)pthread_detach(t2);
+    bool feeding = pthread_create(&t1, NULL, feed_stdin, &f) == 0;
+    bool forwarding = pthread_create(&t2, NULL, forward_signals, &f) == 0;
     sbx_exec_result_t res;
-    if (sbx_process_output(s, f.pid, true, &o, &res, &e) < 0)
-        return cli_fail(&e);
-    return exit_code_of(&res, a->timeout);
+    int r = sbx_process_output(s, f.pid, true, &o, &res, &e) < 0 ? cli_fail(&e)
+                                                                 : exit_code_of(&res, a->timeout);
+    /* both threads end (and free their clients) before this returns */
+    (void)close(stop[1]);
+    if (feeding)
+        (void)pthread_join(t1, NULL);
+    if (forwarding) {
+        (void)pthread_kill(t2, SIGUSR2);
+        (void)pthread_join(t2, NULL);
+    }
+    (void)close(stop[0]);
+    return r;
 }
 
 int cmd_exec(const cli_t *cli, int argc, char **argv)
