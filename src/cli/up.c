@@ -26,7 +26,7 @@
 #define STOP_WAIT_MS 15000
 
 typedef struct {
-    char state[PATH_MAX];
+    char state_dir[PATH_MAX];
     unsigned port;
     const char *images;
     const char *default_image;
@@ -283,9 +283,11 @@ static int parse_up(int argc, char **argv, up_opts_t *o, bool up)
         return cli_usage("%s: unexpected argument %s", argv[0], argv[optind]);
     if (state[0] != '/') {
         char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof cwd) || path_join(o->state, sizeof o->state, cwd, state) < 0)
+        if (!getcwd(cwd, sizeof cwd) ||
+            path_join(o->state_dir, sizeof o->state_dir, cwd, state) < 0)
             return cli_usage("--state %s: cannot make it absolute", state);
-    } else if (snprintf(o->state, sizeof o->state, "%s", state) >= (int)sizeof o->state) {
+    } else if (snprintf(o->state_dir, sizeof o->state_dir, "%s", state) >=
+               (int)sizeof o->state_dir) {
         return cli_usage("--state: too long");
     }
     return 0;
@@ -321,8 +323,8 @@ static char *sbx_home_dir(void)
 static int write_home(const up_opts_t *o, const char *home)
 {
     char tokfile[PATH_MAX], ca[PATH_MAX], path[PATH_MAX];
-    if (path_join(tokfile, sizeof tokfile, o->state, "admin.token") < 0 ||
-        path_join(ca, sizeof ca, o->state, "control/tls/ca.crt") < 0)
+    if (path_join(tokfile, sizeof tokfile, o->state_dir, "admin.token") < 0 ||
+        path_join(ca, sizeof ca, o->state_dir, "control/tls/ca.crt") < 0)
         return -ENAMETOOLONG;
     size_t tl = 0, cl = 0;
     char *token = slurp(tokfile, &tl);
@@ -362,8 +364,8 @@ static int state_client(const up_opts_t *o, sbx_client_t **ret, sbx_error_t *e)
 {
     char endpoint[64], ca[PATH_MAX], tokfile[PATH_MAX];
     (void)snprintf(endpoint, sizeof endpoint, "https://127.0.0.1:%u", o->port);
-    if (path_join(ca, sizeof ca, o->state, "control/tls/ca.crt") < 0 ||
-        path_join(tokfile, sizeof tokfile, o->state, "admin.token") < 0)
+    if (path_join(ca, sizeof ca, o->state_dir, "control/tls/ca.crt") < 0 ||
+        path_join(tokfile, sizeof tokfile, o->state_dir, "admin.token") < 0)
         return -ENAMETOOLONG;
     char *token = slurp(tokfile, NULL);
     if (!token)
@@ -418,7 +420,7 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
                         "run it with sudo\n");
         return EXIT_DENIED;
     }
-    unsigned rec = recorded_port(o.state);
+    unsigned rec = recorded_port(o.state_dir);
     if (!o.port)
         o.port = rec ? rec : DEFAULT_PORT;
     char *home = sbx_home_dir();
@@ -428,19 +430,20 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
     if (!home || self_dir(dir, sizeof dir) < 0 ||
         path_join(ctl_bin, sizeof ctl_bin, dir, "sbx-control") < 0 ||
         path_join(node_bin, sizeof node_bin, dir, "sbx-node") < 0 ||
-        path_join(ctl_state, sizeof ctl_state, o.state, "control") < 0 ||
-        path_join(node_state, sizeof node_state, o.state, "node") < 0 ||
-        path_join(ctl_log, sizeof ctl_log, o.state, "control.log") < 0 ||
-        path_join(node_log, sizeof node_log, o.state, "node.log") < 0 ||
-        path_join(ctl_pid, sizeof ctl_pid, o.state, "sbx-control.pid") < 0 ||
-        path_join(node_pid, sizeof node_pid, o.state, "sbx-node.pid") < 0 ||
-        path_join(tokfile, sizeof tokfile, o.state, "admin.token") < 0 ||
+        path_join(ctl_state, sizeof ctl_state, o.state_dir, "control") < 0 ||
+        path_join(node_state, sizeof node_state, o.state_dir, "node") < 0 ||
+        path_join(ctl_log, sizeof ctl_log, o.state_dir, "control.log") < 0 ||
+        path_join(node_log, sizeof node_log, o.state_dir, "node.log") < 0 ||
+        path_join(ctl_pid, sizeof ctl_pid, o.state_dir, "sbx-control.pid") < 0 ||
+        path_join(node_pid, sizeof node_pid, o.state_dir, "sbx-node.pid") < 0 ||
+        path_join(tokfile, sizeof tokfile, o.state_dir, "admin.token") < 0 ||
         path_join(join, sizeof join, ctl_state, "node-join.token") < 0 ||
-        path_join(portfile, sizeof portfile, o.state, "port") < 0) {
+        path_join(portfile, sizeof portfile, o.state_dir, "port") < 0) {
         free(home);
         return cli_usage("paths too long");
     }
-    pid_t cpid = running_pid(o.state, "sbx-control"), npid = running_pid(o.state, "sbx-node");
+    pid_t cpid = running_pid(o.state_dir, "sbx-control"),
+          npid = running_pid(o.state_dir, "sbx-node");
     if (cpid && npid) {
         if (rec && rec != o.port)
             fprintf(stderr,
@@ -452,7 +455,7 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
         if (r == EXIT_OK)
             printf("sbx: already running (control pid %d, node pid %d, https://127.0.0.1:%u, "
                    "state %s); client configuration refreshed in %s\n",
-                   (int)cpid, (int)npid, o.port, o.state, home);
+                   (int)cpid, (int)npid, o.port, o.state_dir, home);
         free(home);
         return r;
     }
@@ -464,8 +467,8 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
         free(home);
         return EXIT_FAIL;
     }
-    if ((r = mkdir_p(o.state, 0700)) < 0) {
-        fprintf(stderr, "sbx: cannot make %s: %s\n", o.state, strerror(-r));
+    if ((r = mkdir_p(o.state_dir, 0700)) < 0) {
+        fprintf(stderr, "sbx: cannot make %s: %s\n", o.state_dir, strerror(-r));
         free(home);
         return EXIT_FAIL;
     }
@@ -541,7 +544,7 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
     if (r == EXIT_OK)
         printf("sbx: platform up at https://127.0.0.1:%u (state %s); client configuration in "
                "%s\n",
-               o.port, o.state, home);
+               o.port, o.state_dir, home);
     free(home);
     return r;
 }
@@ -588,9 +591,9 @@ int cmd_down(const cli_t *cli, int argc, char **argv)
     int r = parse_up(argc, argv, &o, false);
     if (r)
         return r;
-    int n = stop_one(o.state, "sbx-node") + stop_one(o.state, "sbx-control");
+    int n = stop_one(o.state_dir, "sbx-node") + stop_one(o.state_dir, "sbx-control");
     if (n == 0)
-        printf("sbx: not running (state %s)\n", o.state);
+        printf("sbx: not running (state %s)\n", o.state_dir);
     return EXIT_OK;
 }
 
@@ -608,11 +611,11 @@ int cmd_status(const cli_t *cli, int argc, char **argv)
     int r = parse_up(argc, argv, &o, false);
     if (r)
         return r;
-    o.port = recorded_port(o.state);
+    o.port = recorded_port(o.state_dir);
     if (!o.port)
         o.port = DEFAULT_PORT;
-    pid_t c = running_pid(o.state, "sbx-control"), n = running_pid(o.state, "sbx-node");
-    printf("state     %s\n", o.state);
+    pid_t c = running_pid(o.state_dir, "sbx-control"), n = running_pid(o.state_dir, "sbx-node");
+    printf("state     %s\n", o.state_dir);
     printf("control   %s", c ? "running" : "stopped");
     if (c)
         printf(" (pid %d, https://127.0.0.1:%u)", (int)c, o.port);
