@@ -4,6 +4,8 @@
 
 #include <stdbool.h>
 
+#include <jansson.h>
+
 #include "sbx/sbx.h"
 
 /* Exit codes (docs/cli.md). `sbx exec` exits with the command's own code instead; 124 when it
@@ -24,6 +26,35 @@ typedef struct {
     const char *ns; /* --namespace, NULL: $SBX_NAMESPACE or "default" */
     const char *prog;
 } cli_t;
+
+#define MAX_KV 256
+
+/* KEY=VALUE arguments (the strings are argv's, split in place). */
+typedef struct {
+    sbx_kv_t kv[MAX_KV];
+    size_t n;
+} kvs_t;
+int kv_add(kvs_t *k, char *arg, const char *what);
+/* A non-negative integer (digits only) up to max; seconds with an optional fraction. */
+int parse_uint(const char *s, unsigned long max, unsigned long *ret);
+int parse_secs(const char *s, double *ret);
+void print_json(json_t *j);
+int print_json_text(const char *text);
+/* --help or -h before any "--"; help() prints text to stdout and returns 0. */
+bool want_help(int argc, char **argv);
+int help(const char *text);
+/* Connect to sandbox id; on failure print and return the exit code (> 0). */
+int open_sandbox(sbx_client_t *c, const char *id, sbx_sandbox_t **ret);
+/* A job's stage changes while waiting, on a terminal's stderr. */
+void progress_line(const char *stage, const char *message, void *ud);
+/* Parse "[--json] [--flag]... ID [more...]" for the simple commands: flags with no values. */
+typedef struct {
+    bool json, all, follow, close;
+    char *pos[8];
+    int npos;
+} simple_t;
+int parse_simple(int argc, char **argv, simple_t *a, const char *allowed);
+bool stage_ended(const char *stage);
 
 /* Print "sbx: <message>" and return the exit code that matches the error. */
 int cli_fail(const sbx_error_t *e);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* sbx commands on libsbx: sandboxes, exec, processes, files, pools, jobs, tokens. */
+/* sbx commands on libsbx for sandboxes: create, exec, processes, files, ls, kill, proxy. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -14,116 +14,7 @@
 
 #include "cli/cli.h"
 
-#define MAX_KV 256
 #define STDIN_MAX (64u * 1024 * 1024)
-
-typedef struct {
-    sbx_kv_t kv[MAX_KV];
-    size_t n;
-} kvs_t;
-
-static int kv_add(kvs_t *k, char *arg, const char *what)
-{
-    char *eq = strchr(arg, '=');
-    if (!eq || eq == arg)
-        return cli_usage("%s %s: expected KEY=VALUE", what, arg);
-    if (k->n >= MAX_KV)
-        return cli_usage("at most %d %s entries", MAX_KV, what);
-    *eq = 0;
-    k->kv[k->n++] = (sbx_kv_t){ arg, eq + 1 };
-    return 0;
-}
-
-/* A non-negative integer (digits only) up to max. */
-static int parse_uint(const char *s, unsigned long max, unsigned long *ret)
-{
-    unsigned long v = 0;
-    if (!*s)
-        return -EINVAL;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9' || v > (max - (unsigned long)(*s - '0')) / 10)
-            return -EINVAL;
-        v = v * 10 + (unsigned long)(*s - '0');
-    }
-    *ret = v;
-    return 0;
-}
-
-/* Seconds with an optional fraction ("2", "0.5"). */
-static int parse_secs(const char *s, double *ret)
-{
-    double v = 0, scale = 0;
-    if (!*s)
-        return -EINVAL;
-    for (; *s; s++) {
-        if (*s == '.' && scale == 0) {
-            scale = 1;
-            continue;
-        }
-        if (*s < '0' || *s > '9' || v > 1e9)
-            return -EINVAL;
-        if (scale > 0) {
-            scale /= 10;
-            v += (*s - '0') * scale;
-        } else {
-            v = v * 10 + (*s - '0');
-        }
-    }
-    *ret = v;
-    return 0;
-}
-
-static void print_json(json_t *j)
-{
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (s) {
-        puts(s);
-        free(s);
-    }
-}
-
-static int print_json_text(const char *text)
-{
-    json_t *j = json_loads(text, 0, NULL);
-    if (!j) {
-        puts(text);
-        return EXIT_OK;
-    }
-    print_json(j);
-    json_decref(j);
-    return EXIT_OK;
-}
-
-static bool want_help(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0)
-            return false;
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
-            return true;
-    }
-    return false;
-}
-
-static int help(const char *text)
-{
-    fputs(text, stdout);
-    return EXIT_OK;
-}
-
-/* Connect to sandbox id; on failure print and return the exit code (> 0). */
-static int open_sandbox(sbx_client_t *c, const char *id, sbx_sandbox_t **ret)
-{
-    sbx_error_t e = { 0 };
-    return sbx_sandbox_connect(c, id, ret, &e) < 0 ? cli_fail(&e) : 0;
-}
-
-static void progress_line(const char *stage, const char *message, void *ud)
-{
-    (void)ud;
-    if (isatty(STDERR_FILENO))
-        fprintf(stderr, "sbx: waiting: %s%s%s\n", stage, *message ? ": " : "", message);
-}
 
 /* ---- create --------------------------------------------------------------------------------- */
 
@@ -133,6 +24,40 @@ static const char create_help[] =
     "Make a sandbox and print its id: a dedicated one (a job of its own; waits until it runs)\n"
     "or, with --pool, COUNT sandboxes in that pool (printed as POOL/ID). --image, --flavor,\n"
     "--secret and --label apply to dedicated sandboxes only.\n";
+
+/* COUNT sandboxes in a pool, one POOL/ID a line (or JSON). */
+static int create_pooled(sbx_client_t *c, const char *pool, unsigned count, const kvs_t *env,
+                         int idle, bool json)
+{
+    sbx_pool_sandbox_opts_t po = {
+        .count = count, .env = env->kv, .n_env = env->n, .idle_timeout_s = idle
+    };
+    sbx_sandbox_t **list;
+    size_t n, rejected = 0;
+    sbx_error_t e = { 0 };
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "sbx: placing %u sandbox%s in pool %s (a host may have to start)\n", count,
+                count == 1 ? "" : "es", pool);
+    if (sbx_pool_sandboxes_create(c, pool, &po, &list, &n, &rejected, &e) < 0)
+        return cli_fail(&e);
+    json_t *arr = json ? json_array() : NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (arr)
+            json_array_append_new(arr, json_string(sbx_sandbox_id(list[i])));
+        else
+            puts(sbx_sandbox_id(list[i]));
+    }
+    if (arr) {
+        json_t *out = json_pack("{s:o,s:I}", "sandboxes", arr, "rejected", (json_int_t)rejected);
+        print_json(out);
+        json_decref(out);
+    }
+    if (rejected)
+        fprintf(stderr, "sbx: %zu of %u could not be placed (the pool is at max_hosts)\n", rejected,
+                count);
+    sbx_sandbox_list_free(list, n);
+    return rejected ? EXIT_FAIL : EXIT_OK;
+}
 
 int cmd_create(const cli_t *cli, int argc, char **argv)
 {
@@ -193,45 +118,15 @@ int cmd_create(const cli_t *cli, int argc, char **argv)
     sbx_client_t *c;
     if ((r = cli_client(cli, &c)))
         return r;
-    sbx_error_t e = { 0 };
     if (pool) {
         if (image || flavor || secrets.n || labels.n)
             fprintf(stderr, "sbx: --image, --flavor, --secret and --label belong to the pool; "
                             "ignored for pooled sandboxes\n");
-        sbx_pool_sandbox_opts_t po = {
-            .count = (unsigned)count, .env = env.kv, .n_env = env.n, .idle_timeout_s = (int)idle
-        };
-        sbx_sandbox_t **list;
-        size_t n, rejected = 0;
-        if (isatty(STDERR_FILENO))
-            fprintf(stderr, "sbx: placing %lu sandbox%s in pool %s (a host may have to start)\n",
-                    count, count == 1 ? "" : "es", pool);
-        r = sbx_pool_sandboxes_create(c, pool, &po, &list, &n, &rejected, &e);
-        if (r < 0) {
-            r = cli_fail(&e);
-            sbx_client_free(c);
-            return r;
-        }
-        json_t *arr = json ? json_array() : NULL;
-        for (size_t i = 0; i < n; i++) {
-            if (arr)
-                json_array_append_new(arr, json_string(sbx_sandbox_id(list[i])));
-            else
-                puts(sbx_sandbox_id(list[i]));
-        }
-        if (arr) {
-            json_t *out =
-                json_pack("{s:o,s:I}", "sandboxes", arr, "rejected", (json_int_t)rejected);
-            print_json(out);
-            json_decref(out);
-        }
-        if (rejected)
-            fprintf(stderr, "sbx: %zu of %lu could not be placed (the pool is at max_hosts)\n",
-                    rejected, count);
-        sbx_sandbox_list_free(list, n);
+        r = create_pooled(c, pool, (unsigned)count, &env, (int)idle, json);
         sbx_client_free(c);
-        return rejected ? EXIT_FAIL : EXIT_OK;
+        return r;
     }
+    sbx_error_t e = { 0 };
     if (count != 1) {
         sbx_client_free(c);
         return cli_usage("--count needs --pool (a dedicated sandbox is one job)");
@@ -640,38 +535,6 @@ int cmd_spawn(const cli_t *cli, int argc, char **argv)
 
 /* ---- ps, logs, signal, stdin ------------------------------------------------------------------ */
 
-/* Parse "[--json] [--flag]... ID [more...]" for the simple commands: flags with no values. */
-typedef struct {
-    bool json, all, follow, close;
-    char *pos[8];
-    int npos;
-} simple_t;
-
-static int parse_simple(int argc, char **argv, simple_t *a, const char *allowed)
-{
-    static const struct option lo[] = { { "json", no_argument, 0, 'j' },
-                                        { "all", no_argument, 0, 'a' },
-                                        { "follow", no_argument, 0, 'f' },
-                                        { "close", no_argument, 0, 'C' },
-                                        { 0, 0, 0, 0 } };
-    int o;
-    optind = 0;
-    while ((o = getopt_long(argc, argv, "f", lo, NULL)) != -1) {
-        if (o == '?' || !strchr(allowed, o))
-            return cli_usage("%s: unknown option", argv[0]);
-        a->json |= o == 'j';
-        a->all |= o == 'a';
-        a->follow |= o == 'f';
-        a->close |= o == 'C';
-    }
-    for (; optind < argc; optind++) {
-        if (a->npos >= 8)
-            return cli_usage("%s: too many arguments", argv[0]);
-        a->pos[a->npos++] = argv[optind];
-    }
-    return 0;
-}
-
 static const char ps_help[] =
     "usage: sbx ps [--json] ID\nList the background processes of a sandbox.\n";
 
@@ -928,12 +791,6 @@ int cmd_cp(const cli_t *cli, int argc, char **argv)
 
 /* ---- ls and kill ------------------------------------------------------------------------------ */
 
-static bool stage_ended(const char *stage)
-{
-    return stage && (strcmp(stage, "CANCELED") == 0 || strcmp(stage, "COMPLETED") == 0 ||
-                     strcmp(stage, "ERROR") == 0);
-}
-
 /* Every sandbox: {"id","kind","stage","detail"} in *ret (a JSON array). Pools are skipped
  * when the platform has no pools API. */
 static int collect(sbx_client_t *c, bool all, json_t **ret, sbx_error_t *e)
@@ -1112,345 +969,4 @@ int cmd_proxy(const cli_t *cli, int argc, char **argv)
     }
     sbx_client_free(c);
     return r;
-}
-
-/* ---- pools ----------------------------------------------------------------------------------- */
-
-static const char pool_help[] =
-    "usage: sbx pool create NAME [--image I] [--flavor F] [--per-host N] [--warm N]\n"
-    "                        [--max-hosts N] [--sandbox-idle S] [--host-idle S]\n"
-    "       sbx pool ls [--json]\n"
-    "       sbx pool inspect NAME      (JSON: hosts, slots, sandboxes)\n"
-    "       sbx pool rm NAME           (drains: every sandbox deleted, every host stopped)\n"
-    "Sandboxes in a pool: `sbx create --pool NAME [--count N]`, addressed as NAME/ID.\n";
-
-static int pool_create(sbx_client_t *c, int argc, char **argv)
-{
-    static const struct option lo[] = { { "image", required_argument, 0, 'I' },
-                                        { "flavor", required_argument, 0, 'f' },
-                                        { "per-host", required_argument, 0, 'p' },
-                                        { "warm", required_argument, 0, 'w' },
-                                        { "max-hosts", required_argument, 0, 'm' },
-                                        { "sandbox-idle", required_argument, 0, 's' },
-                                        { "host-idle", required_argument, 0, 'h' },
-                                        { "json", no_argument, 0, 'j' },
-                                        { 0, 0, 0, 0 } };
-    sbx_pool_opts_t po;
-    sbx_pool_opts_init(&po);
-    bool json = false;
-    int o;
-    optind = 0;
-    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        unsigned long v = 0;
-        if (o == 'j') {
-            json = true;
-            continue;
-        }
-        if (o == 'I' || o == 'f') {
-            *(o == 'I' ? &po.image : &po.flavor) = optarg;
-            continue;
-        }
-        if (o == '?' || parse_uint(optarg, 1000000, &v) < 0)
-            return o == '?' ? EXIT_USAGE : cli_usage("pool create: %s is not a number", optarg);
-        int *dst = o == 'p'   ? &po.per_host
-                   : o == 'w' ? &po.warm
-                   : o == 'm' ? &po.max_hosts
-                   : o == 's' ? &po.sandbox_idle_s
-                              : &po.host_idle_s;
-        *dst = (int)v;
-    }
-    if (optind != argc - 1)
-        return cli_usage("pool create: one NAME expected");
-    po.name = argv[optind];
-    char *text;
-    sbx_error_t e = { 0 };
-    if (sbx_pool_create(c, &po, &text, &e) < 0)
-        return cli_fail(&e);
-    if (json)
-        print_json_text(text);
-    else
-        puts(po.name);
-    sbx_free(text);
-    return EXIT_OK;
-}
-
-static int pool_ls(sbx_client_t *c, bool json)
-{
-    char *text;
-    sbx_error_t e = { 0 };
-    if (sbx_pool_list(c, &text, &e) < 0)
-        return cli_fail(&e);
-    json_t *j = json_loads(text, 0, NULL);
-    sbx_free(text);
-    json_t *pools = json_object_get(j, "pools");
-    if (json) {
-        print_json(pools ? pools : j);
-    } else {
-        printf("%-24s %-12s %-10s %-9s %-5s %-9s %s\n", "NAME", "IMAGE", "FLAVOR", "PER_HOST",
-               "WARM", "MAX_HOSTS", "STATE");
-        size_t i;
-        json_t *p;
-        json_array_foreach(pools, i, p) {
-            printf("%-24s %-12s %-10s %-9lld %-5lld %-9lld %s\n",
-                   json_string_value(json_object_get(p, "name")),
-                   json_string_value(json_object_get(p, "image")),
-                   json_string_value(json_object_get(p, "flavor")),
-                   (long long)json_integer_value(json_object_get(p, "per_host")),
-                   (long long)json_integer_value(json_object_get(p, "warm")),
-                   (long long)json_integer_value(json_object_get(p, "max_hosts")),
-                   json_string_value(json_object_get(p, "state")));
-        }
-    }
-    json_decref(j);
-    return EXIT_OK;
-}
-
-int cmd_pool(const cli_t *cli, int argc, char **argv)
-{
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)
-        return argc < 2 ? (fputs(pool_help, stderr), EXIT_USAGE) : help(pool_help);
-    if (want_help(argc, argv))
-        return help(pool_help);
-    const char *sub = argv[1];
-    if (strcmp(sub, "create") && strcmp(sub, "ls") && strcmp(sub, "inspect") && strcmp(sub, "rm"))
-        return cli_usage("pool: unknown subcommand %s", sub);
-    simple_t a = { 0 };
-    int r = 0;
-    if (strcmp(sub, "create") != 0 && (r = parse_simple(argc - 1, argv + 1, &a, "j")))
-        return r;
-    if ((strcmp(sub, "inspect") == 0 || strcmp(sub, "rm") == 0) && a.npos != 1)
-        return cli_usage("pool %s: one NAME expected", sub);
-    if (strcmp(sub, "ls") == 0 && a.npos)
-        return cli_usage("pool ls: unexpected argument %s", a.pos[0]);
-    sbx_client_t *c;
-    if ((r = cli_client(cli, &c)))
-        return r;
-    sbx_error_t e = { 0 };
-    char *text;
-    if (strcmp(sub, "create") == 0) {
-        r = pool_create(c, argc - 1, argv + 1);
-    } else if (strcmp(sub, "ls") == 0) {
-        r = pool_ls(c, a.json);
-    } else if (strcmp(sub, "inspect") == 0) {
-        r = sbx_pool_inspect(c, a.pos[0], &text, &e) < 0 ? cli_fail(&e) : print_json_text(text);
-        if (r == EXIT_OK)
-            sbx_free(text);
-    } else {
-        r = sbx_pool_delete(c, a.pos[0], &e) < 0 ? cli_fail(&e) : EXIT_OK;
-        if (r == EXIT_OK)
-            printf("%s draining\n", a.pos[0]);
-    }
-    sbx_client_free(c);
-    return r;
-}
-
-/* ---- jobs, lifecycle, tokens ------------------------------------------------------------------ */
-
-static const char jobs_help[] =
-    "usage: sbx jobs ls [--label K=V]... [--json]\n"
-    "       sbx jobs inspect ID\n"
-    "       sbx jobs cancel ID... | sbx jobs cancel --label K=V...\n"
-    "Jobs of the namespace (every sandbox and pool host is one). A label selector is K=V or K.\n";
-
-int cmd_jobs(const cli_t *cli, int argc, char **argv)
-{
-    if (argc < 2)
-        return fputs(jobs_help, stderr), EXIT_USAGE;
-    if (want_help(argc, argv))
-        return help(jobs_help);
-    const char *sub = argv[1];
-    if (strcmp(sub, "ls") && strcmp(sub, "inspect") && strcmp(sub, "cancel"))
-        return cli_usage("jobs: unknown subcommand %s", sub);
-    static const struct option lo[] = { { "label", required_argument, 0, 'l' },
-                                        { "json", no_argument, 0, 'j' },
-                                        { 0, 0, 0, 0 } };
-    const char *labels[64];
-    size_t nl = 0;
-    bool json = false;
-    int o, r;
-    optind = 0;
-    while ((o = getopt_long(argc - 1, argv + 1, "", lo, NULL)) != -1) {
-        if (o == 'l' && nl < 64)
-            labels[nl++] = optarg;
-        else if (o == 'j')
-            json = true;
-        else
-            return EXIT_USAGE;
-    }
-    char **pos = argv + 1 + optind;
-    int npos = argc - 1 - optind;
-    if (strcmp(sub, "inspect") == 0 && npos != 1)
-        return cli_usage("jobs inspect: one ID expected");
-    if (strcmp(sub, "cancel") == 0 && (npos > 0) == (nl > 0))
-        return cli_usage("jobs cancel: give ids or --label selectors");
-    sbx_client_t *c;
-    if ((r = cli_client(cli, &c)))
-        return r;
-    sbx_error_t e = { 0 };
-    char *text = NULL;
-    r = EXIT_OK;
-    if (strcmp(sub, "inspect") == 0) {
-        r = sbx_job_inspect(c, pos[0], &text, &e) < 0 ? cli_fail(&e) : print_json_text(text);
-    } else if (strcmp(sub, "ls") == 0 || nl > 0) {
-        if (sbx_jobs_list(c, labels, nl, &text, &e) < 0) {
-            r = cli_fail(&e);
-        } else {
-            json_t *jobs = json_loads(text, 0, NULL);
-            size_t i;
-            json_t *j;
-            if (strcmp(sub, "ls") == 0 && json) {
-                print_json(jobs);
-            } else if (strcmp(sub, "ls") == 0) {
-                printf("%-26s %-10s %-10s %s\n", "ID", "STAGE", "MODE", "MESSAGE");
-                json_array_foreach(jobs, i, j) {
-                    const char *mode = json_string_value(json_object_get(j, "mode"));
-                    printf("%-26s %-10s %-10s %s\n", json_string_value(json_object_get(j, "id")),
-                           json_string_value(json_object_get(j, "stage")), mode ? mode : "",
-                           json_string_value(json_object_get(j, "message")));
-                }
-            } else {
-                json_array_foreach(jobs, i, j) {
-                    const char *id = json_string_value(json_object_get(j, "id"));
-                    if (stage_ended(json_string_value(json_object_get(j, "stage"))))
-                        continue;
-                    if (sbx_job_action(c, id, "cancel", NULL, &e) < 0)
-                        r = cli_fail(&e);
-                    else
-                        puts(id);
-                }
-            }
-            json_decref(jobs);
-        }
-    } else {
-        for (int i = 0; i < npos; i++) {
-            if (sbx_job_action(c, pos[i], "cancel", NULL, &e) < 0)
-                r = cli_fail(&e);
-            else
-                puts(pos[i]);
-        }
-    }
-    sbx_free(text);
-    sbx_client_free(c);
-    return r;
-}
-
-static const char lifecycle_help[] =
-    "usage: sbx pause ID | sbx resume ID [--wait S] | sbx move ID [--node NODE] [--wait S]\n"
-    "Pause a dedicated sandbox (its files kept), resume it (a new generation), or move it to\n"
-    "another node. resume and move wait until it runs again (--wait 0: do not wait).\n";
-
-int cmd_lifecycle(const cli_t *cli, int argc, char **argv)
-{
-    if (want_help(argc, argv))
-        return help(lifecycle_help);
-    static const struct option lo[] = { { "node", required_argument, 0, 'N' },
-                                        { "wait", required_argument, 0, 'w' },
-                                        { 0, 0, 0, 0 } };
-    const char *node = NULL;
-    unsigned long wait_s = 120;
-    int o, r;
-    optind = 0;
-    while ((o = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        if (o == 'N' && strcmp(argv[0], "move") == 0)
-            node = optarg;
-        else if (o == 'w' && parse_uint(optarg, 86400, &wait_s) == 0)
-            continue;
-        else
-            return cli_usage("%s: bad option", argv[0]);
-    }
-    if (optind != argc - 1)
-        return cli_usage("%s: one ID expected", argv[0]);
-    const char *id = argv[optind];
-    sbx_client_t *c;
-    if ((r = cli_client(cli, &c)))
-        return r;
-    sbx_error_t e = { 0 };
-    r = sbx_job_action(c, id, argv[0], node, &e) < 0 ? cli_fail(&e) : EXIT_OK;
-    if (r == EXIT_OK && strcmp(argv[0], "pause") != 0 && wait_s > 0) {
-        sbx_sandbox_t *s;
-        if ((r = open_sandbox(c, id, &s)) == 0) {
-            /* the job may still read RUNNING (the old generation) for a moment: the reconciler
-             * acts within about a second */
-            usleep(300 * 1000);
-            r = sbx_sandbox_wait(s, (int)(wait_s * 1000), progress_line, NULL, &e) < 0
-                    ? cli_fail(&e)
-                    : EXIT_OK;
-            sbx_sandbox_free(s);
-        }
-    }
-    if (r == EXIT_OK)
-        puts(id);
-    sbx_client_free(c);
-    return r;
-}
-
-static const char token_help[] =
-    "usage: sbx token create --principal P [--namespace NS] [--role read|write|admin] [--json]\n"
-    "       sbx token revoke ID\n"
-    "create prints the new token (shown once) and its id; revoke takes the id (t-...).\n";
-
-int cmd_token(const cli_t *cli, int argc, char **argv)
-{
-    if (argc < 2)
-        return fputs(token_help, stderr), EXIT_USAGE;
-    if (want_help(argc, argv))
-        return help(token_help);
-    const char *sub = argv[1];
-    int r;
-    if (strcmp(sub, "create") == 0) {
-        static const struct option lo[] = { { "principal", required_argument, 0, 'p' },
-                                            { "namespace", required_argument, 0, 'n' },
-                                            { "role", required_argument, 0, 'r' },
-                                            { "json", no_argument, 0, 'j' },
-                                            { 0, 0, 0, 0 } };
-        const char *principal = NULL, *ns = cli->ns ? cli->ns : "default", *role = "write";
-        bool json = false;
-        int o;
-        optind = 0;
-        while ((o = getopt_long(argc - 1, argv + 1, "", lo, NULL)) != -1) {
-            if (o == 'p')
-                principal = optarg;
-            else if (o == 'n')
-                ns = optarg;
-            else if (o == 'r')
-                role = optarg;
-            else if (o == 'j')
-                json = true;
-            else
-                return EXIT_USAGE;
-        }
-        if (!principal || optind != argc - 1)
-            return cli_usage("token create: --principal P expected");
-        sbx_client_t *c;
-        if ((r = cli_client(cli, &c)))
-            return r;
-        char *text;
-        sbx_error_t e = { 0 };
-        if (sbx_token_create(c, principal, ns, role, &text, &e) < 0) {
-            r = cli_fail(&e);
-        } else {
-            json_t *j = json_loads(text, 0, NULL);
-            if (json)
-                print_json(j);
-            else
-                printf("%s\nid %s\n", json_string_value(json_object_get(j, "token")),
-                       json_string_value(json_object_get(j, "id")));
-            json_decref(j);
-            sbx_free(text);
-        }
-        sbx_client_free(c);
-        return r;
-    }
-    if (strcmp(sub, "revoke") == 0) {
-        if (argc != 3)
-            return cli_usage("token revoke: one ID expected");
-        sbx_client_t *c;
-        if ((r = cli_client(cli, &c)))
-            return r;
-        sbx_error_t e = { 0 };
-        r = sbx_token_revoke(c, argv[2], &e) < 0 ? cli_fail(&e) : EXIT_OK;
-        sbx_client_free(c);
-        return r;
-    }
-    return cli_usage("token: unknown subcommand %s", sub);
 }

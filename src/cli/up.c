@@ -405,6 +405,108 @@ static const char up_help[] =
     "(0600), ca.crt. Running again when it runs says so and rewrites $SBX_HOME. Needs root.\n"
     "--images, --id-range: passed to sbx-node; --default-image: to sbx-control.\n";
 
+typedef struct {
+    char dir[PATH_MAX], ctl_bin[PATH_MAX], node_bin[PATH_MAX], ctl_state[PATH_MAX],
+        node_state[PATH_MAX], ctl_log[PATH_MAX], node_log[PATH_MAX], ctl_pid[PATH_MAX],
+        node_pid[PATH_MAX], tokfile[PATH_MAX], join[PATH_MAX], portfile[PATH_MAX];
+    char listen[32], nlisten[32];
+} up_paths_t;
+
+static int up_paths(const up_opts_t *o, up_paths_t *p)
+{
+    const char *st = o->state_dir;
+    if (self_dir(p->dir, sizeof p->dir) < 0 ||
+        path_join(p->ctl_bin, sizeof p->ctl_bin, p->dir, "sbx-control") < 0 ||
+        path_join(p->node_bin, sizeof p->node_bin, p->dir, "sbx-node") < 0 ||
+        path_join(p->ctl_state, sizeof p->ctl_state, st, "control") < 0 ||
+        path_join(p->node_state, sizeof p->node_state, st, "node") < 0 ||
+        path_join(p->ctl_log, sizeof p->ctl_log, st, "control.log") < 0 ||
+        path_join(p->node_log, sizeof p->node_log, st, "node.log") < 0 ||
+        path_join(p->ctl_pid, sizeof p->ctl_pid, st, "sbx-control.pid") < 0 ||
+        path_join(p->node_pid, sizeof p->node_pid, st, "sbx-node.pid") < 0 ||
+        path_join(p->tokfile, sizeof p->tokfile, st, "admin.token") < 0 ||
+        path_join(p->join, sizeof p->join, p->ctl_state, "node-join.token") < 0 ||
+        path_join(p->portfile, sizeof p->portfile, st, "port") < 0)
+        return -ENAMETOOLONG;
+    (void)snprintf(p->listen, sizeof p->listen, "127.0.0.1:%u", o->port);
+    (void)snprintf(p->nlisten, sizeof p->nlisten, "127.0.0.1:%u", o->port + 1);
+    return 0;
+}
+
+static int start_control(const up_opts_t *o, const up_paths_t *p, pid_t *ret)
+{
+    char *argv[12] = { (char *)p->ctl_bin,   "--state",
+                       (char *)p->ctl_state, "--listen",
+                       (char *)p->listen,    "--admin-token-file",
+                       (char *)p->tokfile,   NULL };
+    if (o->default_image) {
+        argv[7] = "--default-image";
+        argv[8] = (char *)o->default_image;
+    }
+    (void)unlink(p->join); /* so that the wait that follows sees this process's */
+    int r = spawn_daemon(argv, p->ctl_log, p->ctl_pid, ret);
+    if (r < 0)
+        fprintf(stderr, "sbx: cannot start sbx-control: %s\n", strerror(-r));
+    else
+        fprintf(stderr, "sbx: started sbx-control (pid %d) on %s, log %s\n", (int)*ret, p->listen,
+                p->ctl_log);
+    return r;
+}
+
+static int start_node(const up_opts_t *o, const up_paths_t *p, pid_t *ret)
+{
+    char *argv[16] = { (char *)p->node_bin,
+                       "--state",
+                       (char *)p->node_state,
+                       "--listen",
+                       (char *)p->nlisten,
+                       "--control",
+                       (char *)p->listen,
+                       "--join-token-file",
+                       (char *)p->join,
+                       "--name",
+                       "node-1",
+                       NULL };
+    int k = 11;
+    if (o->images) {
+        argv[k++] = "--images";
+        argv[k++] = (char *)o->images;
+    }
+    if (o->id_range) {
+        argv[k++] = "--id-range";
+        argv[k++] = (char *)o->id_range;
+    }
+    int r = spawn_daemon(argv, p->node_log, p->node_pid, ret);
+    if (r < 0)
+        fprintf(stderr, "sbx: cannot start sbx-node: %s\n", strerror(-r));
+    else
+        fprintf(stderr, "sbx: started sbx-node (pid %d) on %s, log %s\n", (int)*ret, p->nlisten,
+                p->node_log);
+    return r;
+}
+
+/* Wait until the control plane answers (want_live false) or a node is live (true), while the
+ * daemon pid that this waits on runs; *waited counts against o->wait_s. Exit code. */
+static int wait_up(const up_opts_t *o, const up_paths_t *p, bool want_live, pid_t pid, long *waited)
+{
+    const char *name = want_live ? "sbx-node" : "sbx-control";
+    const char *log = want_live ? p->node_log : p->ctl_log;
+    for (;;) {
+        int live = node_live(o);
+        if (want_live ? live == 1 : access(p->join, R_OK) == 0 && live >= 0)
+            return EXIT_OK;
+        if (died(pid, name, log))
+            return EXIT_FAIL;
+        if (*waited > (long)o->wait_s * 1000) {
+            fprintf(stderr, "sbx: %s is not %s after %u s; see %s\n", name,
+                    want_live ? "live" : "answering", o->wait_s, log);
+            return EXIT_TIMEOUT;
+        }
+        sleep_ms(100);
+        *waited += 100;
+    }
+}
+
 int cmd_up(const cli_t *cli, int argc, char **argv)
 {
     (void)cli;
@@ -421,36 +523,20 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
         return EXIT_DENIED;
     }
     unsigned rec = recorded_port(o.state_dir);
-    if (!o.port)
+    pid_t cpid = running_pid(o.state_dir, "sbx-control"),
+          npid = running_pid(o.state_dir, "sbx-node");
+    if (cpid && npid && rec && o.port && rec != o.port)
+        fprintf(stderr, "sbx: already running on port %u (not %u); `sbx down` first to change it\n",
+                rec, o.port);
+    if (!o.port || (cpid && rec))
         o.port = rec ? rec : DEFAULT_PORT;
+    static up_paths_t p;
     char *home = sbx_home_dir();
-    char dir[PATH_MAX], ctl_bin[PATH_MAX], node_bin[PATH_MAX], ctl_state[PATH_MAX],
-        node_state[PATH_MAX], ctl_log[PATH_MAX], node_log[PATH_MAX], ctl_pid[PATH_MAX],
-        node_pid[PATH_MAX], tokfile[PATH_MAX], join[PATH_MAX], portfile[PATH_MAX];
-    if (!home || self_dir(dir, sizeof dir) < 0 ||
-        path_join(ctl_bin, sizeof ctl_bin, dir, "sbx-control") < 0 ||
-        path_join(node_bin, sizeof node_bin, dir, "sbx-node") < 0 ||
-        path_join(ctl_state, sizeof ctl_state, o.state_dir, "control") < 0 ||
-        path_join(node_state, sizeof node_state, o.state_dir, "node") < 0 ||
-        path_join(ctl_log, sizeof ctl_log, o.state_dir, "control.log") < 0 ||
-        path_join(node_log, sizeof node_log, o.state_dir, "node.log") < 0 ||
-        path_join(ctl_pid, sizeof ctl_pid, o.state_dir, "sbx-control.pid") < 0 ||
-        path_join(node_pid, sizeof node_pid, o.state_dir, "sbx-node.pid") < 0 ||
-        path_join(tokfile, sizeof tokfile, o.state_dir, "admin.token") < 0 ||
-        path_join(join, sizeof join, ctl_state, "node-join.token") < 0 ||
-        path_join(portfile, sizeof portfile, o.state_dir, "port") < 0) {
+    if (!home || up_paths(&o, &p) < 0) {
         free(home);
         return cli_usage("paths too long");
     }
-    pid_t cpid = running_pid(o.state_dir, "sbx-control"),
-          npid = running_pid(o.state_dir, "sbx-node");
     if (cpid && npid) {
-        if (rec && rec != o.port)
-            fprintf(stderr,
-                    "sbx: already running on port %u (not %u); `sbx down` first to "
-                    "change it\n",
-                    rec, o.port);
-        o.port = rec ? rec : o.port;
         r = write_home(&o, home) < 0 ? EXIT_FAIL : EXIT_OK;
         if (r == EXIT_OK)
             printf("sbx: already running (control pid %d, node pid %d, https://127.0.0.1:%u, "
@@ -459,11 +545,11 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
         free(home);
         return r;
     }
-    if (access(ctl_bin, X_OK) < 0 || access(node_bin, X_OK) < 0) {
+    if (access(p.ctl_bin, X_OK) < 0 || access(p.node_bin, X_OK) < 0) {
         fprintf(stderr,
                 "sbx: sbx-control and sbx-node must sit next to sbx (%s): build them "
                 "(bash scripts/build.sh) or install them together\n",
-                dir);
+                p.dir);
         free(home);
         return EXIT_FAIL;
     }
@@ -474,73 +560,17 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
     }
     char port_text[16];
     int pl = snprintf(port_text, sizeof port_text, "%u\n", o.port);
-    (void)put_file(portfile, port_text, (size_t)pl, 0644);
-    char listen[32], nlisten[32];
-    (void)snprintf(listen, sizeof listen, "127.0.0.1:%u", o.port);
-    (void)snprintf(nlisten, sizeof nlisten, "127.0.0.1:%u", o.port + 1);
-    if (!cpid) {
-        char *cargv[12] = { ctl_bin, "--state", ctl_state, "--listen", listen, "--admin-token-file",
-                            tokfile, NULL };
-        if (o.default_image) {
-            cargv[7] = "--default-image";
-            cargv[8] = (char *)o.default_image;
-        }
-        (void)unlink(join); /* so that the wait below sees this process's */
-        if ((r = spawn_daemon(cargv, ctl_log, ctl_pid, &cpid)) < 0) {
-            fprintf(stderr, "sbx: cannot start sbx-control: %s\n", strerror(-r));
-            free(home);
-            return EXIT_FAIL;
-        }
-        fprintf(stderr, "sbx: started sbx-control (pid %d) on %s, log %s\n", (int)cpid, listen,
-                ctl_log);
-    }
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    long waited = 0, limit = (long)o.wait_s * 1000;
-    while (access(join, R_OK) < 0 || node_live(&o) < 0) {
-        if (died(cpid, "sbx-control", ctl_log) || waited > limit) {
-            if (waited > limit)
-                fprintf(stderr, "sbx: sbx-control did not answer within %u s; see %s\n", o.wait_s,
-                        ctl_log);
-            free(home);
-            return waited > limit ? EXIT_TIMEOUT : EXIT_FAIL;
-        }
-        sleep_ms(100);
-        waited += 100;
-    }
-    if (!npid) {
-        char *nargv[16] = { node_bin, "--state",   node_state, "--listen",
-                            nlisten,  "--control", listen,     "--join-token-file",
-                            join,     "--name",    "node-1",   NULL };
-        int k = 11;
-        if (o.images) {
-            nargv[k++] = "--images";
-            nargv[k++] = (char *)o.images;
-        }
-        if (o.id_range) {
-            nargv[k++] = "--id-range";
-            nargv[k++] = (char *)o.id_range;
-        }
-        if ((r = spawn_daemon(nargv, node_log, node_pid, &npid)) < 0) {
-            fprintf(stderr, "sbx: cannot start sbx-node: %s\n", strerror(-r));
-            free(home);
-            return EXIT_FAIL;
-        }
-        fprintf(stderr, "sbx: started sbx-node (pid %d) on %s, log %s\n", (int)npid, nlisten,
-                node_log);
-    }
-    while (node_live(&o) != 1) {
-        if (died(npid, "sbx-node", node_log) || waited > limit) {
-            if (waited > limit)
-                fprintf(stderr, "sbx: the node is not live after %u s; see %s\n", o.wait_s,
-                        node_log);
-            free(home);
-            return waited > limit ? EXIT_TIMEOUT : EXIT_FAIL;
-        }
-        sleep_ms(100);
-        waited += 100;
-    }
-    r = write_home(&o, home) < 0 ? EXIT_FAIL : EXIT_OK;
+    (void)put_file(p.portfile, port_text, (size_t)pl, 0644);
+    long waited = 0;
+    r = !cpid && start_control(&o, &p, &cpid) < 0 ? EXIT_FAIL : EXIT_OK;
+    if (r == EXIT_OK)
+        r = wait_up(&o, &p, false, cpid, &waited);
+    if (r == EXIT_OK && !npid && start_node(&o, &p, &npid) < 0)
+        r = EXIT_FAIL;
+    if (r == EXIT_OK)
+        r = wait_up(&o, &p, true, npid, &waited);
+    if (r == EXIT_OK)
+        r = write_home(&o, home) < 0 ? EXIT_FAIL : EXIT_OK;
     if (r == EXIT_OK)
         printf("sbx: platform up at https://127.0.0.1:%u (state %s); client configuration in "
                "%s\n",
