@@ -235,6 +235,56 @@ static const char lifecycle_help[] =
     "Pause a dedicated sandbox (its files kept), resume it (a new generation), or move it to\n"
     "another node. resume and move wait until it runs again (--wait 0: do not wait).\n";
 
+static json_t *job_json(sbx_client_t *c, const char *id, sbx_error_t *e)
+{
+    char *text;
+    if (sbx_job_inspect(c, id, &text, e) < 0)
+        return NULL;
+    json_t *j = json_loads(text, 0, NULL);
+    sbx_free(text);
+    return j;
+}
+
+/* After resume or move: wait until the job runs a generation newer than g0 (until then it may
+ * still read RUNNING, the old generation's). Exit code. */
+static int wait_generation(sbx_client_t *c, const char *id, json_int_t g0, unsigned wait_s)
+{
+    char last[300] = "";
+    for (unsigned waited = 0;; waited += 100) {
+        sbx_error_t e = { 0 };
+        json_t *j = job_json(c, id, &e);
+        if (!j)
+            return cli_fail(&e);
+        json_t *run = json_object_get(j, "run");
+        const char *stage = json_string_value(json_object_get(j, "stage"));
+        const char *msg = json_string_value(json_object_get(j, "message"));
+        const char *state = json_string_value(json_object_get(run, "state"));
+        json_int_t g = json_integer_value(json_object_get(run, "generation"));
+        char now[300];
+        (void)snprintf(now, sizeof now, "%s %s", stage ? stage : "?", msg ? msg : "");
+        if (strcmp(now, last) != 0) {
+            progress_line(stage ? stage : "?", msg ? msg : "", NULL);
+            memcpy(last, now, sizeof now);
+        }
+        bool done = stage && strcmp(stage, "RUNNING") == 0 && state &&
+                    strcmp(state, "running") == 0 && g > g0;
+        bool ended = stage_ended(stage);
+        json_decref(j);
+        if (done)
+            return EXIT_OK;
+        if (ended) {
+            fprintf(stderr, "sbx: %s will not run: %s (`sbx jobs inspect %s`)\n", id, now, id);
+            return EXIT_FAIL;
+        }
+        if (waited >= wait_s * 1000u) {
+            fprintf(stderr, "sbx: %s is not running a new generation after %u s (%s)\n", id, wait_s,
+                    now);
+            return EXIT_TIMEOUT;
+        }
+        usleep(100 * 1000);
+    }
+}
+
 int cmd_lifecycle(const cli_t *cli, int argc, char **argv)
 {
     if (want_help(argc, argv))
@@ -261,19 +311,17 @@ int cmd_lifecycle(const cli_t *cli, int argc, char **argv)
     if ((r = cli_client(cli, &c)))
         return r;
     sbx_error_t e = { 0 };
-    r = sbx_job_action(c, id, argv[0], node, &e) < 0 ? cli_fail(&e) : EXIT_OK;
-    if (r == EXIT_OK && strcmp(argv[0], "pause") != 0 && wait_s > 0) {
-        sbx_sandbox_t *s;
-        if ((r = open_sandbox(c, id, &s)) == 0) {
-            /* the job may still read RUNNING (the old generation) for a moment: the reconciler
-             * acts within about a second */
-            usleep(300 * 1000);
-            r = sbx_sandbox_wait(s, (int)(wait_s * 1000), progress_line, NULL, &e) < 0
-                    ? cli_fail(&e)
-                    : EXIT_OK;
-            sbx_sandbox_free(s);
-        }
+    json_t *before = job_json(c, id, &e);
+    if (!before) {
+        sbx_client_free(c);
+        return cli_fail(&e);
     }
+    json_int_t g0 =
+        json_integer_value(json_object_get(json_object_get(before, "run"), "generation"));
+    json_decref(before);
+    r = sbx_job_action(c, id, argv[0], node, &e) < 0 ? cli_fail(&e) : EXIT_OK;
+    if (r == EXIT_OK && strcmp(argv[0], "pause") != 0 && wait_s > 0)
+        r = wait_generation(c, id, g0, (unsigned)wait_s);
     if (r == EXIT_OK)
         puts(id);
     sbx_client_free(c);

@@ -33,7 +33,7 @@ def write_home(p, path, token=None):
 
 @pytest.fixture(scope="module")
 def plat():
-    p = Platform(nodes=("nodeA",))
+    p = Platform(nodes=("nodeA", "nodeB"))
     p.home = write_home(p, os.path.join(p.dir, "client-home"))
     yield p
     p.stop()
@@ -91,3 +91,27 @@ def test_bad_input_errors_are_values_with_reasons(plat):
 def test_pool_through_libsbx(plat):
     r = check(plat, "pool", "lp-" + secrets.token_hex(4), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_cli_move_waits_for_the_new_generation_and_keeps_files(plat):
+    """`sbx move` (two nodes here; `sbx up` has one): the new generation runs elsewhere with
+    the sandbox's files, and sbx returns only once it runs."""
+    sbx = os.path.join(BUILD, "sbx")
+    env = {"SBX_HOME": plat.home, "PATH": os.environ["PATH"]}
+
+    def run(*args):
+        return subprocess.run([sbx, *args], capture_output=True, text=True, env=env, timeout=120)
+    r = run("create")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip()
+    assert run("exec", "-c", sid, "--", "echo moved-with-me > /root/f").returncode == 0
+    before = plat.request("GET", f"/v1/jobs/default/{sid}").json()["run"]
+    r = run("move", sid)
+    assert r.returncode == 0, r.stderr
+    after = plat.request("GET", f"/v1/jobs/default/{sid}").json()["run"]
+    assert after["generation"] > before["generation"] and after["node"] != before["node"], \
+        (before, after)
+    assert after["state"] == "running"
+    r = run("exec", sid, "--", "cat", "/root/f")
+    assert (r.returncode, r.stdout) == (0, "moved-with-me\n"), r
+    assert run("kill", sid).returncode == 0
