@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import ssl
 import stat
 import subprocess
@@ -27,15 +28,28 @@ SBX = os.path.join(BUILD, "sbx")
 ID_RANGE = f"{1_750_000_000 + secrets.randbelow(8) * 65536 * 64}:{65536 * 64}"
 
 
+def port_pair():
+    """A free port P whose P+1 is free too (sbx up puts the node there)."""
+    for _ in range(100):
+        p = free_port()
+        if p + 1 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no two free ports in a row")
+
+
 class Up:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="sbxcli-")
         os.chmod(self.dir, 0o700)
         self.state = os.path.join(self.dir, "state")
         self.home = os.path.join(self.dir, "home")
-        self.port = free_port()
-        while self.port + 1 > 65535:
-            self.port = free_port()
+        self.port = port_pair()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
         self.env["SBX_HOME"] = self.home
 
@@ -375,6 +389,26 @@ def test_pooled_sandbox_of_a_dead_host_is_reported_gone(up):
     r = wait_until(gone, 20, 0.3)
     assert r and "410" in r.stderr and "gone" in r.stderr, r
     up.sbx("pool", "rm", name, check=0)
+
+
+def test_up_restarts_only_what_is_missing(up):
+    """A node that died: status says so, `sbx up` starts that one only, sandboxes still work."""
+    sid = new_sandbox(up)
+    cpid, npid = up.pid("sbx-control"), up.pid("sbx-node")
+    os.kill(npid, signal.SIGKILL)
+    assert wait_until(lambda: not alive(npid), 10, 0.05)
+    r = up.sbx("status", "--state", up.state)
+    assert r.returncode == 4 and "node      stopped" in r.stdout, r
+    r = up.up()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "started sbx-node" in r.stderr and "started sbx-control" not in r.stderr, r.stderr
+    assert up.pid("sbx-control") == cpid and up.pid("sbx-node") not in (0, npid)
+    up.sbx("status", "--state", up.state, check=0)
+
+    def works():
+        return up.sbx("exec", sid, "--", "true").returncode == 0
+    assert wait_until(works, 30, 0.5)
+    up.sbx("kill", sid, check=0)
 
 
 def test_down_stops_both_and_keeps_the_store(up):
