@@ -41,9 +41,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-CPORT=$(free_port)
-DPORT=$(free_port)
+# three free ports: the control's P, the node's P+1 (sbx up), and the direct host's
+read -r CPORT DPORT < <(python3 -c '
+import socket
+def free(p=0):
+    s = socket.socket(); s.bind(("127.0.0.1", p)); return s
+while True:
+    a = free(); p = a.getsockname()[1]
+    try:
+        b = free(p + 1)
+    except OSError:
+        continue
+    c = free(); print(p, c.getsockname()[1]); break')
 TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 echo "platform: sbx up --state $WORK/state --port $CPORT --default-image host"
