@@ -380,7 +380,10 @@ static int state_client(const up_opts_t *o, sbx_client_t **ret, sbx_error_t *e)
 }
 
 /* Is a node registered and live? 1 yes, 0 not yet, < 0 cannot ask. */
-static int node_live(const up_opts_t *o)
+/* Is a node live that was heard from at or after since_ms (wall clock; 0: any time)? 1 yes,
+ * 0 not yet, < 0 cannot ask. A node that was just killed still reads live for a few seconds:
+ * since_ms, the restart's time, tells its successor's heartbeats from its last ones. */
+static int node_live(const up_opts_t *o, int64_t since_ms)
 {
     sbx_client_t *c;
     sbx_error_t e;
@@ -391,9 +394,25 @@ static int node_live(const up_opts_t *o)
     sbx_client_free(c);
     if (r < 0)
         return -1;
-    r = strstr(text, "\"live\":true") || strstr(text, "\"live\": true") ? 1 : 0;
+    json_t *nodes = json_loads(text, 0, NULL);
     sbx_free(text);
+    size_t i;
+    json_t *n;
+    r = 0;
+    json_array_foreach(nodes, i, n) {
+        if (json_is_true(json_object_get(n, "live")) &&
+            json_integer_value(json_object_get(n, "last_seen_ms")) >= since_ms)
+            r = 1;
+    }
+    json_decref(nodes);
     return r;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static const char up_help[] =
@@ -485,14 +504,16 @@ static int start_node(const up_opts_t *o, const up_paths_t *p, pid_t *ret)
     return r;
 }
 
-/* Wait until the control plane answers (want_live false) or a node is live (true), while the
- * daemon pid that this waits on runs; *waited counts against o->wait_s. Exit code. */
-static int wait_up(const up_opts_t *o, const up_paths_t *p, bool want_live, pid_t pid, long *waited)
+/* Wait until the control plane answers (want_live false) or a node heard from since since_ms
+ * is live (true), while the daemon pid that this waits on runs; *waited counts against
+ * o->wait_s. Exit code. */
+static int wait_up(const up_opts_t *o, const up_paths_t *p, bool want_live, pid_t pid,
+                   int64_t since_ms, long *waited)
 {
     const char *name = want_live ? "sbx-node" : "sbx-control";
     const char *log = want_live ? p->node_log : p->ctl_log;
     for (;;) {
-        int live = node_live(o);
+        int live = node_live(o, since_ms);
         if (want_live ? live == 1 : access(p->join, R_OK) == 0 && live >= 0)
             return EXIT_OK;
         if (died(pid, name, log))
@@ -564,11 +585,12 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
     long waited = 0;
     r = !cpid && start_control(&o, &p, &cpid) < 0 ? EXIT_FAIL : EXIT_OK;
     if (r == EXIT_OK)
-        r = wait_up(&o, &p, false, cpid, &waited);
+        r = wait_up(&o, &p, false, cpid, 0, &waited);
+    int64_t node_start = npid ? 0 : wall_ms();
     if (r == EXIT_OK && !npid && start_node(&o, &p, &npid) < 0)
         r = EXIT_FAIL;
     if (r == EXIT_OK)
-        r = wait_up(&o, &p, true, npid, &waited);
+        r = wait_up(&o, &p, true, npid, node_start, &waited);
     if (r == EXIT_OK)
         r = write_home(&o, home) < 0 ? EXIT_FAIL : EXIT_OK;
     if (r == EXIT_OK)
@@ -652,7 +674,7 @@ int cmd_status(const cli_t *cli, int argc, char **argv)
     printf("\nnode      %s", n ? "running" : "stopped");
     if (n)
         printf(" (pid %d)", (int)n);
-    int live = c ? node_live(&o) : -1;
+    int live = c ? node_live(&o, 0) : -1;
     printf("\nnode live %s\n", live == 1 ? "yes" : live == 0 ? "no" : "unknown");
     return c && n && live == 1 ? EXIT_OK : EXIT_UNREACHABLE;
 }
