@@ -165,8 +165,13 @@ static int connect_tcp(http_conn_t *c, char *msg, size_t msglen)
                               .tv_usec = (c->io_timeout_ms % 1000) * 1000 };
         (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        int one = 1;
+        int one = 1, idle = 30, intvl = 10, cnt = 3;
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        /* a peer that vanished (no FIN) is noticed within ~1 min even on a quiet stream */
+        (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
         c->fd = fd;
         r = 0;
         break;
@@ -241,7 +246,9 @@ static int io_write(http_conn_t *c, const void *buf, size_t len)
             int w = SSL_write(c->ssl, p, len > INT32_MAX ? INT32_MAX : (int)len);
             if (w <= 0) {
                 int se = SSL_get_error(c->ssl, w);
-                r = se == SSL_ERROR_SYSCALL && errno ? -errno : -EPIPE;
+                r = se == SSL_ERROR_WANT_READ || se == SSL_ERROR_WANT_WRITE ? -ETIMEDOUT
+                    : se == SSL_ERROR_SYSCALL && errno                      ? -errno
+                                                                            : -EPIPE;
                 ERR_clear_error();
                 break;
             }
@@ -284,6 +291,8 @@ static int io_fill(http_conn_t *c)
                 ERR_clear_error();
                 if (se == SSL_ERROR_ZERO_RETURN)
                     return 0;
+                if (se == SSL_ERROR_WANT_READ || se == SSL_ERROR_WANT_WRITE)
+                    return -ETIMEDOUT; /* SO_RCVTIMEO ran out */
                 if (se == SSL_ERROR_SYSCALL)
                     return e == EAGAIN || e == EWOULDBLOCK ? -ETIMEDOUT : e ? -e : 0;
                 return -EPROTO;
@@ -598,6 +607,13 @@ static int exchange(http_conn_t *c, const http_req_t *rq, http_resp_t *resp, boo
     return http_read_response(c, rq, resp, ret_any);
 }
 
+/* SO_RCVTIMEO of the connection (0: none). */
+static void set_read_timeout(http_conn_t *c, unsigned ms)
+{
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+    (void)setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
 int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, char *msg, size_t msglen)
 {
     msg[0] = 0;
@@ -610,7 +626,11 @@ int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, char *msg, s
         }
         http_resp_t resp = { 0 };
         bool any = false;
+        if (rq->stream)
+            set_read_timeout(c, 0);
         int r = exchange(c, rq, &resp, &any);
+        if (rq->stream && c->fd >= 0)
+            set_read_timeout(c, c->io_timeout_ms);
         if (r >= 0) {
             *ret = resp;
             return 0;

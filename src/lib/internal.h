@@ -48,6 +48,9 @@ typedef struct {
     http_sink_fn sink; /* 2xx bodies go here when set; other bodies are kept for the error */
     void *sink_ud;
     size_t body_max; /* cap for a kept body; 0: HTTP_ERRBODY_MAX */
+    /* A stream that may stay quiet for long (exec, following a process's output): no read
+     * timeout while it lasts; TCP keepalive (on every connection) notices a dead peer. */
+    bool stream;
 } http_req_t;
 
 typedef struct {

@@ -501,7 +501,8 @@ static int stream_call(sbx_sandbox_t *s, const char *what, const char *method, c
                       .body_len = text ? strlen(text) : 0,
                       .body_fd = -1,
                       .sink = stream_sink,
-                      .sink_ud = &st };
+                      .sink_ud = &st,
+                      .stream = true };
     http_resp_t resp = { 0 };
     int r = api_raw(s->c, what, &rq, th, &resp, err);
     http_resp_free(&resp);

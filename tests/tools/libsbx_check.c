@@ -278,6 +278,39 @@ static int scenario_ranges(const char *id)
     return 0;
 }
 
+/* Streams may stay quiet longer than the client's read timeout: exec and following a process's
+ * output wait as long as the command runs (TCP keepalive watches the peer). */
+static int scenario_quiet(const char *id)
+{
+    sbx_config_t cfg = { .io_timeout_ms = 1000 };
+    sbx_client_t *c;
+    sbx_error_t e = { 0 };
+    OK(sbx_client_new(&cfg, &c, &e), e);
+    sbx_sandbox_t *s;
+    OK(sbx_sandbox_connect(c, id, &s, &e), e);
+    both_t b = { 0 };
+    sbx_exec_result_t res;
+    OK(run(s, "sleep 2.5; echo late", &b, &res, &e), e);
+    CHECK(res.exit_code == 0 && b.out.data && strcmp(b.out.data, "late\n") == 0, "[%s]",
+          b.out.data);
+    both_free(&b);
+    sbx_exec_opts_t o = { .cmd = "sleep 2.5; echo later" };
+    sbx_process_t p;
+    OK(sbx_process_start(s, &o, &p, &e), e);
+    sbx_exec_opts_t cb = { .on_stdout = on_out, .on_stderr = on_err, .userdata = &b };
+    OK(sbx_process_output(s, p.id, true, &cb, &res, &e), e);
+    CHECK(res.exit_code == 0 && b.out.data && strcmp(b.out.data, "later\n") == 0, "[%s]",
+          b.out.data);
+    both_free(&b);
+    sbx_process_clear(&p);
+    /* and the short read timeout still holds for the calls after them */
+    OK(run(s, "true", &b, &res, &e), e);
+    both_free(&b);
+    sbx_sandbox_free(s);
+    sbx_client_free(c);
+    return 0;
+}
+
 static int scenario_processes(sbx_sandbox_t *s)
 {
     sbx_error_t e = { 0 };
@@ -341,7 +374,7 @@ static int cmd_dedicated(void)
     fflush(stdout);
     CHECK(sbx_sandbox_pool(s) == NULL, "dedicated has a pool");
     if (scenario_exec(s) || scenario_files(s) || scenario_ranges(sbx_sandbox_id(s)) ||
-        scenario_processes(s))
+        scenario_quiet(sbx_sandbox_id(s)) || scenario_processes(s))
         return 1;
     char *url, *hdr;
     OK(sbx_sandbox_proxy(s, SBX_AGENT_PORT, &url, &hdr, &e), e);
