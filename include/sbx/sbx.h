@@ -8,8 +8,12 @@
  *   message that says what went wrong and what to do next.
  * - Outputs (ret_* parameters) are assigned only on success. Strings and arrays the library
  *   returns are the caller's: free them with sbx_free() or the matching *_free() call.
- * - No global state and no threads: a client (sbx_client_t) holds one connection, kept alive
- *   between calls; use one client per thread. Streaming callbacks run on the calling thread.
+ * - No global state. A client (sbx_client_t) holds one connection, kept alive between calls;
+ *   use one client per thread. Streaming callbacks run on the calling thread. The library
+ *   starts threads only to move a large file in ranges (see parallel_threshold), and joins
+ *   them before the call returns.
+ * - Reads wait at most io_timeout_ms, except on exec streams and followed process output,
+ *   which last as long as the command runs (TCP keepalive watches the peer).
  */
 #pragma once
 
@@ -56,7 +60,7 @@ typedef struct {
     const char *ca_file;
     /* The namespace of jobs and pools. NULL: $SBX_NAMESPACE, else "default". */
     const char *ns;
-    /* How long one read or write may wait (ms); 0: 120000. */
+    /* How long one read or write may wait (ms; streams excepted, see above); 0: 120000. */
     unsigned io_timeout_ms;
     /* Uploads and downloads of at least this many bytes move as parallel_ranges ranges at once,
      * each on a connection (and a thread) of its own. 0: 64 MiB. */
