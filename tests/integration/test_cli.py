@@ -221,6 +221,13 @@ def test_cp_ls_kill(up):
         assert f.read() == data
     r = up.sbx("cp", f"{sid}:/tmp/nothing", back)
     assert r.returncode == 3 and "not found" in r.stderr, r
+    # a local name with a colon is written ./a:b (never taken for ID:PATH)
+    with open(os.path.join(up.dir, "a:b"), "w") as f:
+        f.write("colon")
+    r = subprocess.run([SBX, "cp", "./a:b", f"{sid}:/tmp/colon"], capture_output=True, text=True,
+                       env=up.env, cwd=up.dir, timeout=30)
+    assert r.returncode == 0, r
+    assert up.sbx("exec", sid, "--", "cat", "/tmp/colon", check=0).stdout == "colon"
     r = up.sbx("ls", "--json", check=0)
     rows = {x["id"]: x for x in json.loads(r.stdout)}
     assert rows[sid]["kind"] == "dedicated" and rows[sid]["stage"] == "RUNNING"
