@@ -101,7 +101,8 @@ def ninja_jobs():
 
 # what the integration tests run (SBX_BUILD); unit tests add their own executable
 # (the static agent too: a node that serves images runs it in every image run)
-BINARIES = ["sbx-server", "sbx-server-static", "sbx-node", "sbx-control", "tests/capmint"]
+BINARIES = ["sbx-server", "sbx-server-static", "sbx-node", "sbx-control", "tests/capmint",
+            "sbx", "tests/libsbx-check"]
 
 
 def targets(m):

@@ -19,7 +19,7 @@ cd "$(dirname "$SELF")/.." || exit 1
 PY=/usr/bin/python3
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 LOG_DIR=build-logs
-FUZZERS=(http_head request_decode cap_decode httpc_response relay_response)
+FUZZERS=(http_head request_decode cap_decode httpc_response relay_response libsbx_response)
 
 # ---- stage bodies (each runs as `scripts/test.sh --stage NAME` under timeout) ---------------
 
@@ -96,6 +96,7 @@ stage_fuzz_request_decode() { fuzz_one request_decode; }
 stage_fuzz_cap_decode() { fuzz_one cap_decode; }
 stage_fuzz_httpc_response() { fuzz_one httpc_response; }
 stage_fuzz_relay_response() { fuzz_one relay_response; }
+stage_fuzz_libsbx_response() { fuzz_one libsbx_response; }
 
 # A fixed sample of the security mutants (tests/mutants/mutants.toml, quick = true): each check
 # broken in turn must be caught by its tests. The full set: bash scripts/mutants.sh.
@@ -106,6 +107,7 @@ stage_bench_smoke() { bash scripts/bench.sh --quick; }
 stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
 stage_bench_platform_smoke() { bash scripts/bench-platform.sh --quick; }
 stage_bench_boundary_smoke() { build/bench/bench-boundary --quick; }
+stage_bench_libsbx_smoke() { bash scripts/bench-libsbx.sh --quick; }
 
 # name : time limit (s) : stage it needs
 STAGES=(
@@ -126,11 +128,13 @@ STAGES=(
     "fuzz_cap_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_httpc_response:$((FUZZ_SECONDS + 120)):fuzz_build"
     "fuzz_relay_response:$((FUZZ_SECONDS + 120)):fuzz_build"
+    "fuzz_libsbx_response:$((FUZZ_SECONDS + 120)):fuzz_build"
     "mutants_quick:900:build"
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"
     "bench_platform_smoke:300:build"
     "bench_boundary_smoke:120:build"
+    "bench_libsbx_smoke:300:build"
 )
 
 if [[ "${1:-}" == --stage ]]; then
