@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "server.h"
+#include "spawner.h"
 
 static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, uint64_t *ret)
 {
@@ -166,6 +167,9 @@ int main(int argc, char **argv)
         return 2;
     raise_nofile();
     int r = server_init(&srv, &cfg);
+    /* The spawn helpers, forked now while the server holds few descriptors and no clients. */
+    if (r >= 0 && (r = spawner_new(&srv, &srv.spawner)) < 0)
+        log_error("cannot start the spawn helpers: %s", strerror(-r));
     if (r < 0) {
         log_error("cannot start: %s", strerror(-r));
         server_done(&srv);

@@ -19,6 +19,7 @@
 #include "proc.h"
 #include "routes.h"
 #include "server.h"
+#include "spawner.h"
 
 #define DEFAULT_MAX_PROCS 256
 #define DEFAULT_MAX_MEM_MB 2048
@@ -710,6 +711,9 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
     /* From here no request may spawn under this uid, even one authorized before: spawn checks
      * `deleted` on the same thread that runs this. */
     sb->deleted = true;
+    /* Spawns of it already sent to a helper: their answers first, so a child that starts
+     * after this point cannot exist and the teardown below sees every one that did start. */
+    spawner_settle_sandbox(p->srv->spawner, sb);
     pool_unlink(p, sb);
     p->reserved--;
     procs_drop_sandbox(p->srv, sb);
@@ -842,13 +846,14 @@ void sandbox_cmd_done(cmdcg_t *cg)
     (void)rmdir(cg->dir); /* EBUSY while descendants live on: removed with the sandbox */
 }
 
-int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
-                 int stdout_fd, int stderr_fd, pid_t *ret_pid, cmdcg_t *ret_cg, char *err,
-                 size_t errlen)
+int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
+                         int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *ret_spec,
+                         char *cands, size_t cap, int *ret_cmd_procs, cmdcg_t *ret_cg, char *err,
+                         size_t errlen)
 {
     pool_t *p = sb->pool;
     confine_spec_t spec = { 0 };
-    char rel[FS_PATH_MAX], cands[8192];
+    char rel[FS_PATH_MAX];
     int r;
 
     if (sb->deleted) {
@@ -906,27 +911,38 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
     };
     memcpy(spec.limits, limits, sizeof limits);
     spec.n_limits = (int)ELEMENTSOF(limits);
+    /* the home by path; the helper copies the strings before this frame is gone */
     spec.home_path = sb->home;
-    spec.cwd_rel = rel;
-    r = confine_resolve_candidates(&spec, argv[0], envp_get(envp, "PATH"), cands, sizeof cands);
+    r = confine_resolve_candidates(&spec, argv[0], envp_get(envp, "PATH"), cands, cap);
     if (r < 0) {
         (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
-        goto out;
+        sandbox_cmd_done(&cg);
+        return r;
+    }
+    /* cwd_rel must outlive this frame: kept after the candidates in cands */
+    size_t used = 0;
+    for (int i = 0; i < spec.n_candidates; i++)
+        used = MAX(used, (size_t)(spec.candidates[i] - cands) + strlen(spec.candidates[i]) + 1);
+    if (!strchr(argv[0], '/') && used + strlen(rel) + 1 <= cap) {
+        memcpy(cands + used, rel, strlen(rel) + 1);
+        spec.cwd_rel = cands + used;
+    } else if (strchr(argv[0], '/') && strlen(rel) + 1 <= cap) {
+        memcpy(cands, rel, strlen(rel) + 1);
+        spec.cwd_rel = cands;
+    } else {
+        (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
+        sandbox_cmd_done(&cg);
+        return -E2BIG;
     }
     spec.argv = argv;
     spec.envp = envp;
     spec.stdin_fd = stdin_fd;
     spec.stdout_fd = stdout_fd;
     spec.stderr_fd = stderr_fd;
+    spec.pidfd = -1;
     sb->spawned = true; /* from now on, teardown must verify the uid is empty */
-    r = confine_spawn(&spec, ret_pid);
-    if (r < 0)
-        (void)snprintf(err, errlen, "%s failed: %s", confine_step_name(spec.failed_step),
-                       strerror(-r));
-out:
-    if (r >= 0)
-        *ret_cg = cg;
-    else
-        sandbox_cmd_done(&cg);
-    return r;
+    *ret_spec = spec;
+    *ret_cmd_procs = TAKE_FD(cmd_procs);
+    *ret_cg = cg;
+    return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "common/loop.h"
 #include "isolation/cgroup.h"
+#include "isolation/confine.h"
 #include "isolation/filter.h"
 #include "isolation/landlock.h"
 #include "isolation/mntns.h"
@@ -47,6 +48,7 @@ struct sandbox {
     uint64_t last_activity_ms;
     unsigned ops;     /* foreground operations in flight on this sandbox */
     unsigned running; /* running processes (foreground and background) */
+    unsigned spawning; /* spawn requests queued or in flight on a spawn helper */
     int ruleset_fd;   /* -1 with uid-only confinement */
     bool deleted;
     bool spawned;  /* something ran as this uid */
@@ -108,12 +110,15 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen);
 /* Evict sandboxes idle past their own timeout with nothing running or in flight. */
 void pool_evict_idle(pool_t *p, uint64_t now_ms);
 
-/* Start a command as this sandbox: the confined child sequence (src/isolation/confine.c) with
- * stdio on the given fds. cwd is the request's cwd (rooted at the home) or NULL. On failure
- * err names the step. */
-int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
-                 int stdout_fd, int stderr_fd, pid_t *ret_pid, cmdcg_t *ret_cg, char *err,
-                 size_t errlen);
+/* Prepare a command as this sandbox: the confined child sequence (src/isolation/confine.c)
+ * that a spawn helper runs, with stdio on the given fds. cwd is the request's cwd (rooted at the
+ * home) or NULL. cands (cap bytes) holds the exec candidates spec points to; *ret_cmd_procs is
+ * the command's own cgroup.procs (-1 without one), to be closed once the request is sent. On
+ * failure err says why. */
+int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
+                         int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *spec,
+                         char *cands, size_t cap, int *ret_cmd_procs, cmdcg_t *ret_cg, char *err,
+                         size_t errlen);
 /* A command of the sandbox is killed (timeout, kill, client gone): everything in its cgroup2
  * group goes at once, setsid() descendants included. No-op without a group. */
 void sandbox_cmd_kill(cmdcg_t *cg);

@@ -19,6 +19,7 @@
 #include "proc.h"
 #include "proxy.h"
 #include "routes.h"
+#include "spawner.h"
 
 void server_touch(server_t *s) { s->last_activity_ms = loop_now_ms(s->loop); }
 void server_op_begin(server_t *s)
@@ -87,12 +88,16 @@ void server_reap(server_t *s)
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid <= 0)
             break;
-        for (child_t *ch = s->children; ch; ch = ch->next)
+        child_t *ch = s->children;
+        for (; ch; ch = ch->next)
             if (ch->pid == pid) {
                 server_child_remove(s, ch);
                 ch->on_exit(ch, st);
                 break;
             }
+        /* A child a spawn helper started, whose answer is still to be read? */
+        if (!ch)
+            (void)spawner_stash_exit(s->spawner, pid, st);
     }
 }
 
@@ -313,6 +318,7 @@ int server_run(server_t *s) { return loop_run(s->loop); }
 
 void server_done(server_t *s)
 {
+    s->spawner = spawner_free(s->spawner); /* what is in flight fails; the helpers exit */
     s->pool = pool_free(s->pool); /* deletes every sandbox: kills, removes homes */
     procs_kill_all(s);
     conn_free_all(s);
