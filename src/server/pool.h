@@ -46,10 +46,10 @@ struct sandbox {
     uint64_t idle_timeout_ms;
     int64_t created_at_ms;
     uint64_t last_activity_ms;
-    unsigned ops;     /* foreground operations in flight on this sandbox */
-    unsigned running; /* running processes (foreground and background) */
+    unsigned ops;      /* foreground operations in flight on this sandbox */
+    unsigned running;  /* running processes (foreground and background) */
     unsigned spawning; /* spawn requests queued or in flight on a spawn helper */
-    int ruleset_fd;   /* -1 with uid-only confinement */
+    int ruleset_fd;    /* -1 with uid-only confinement */
     bool deleted;
     bool spawned;  /* something ran as this uid */
     int cg_fds[4]; /* cgroup.procs files of its cgroups (prepared at first exec), -1 ends */

@@ -319,7 +319,7 @@ int server_run(server_t *s) { return loop_run(s->loop); }
 void server_done(server_t *s)
 {
     s->spawner = spawner_free(s->spawner); /* what is in flight fails; the helpers exit */
-    s->pool = pool_free(s->pool); /* deletes every sandbox: kills, removes homes */
+    s->pool = pool_free(s->pool);          /* deletes every sandbox: kills, removes homes */
     procs_kill_all(s);
     conn_free_all(s);
     proxy_free_all(s);

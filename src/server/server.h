@@ -72,7 +72,7 @@ struct server {
     unsigned procs_starting; /* background processes handed to a spawn helper, not answered */
     uint64_t next_proc_id;
     int exit_code;
-    pool_t *pool; /* host mode only */
+    pool_t *pool;       /* host mode only */
     spawner_t *spawner; /* process creation off the loop (spawner.h); started by server_init */
     /* Daemons built on this HTTP core (sbx-node, sbx-control) route requests themselves. */
     void (*dispatch)(conn_t *c);

@@ -395,8 +395,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
     r = spawner_submit(s->spawner, sb ? SPAWN_CONFINED : SPAWN_PLAIN, &c, owned, n_owned, sb,
                        spawn_answered, q);
     if (r < 0) {
-        (void)snprintf(err, errlen, "cannot hand the command to a spawn helper: %s",
-                       strerror(-r));
+        (void)snprintf(err, errlen, "cannot hand the command to a spawn helper: %s", strerror(-r));
         spawned_close(&q->sp);
         sandbox_cmd_done(&q->sp.cg);
         sandbox_unref(q->sb);

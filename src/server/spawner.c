@@ -17,7 +17,7 @@
 #include "pool.h"
 #include "server.h"
 
-#define SPW_MAX_FDS 12           /* stdio 3 + mntns + netns + ruleset + cgroups 4 + memfd */
+#define SPW_MAX_FDS 12             /* stdio 3 + mntns + netns + ruleset + cgroups 4 + memfd */
 #define SPW_INLINE_MAX (32 * 1024) /* larger requests travel in a memfd */
 #define SPW_MAX_BLOB (64u << 20)
 #define SPW_PER_HELPER 16 /* requests sent to one helper and not answered yet */
@@ -233,10 +233,9 @@ static _Noreturn void helper_main(int sock)
     } u;
     for (;;) {
         struct iovec iov = { msg, sizeof msg };
-        struct msghdr m = { .msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = u.buf,
-                            .msg_controllen = sizeof u.buf };
+        struct msghdr m = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf
+        };
         ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR)
             continue;
@@ -339,7 +338,7 @@ struct spawner {
     size_t n;
     helper_t h[SPAWNER_MAX_HELPERS];
     job_t *queue_head, *queue_tail; /* not sent yet: every helper has SPW_PER_HELPER */
-    size_t pending; /* queued + sent */
+    size_t pending;                 /* queued + sent */
     stashed_t *stash;
     size_t n_stash, cap_stash;
 };
@@ -531,10 +530,9 @@ static void helper_read(helper_t *h)
             struct cmsghdr align;
         } u;
         struct iovec iov = { &rep, sizeof rep };
-        struct msghdr m = { .msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = u.buf,
-                            .msg_controllen = sizeof u.buf };
+        struct msghdr m = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf
+        };
         ssize_t n = recvmsg(h->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             return;
@@ -557,8 +555,8 @@ static void helper_read(helper_t *h)
         char err[160] = "";
         if (rep.r < 0) {
             if (rep.failed_step > 0)
-                (void)snprintf(err, sizeof err, "%s failed: %s",
-                               confine_step_name(rep.failed_step), strerror(-rep.r));
+                (void)snprintf(err, sizeof err, "%s failed: %s", confine_step_name(rep.failed_step),
+                               strerror(-rep.r));
             else
                 (void)snprintf(err, sizeof err, "%s", strerror(-rep.r));
         }
@@ -844,8 +842,8 @@ static void settle_pid(spawner_t *sp, pid_t pid, int pidfd)
         sp->n_stash--;
         if (pidfd >= 0) {
             siginfo_t si;
-            if (waitid((idtype_t)3 /* P_PIDFD */, (id_t)pidfd, &si,
-                       WEXITED | WNOHANG | WNOWAIT) == 0 ||
+            if (waitid((idtype_t)3 /* P_PIDFD */, (id_t)pidfd, &si, WEXITED | WNOHANG | WNOWAIT) ==
+                    0 ||
                 errno != ECHILD)
                 continue; /* ours is still to be reaped: that entry was someone else's */
         }
