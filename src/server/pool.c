@@ -16,6 +16,7 @@
 #include "fsops.h"
 #include "isolation/confine.h"
 #include "isolation/netns.h"
+#include "janitor.h"
 #include "proc.h"
 #include "routes.h"
 #include "server.h"
@@ -133,6 +134,55 @@ const char *sandbox_confinement(const sandbox_t *sb)
 /* ---- setup ------------------------------------------------------------------------------- */
 
 static void netns_refill(loop_t *l, timer_t_ *t);
+static int remove_tree(int parent_fd, const char *name, int home_fd);
+
+/* The trash beside the homes: made (or taken over from an earlier run: the janitor empties it)
+ * root-owned 0700, on the same filesystem so that a delete is one rename. Without it deletes
+ * remove homes on the loop. */
+static void trash_open(pool_t *p)
+{
+    struct stat hs, ts;
+    if (snprintf(p->trash_path, sizeof p->trash_path, "%s.trash", p->cfg.homes_dir) >=
+        (int)sizeof p->trash_path)
+        return;
+    (void)mkdir(p->trash_path, 0700);
+    _cleanup_close_ int fd = open(p->trash_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &ts) < 0 || fstat(p->homes_fd, &hs) < 0 || ts.st_dev != hs.st_dev ||
+        (ts.st_uid != 0 && fchown(fd, 0, 0) < 0) ||
+        ((ts.st_mode & 07777) != 0700 && fchmod(fd, 0700) < 0)) {
+        log_warn("no trash directory %s beside the homes: deletes remove homes on the loop",
+                 p->trash_path);
+        p->trash_path[0] = '\0';
+        return;
+    }
+    int r = janitor_new(p->srv, fd, &p->srv->janitor);
+    if (r < 0) {
+        log_warn("cannot start the janitor: %s; deletes remove homes on the loop", strerror(-r));
+        p->trash_path[0] = '\0';
+        return;
+    }
+    p->trash_fd = TAKE_FD(fd);
+}
+
+/* At shutdown: the janitor is gone; what it had not removed goes now, then the directory. */
+static void trash_close(pool_t *p)
+{
+    if (p->trash_fd < 0)
+        return;
+    int fd = openat(p->trash_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (!streq(de->d_name, ".") && !streq(de->d_name, ".."))
+                (void)remove_tree(p->trash_fd, de->d_name, -1);
+        closedir(d);
+    } else
+        safe_close(fd);
+    p->trash_fd = safe_close(p->trash_fd);
+    if (p->trash_path[0])
+        (void)rmdir(p->trash_path);
+}
 
 int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen)
 {
@@ -143,6 +193,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     p->srv = srv;
     p->cfg = *cfg;
     p->homes_fd = -EBADF;
+    p->trash_fd = -EBADF;
     const char *tk = getenv("SBX_TEST_TEARDOWN_KILL_FAILS");
     p->test_kill_fails = tk && streq(tk, "1");
     if (p->test_kill_fails)
@@ -211,6 +262,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         pool_free(p);
         return r;
     }
+    trash_open(p);
     char tag[48];
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
     cgroups_init(&p->cg, tag);
@@ -238,6 +290,9 @@ pool_t *pool_free(pool_t *p)
         char err[128];
         (void)sandbox_delete(p->first, err, sizeof err);
     }
+    if (p->srv)
+        p->srv->janitor = janitor_free(p->srv->janitor);
+    trash_close(p);
     landlock_base_done(&p->ll);
     seccomp_filter_done(&p->seccomp);
     if (p->srv && p->srv->loop)
@@ -672,37 +727,68 @@ static int flatten_deep(int top, unsigned *serial)
  * directory descriptor, so no symlink is ever followed (rmdir of a symlink fails with ENOTDIR,
  * .sbx is opened O_NOFOLLOW), and rmdir never removes anything but an empty directory. The
  * first step that fails (a file left, an entry replaced) hands the rest to the full walk. */
-static int remove_home_pristine(sandbox_t *sb)
+static int remove_home_pristine(int parent_fd, const char *name, int home_fd)
 {
-    pool_t *p = sb->pool;
-    if (sb->home_fd < 0)
+    if (home_fd < 0)
         return -EBADF;
-    if (unlinkat(sb->home_fd, ".tmp", AT_REMOVEDIR) < 0)
+    if (unlinkat(home_fd, ".tmp", AT_REMOVEDIR) < 0)
         return negative_errno();
     _cleanup_close_ int sbx =
-        openat(sb->home_fd, ".sbx", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        openat(home_fd, ".sbx", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (sbx < 0 || unlinkat(sbx, "proxy", AT_REMOVEDIR) < 0 ||
-        unlinkat(sb->home_fd, ".sbx", AT_REMOVEDIR) < 0 ||
-        unlinkat(p->homes_fd, sb->id, AT_REMOVEDIR) < 0)
+        unlinkat(home_fd, ".sbx", AT_REMOVEDIR) < 0 || unlinkat(parent_fd, name, AT_REMOVEDIR) < 0)
         return negative_errno();
     return 0;
 }
 
-/* Remove the home, however deep the tree the sandbox left in it. */
-static int remove_home(sandbox_t *sb)
+/* Remove parent_fd/name (a home, or one in the trash), however deep the tree the sandbox left
+ * in it. home_fd: the home opened O_PATH, or -1 to open it here. */
+static int remove_tree(int parent_fd, const char *name, int home_fd)
 {
-    pool_t *p = sb->pool;
-    fs_root_t root = { .dirfd = p->homes_fd, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    fs_root_t root = { .dirfd = parent_fd, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    _cleanup_close_ int own = -EBADF;
     unsigned serial = 0;
-    if (remove_home_pristine(sb) >= 0)
+    if (home_fd < 0) {
+        own = openat(parent_fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (own < 0 && errno == ENOENT)
+            return -ENOENT;
+        home_fd = own;
+    }
+    if (remove_home_pristine(parent_fd, name, home_fd) >= 0)
         return 0;
-    int r = fs_delete(&root, sb->id, true);
-    for (int pass = 0; r == -ENAMETOOLONG && pass < FLATTEN_PASSES && sb->home_fd >= 0; pass++) {
-        if (flatten_deep(sb->home_fd, &serial) < 0)
+    int r = fs_delete(&root, name, true);
+    for (int pass = 0; r == -ENAMETOOLONG && pass < FLATTEN_PASSES && home_fd >= 0; pass++) {
+        if (flatten_deep(home_fd, &serial) < 0)
             break;
-        r = fs_delete(&root, sb->id, true);
+        r = fs_delete(&root, name, true);
     }
     return r;
+}
+
+int pool_remove_tree_at(int parent_fd, const char *name)
+{
+    return remove_tree(parent_fd, name, -1);
+}
+
+/* Remove the home. Its processes verified gone, a pool with a trash directory (on the homes'
+ * filesystem, root-only) moves it there with one rename and the janitor (janitor.h) empties it
+ * off the loop: no path leads a later sandbox of this uid to it, and nothing of the old one
+ * runs, so the uid may be recycled now. Otherwise (no trash, survivors) it goes here. */
+static int remove_home(sandbox_t *sb, bool killed)
+{
+    pool_t *p = sb->pool;
+    if (killed && p->trash_fd >= 0 && p->srv->janitor) {
+        char name[48];
+        (void)snprintf(name, sizeof name, "%s-%llu", sb->id, (unsigned long long)++p->trash_seq);
+        if (renameat2(p->homes_fd, sb->id, p->trash_fd, name, RENAME_NOREPLACE) == 0) {
+            if (janitor_remove(p->srv->janitor, name) < 0)
+                return remove_tree(p->trash_fd, name, sb->home_fd);
+            return 0;
+        }
+        if (errno == ENOENT)
+            return -ENOENT;
+    }
+    return remove_tree(p->homes_fd, sb->id, sb->home_fd);
 }
 
 bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
@@ -718,7 +804,7 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
     p->reserved--;
     procs_drop_sandbox(p->srv, sb);
     bool killed = teardown_processes(sb);
-    int r = remove_home(sb);
+    int r = remove_home(sb, killed);
     bool removed = r >= 0 || r == -ENOENT;
     err[0] = '\0';
     if (!killed)

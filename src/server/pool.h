@@ -83,6 +83,11 @@ struct pool {
     seccomp_filter_t seccomp;
     bool have_seccomp;
     int homes_fd;
+    /* <homes>.trash (root, 0700, the homes' filesystem): deleted homes wait there for the
+     * janitor; -1 without one (deletes remove the home on the loop, as before) */
+    int trash_fd;
+    char trash_path[220];
+    uint64_t trash_seq;
     char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;
     uint64_t cmd_seq; /* names of commands' cgroup2 groups */
@@ -107,6 +112,8 @@ void pool_health(pool_t *p, void *json_obj);
 /* Delete: kill everything of the uid (setsid escapees included), remove the home, recycle the
  * uid only when that converged. Returns true when teardown converged. */
 bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen);
+/* Remove parent_fd/name however deep (the janitor's removal; no symlink followed). */
+int pool_remove_tree_at(int parent_fd, const char *name);
 /* Evict sandboxes idle past their own timeout with nothing running or in flight. */
 void pool_evict_idle(pool_t *p, uint64_t now_ms);
 

@@ -47,6 +47,7 @@ typedef struct proc proc_t;
 typedef struct pool pool_t;
 typedef struct tunnel tunnel_t;
 typedef struct spawner spawner_t;
+typedef struct janitor janitor_t;
 
 struct server {
     loop_t *loop;
@@ -73,6 +74,7 @@ struct server {
     uint64_t next_proc_id;
     int exit_code;
     pool_t *pool;       /* host mode only */
+    janitor_t *janitor; /* host mode: removes deleted homes off the loop (janitor.h) */
     spawner_t *spawner; /* process creation off the loop (spawner.h); started by server_init */
     /* Daemons built on this HTTP core (sbx-node, sbx-control) route requests themselves. */
     void (*dispatch)(conn_t *c);
