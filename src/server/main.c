@@ -27,7 +27,9 @@ static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, u
     return 0;
 }
 
-static int parse_host_config(server_config_t *cfg)
+/* The pool knobs are validated in every mode: a bad value refuses to start even where it
+ * would not be used (a typo is not silently ignored until the day the mode changes). */
+static int parse_pool_knobs(server_config_t *cfg)
 {
     if (env_u64("SBX_CAPACITY", 64, 1, 45000, &cfg->pool.capacity) < 0 ||
         env_u64("SBX_MIN_LANDLOCK_ABI", 6, 0, 1000, &cfg->pool.min_abi) < 0)
@@ -41,6 +43,11 @@ static int parse_host_config(server_config_t *cfg)
         return -EINVAL;
     }
     memcpy(cfg->pool.homes_dir, homes, strlen(homes) + 1);
+    return 0;
+}
+
+static int parse_host_config(server_config_t *cfg)
+{
     /* Sandboxes are uids: setting them up needs root (CAP_SETUID, CAP_SETGID, CAP_KILL). */
     if (geteuid() != 0) {
         log_error("SBX_HOST_MODE=1 needs root (it runs each sandbox as its own uid)");
@@ -111,8 +118,13 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
         return -EINVAL;
     }
     cfg->host_mode = hm && streq(hm, "1");
-    if (cfg->host_mode && parse_host_config(cfg) < 0)
+    if (parse_pool_knobs(cfg) < 0 || (cfg->host_mode && parse_host_config(cfg) < 0))
         return -EINVAL;
+    const char *lvl = getenv("SBX_LOG");
+    if (lvl && *lvl && !streq(lvl, "debug") && !streq(lvl, "info")) {
+        log_error("SBX_LOG=%s: expected debug or info", lvl);
+        return -EINVAL;
+    }
     const char *tok = getenv("SBX_TOKEN");
     if (tok && *tok) {
         cfg->token = strdup(tok);

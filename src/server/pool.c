@@ -870,15 +870,22 @@ void pool_evict_idle(pool_t *p, uint64_t now_ms)
     }
 }
 
+void *landlock_json(int abi)
+{
+    json_t *feats = json_array();
+    for (int i = 0; feats && landlock_feature(abi, i); i++)
+        json_array_append_new(feats, json_string(landlock_feature(abi, i)));
+    return json_pack("{s:i,s:o*}", "abi", abi, "features", feats);
+}
+
 void pool_health(pool_t *p, void *json_obj)
 {
     json_t *j = json_obj;
-    char feats[160], cgs[64];
-    landlock_features(p->ll.abi, feats, sizeof feats);
+    char cgs[64];
     cgroups_describe(&p->cg, cgs, sizeof cgs);
     json_object_set_new(j, "sandboxes", json_integer((json_int_t)p->count));
     json_object_set_new(j, "capacity", json_integer((json_int_t)p->cfg.capacity));
-    json_object_set_new(j, "landlock", json_pack("{s:i,s:s}", "abi", p->ll.abi, "features", feats));
+    json_object_set_new(j, "landlock", landlock_json(p->ll.abi));
     json_t *conf = json_array();
     if (p->ll.abi > 0)
         json_array_append_new(conf, json_string("landlock"));

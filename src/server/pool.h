@@ -107,6 +107,8 @@ sandbox_t *sandbox_hold(sandbox_t *sb);
 void sandbox_release(sandbox_t *sb);
 /* "landlock" or "uid-only" */
 const char *sandbox_confinement(const sandbox_t *sb);
+/* {"abi": N, "features": ["fs", "refer", ...]} (Hugging Face's names) for an ABI. */
+void *landlock_json(int abi);
 /* Health detail: Landlock ABI and features in force. */
 void pool_health(pool_t *p, void *json_obj);
 /* Delete: kill everything of the uid (setsid escapees included), remove the home, recycle the

@@ -355,8 +355,11 @@ void route_health(conn_t *c, const route_params_t *p)
         json_object_set_new(j, "auth", json_string(s->cfg.token ? "required" : "disabled"));
         if (s->pool)
             pool_health(s->pool, j);
-        else
+        else {
             json_object_set_new(j, "sandboxes", json_integer(0));
+            /* what the kernel offers (the run's boundary is the VM, not Landlock) */
+            json_object_set_new(j, "landlock", landlock_json(landlock_abi()));
+        }
         json_object_set_new(j, "processes", json_integer((json_int_t)server_running_procs(s)));
         json_object_set_new(j, "features", features);
     }
