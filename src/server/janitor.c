@@ -110,7 +110,7 @@ static void janitor_stop(janitor_t *j, const char *why)
     j->fd = safe_close(j->fd);
     if (j->pid > 0)
         (void)kill(j->pid, SIGKILL);
-    if (j->inflight > 0)
+    if (j->inflight > 0 && why) /* at shutdown (why NULL) the pool sweeps the trash itself */
         log_warn("janitor %d: %s; %zu trees stay in the trash until the next one sweeps it",
                  (int)j->pid, why, j->inflight);
     j->inflight = 0;
@@ -205,7 +205,7 @@ janitor_t *janitor_free(janitor_t *j)
         return NULL;
     if (j->pid > 0)
         server_child_remove(j->srv, &j->child);
-    janitor_stop(j, "shutdown");
+    janitor_stop(j, NULL);
     free(j);
     return NULL;
 }

@@ -941,8 +941,8 @@ void sandbox_cmd_done(cmdcg_t *cg)
 
 int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
                          int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *ret_spec,
-                         char *cands, size_t cap, int *ret_cmd_procs, cmdcg_t *ret_cg, char *err,
-                         size_t errlen)
+                         char *cands, size_t cap, cmdcg_req_t *ret_cmdcg, cmdcg_t *ret_cg,
+                         char *err, size_t errlen)
 {
     pool_t *p = sb->pool;
     confine_spec_t spec = { 0 };
@@ -976,22 +976,21 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         spec.cgroup_procs_fds[k] = sb->cg_fds[k];
     for (int i = k; i < CONFINE_MAX_CGROUPS; i++)
         spec.cgroup_procs_fds[i] = -1;
-    /* a cgroup2 group for this command alone: a kill reaches all it started */
-    _cleanup_close_ int cmd_procs = -EBADF;
+    /* A cgroup2 group for this command alone, so a kill reaches all it started: named here,
+     * made by the spawn helper (a mkdir and two opens in cgroupfs, off the loop), joined by
+     * the child after the sandbox's own groups. */
     cmdcg_t cg = { .kill_fd = -1 };
+    ret_cmdcg->root = NULL;
+    ret_cmdcg->name[0] = '\0';
     if (p->cg.v2_root[0] && k < CONFINE_MAX_CGROUPS) {
-        char name[40];
-        (void)snprintf(name, sizeof name, "s%u-c%llu", sb->uid, (unsigned long long)++p->cmd_seq);
-        if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, name) >= (int)sizeof cg.dir) {
+        (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-c%llu", sb->uid,
+                       (unsigned long long)++p->cmd_seq);
+        if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, ret_cmdcg->name) >=
+            (int)sizeof cg.dir) {
             (void)snprintf(err, errlen, "cgroup path too long");
             return -ENAMETOOLONG;
         }
-        r = cgroup_cmd_create(&p->cg, name, &cmd_procs, &cg.kill_fd);
-        if (r < 0) {
-            (void)snprintf(err, errlen, "cannot prepare the command's cgroup: %s", strerror(-r));
-            return r;
-        }
-        spec.cgroup_procs_fds[k] = cmd_procs;
+        ret_cmdcg->root = p->cg.v2_root;
     }
     spec.ruleset_fd = sb->ruleset_fd;
     spec.seccomp = p->have_seccomp ? &p->seccomp : NULL;
@@ -1009,7 +1008,6 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     r = confine_resolve_candidates(&spec, argv[0], envp_get(envp, "PATH"), cands, cap);
     if (r < 0) {
         (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
-        sandbox_cmd_done(&cg);
         return r;
     }
     /* cwd_rel must outlive this frame: kept after the candidates in cands */
@@ -1024,7 +1022,6 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         spec.cwd_rel = cands;
     } else {
         (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
-        sandbox_cmd_done(&cg);
         return -E2BIG;
     }
     spec.argv = argv;
@@ -1035,7 +1032,6 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     spec.pidfd = -1;
     sb->spawned = true; /* from now on, teardown must verify the uid is empty */
     *ret_spec = spec;
-    *ret_cmd_procs = TAKE_FD(cmd_procs);
     *ret_cg = cg;
     return 0;
 }

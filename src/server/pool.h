@@ -121,13 +121,13 @@ void pool_evict_idle(pool_t *p, uint64_t now_ms);
 
 /* Prepare a command as this sandbox: the confined child sequence (src/isolation/confine.c)
  * that a spawn helper runs, with stdio on the given fds. cwd is the request's cwd (rooted at the
- * home) or NULL. cands (cap bytes) holds the exec candidates spec points to; *ret_cmd_procs is
- * the command's own cgroup.procs (-1 without one), to be closed once the request is sent. On
- * failure err says why. */
+ * home) or NULL. cands (cap bytes) holds the exec candidates spec points to. *ret_cmdcg names
+ * the command's own cgroup2 group for the helper to make (root NULL: none) and *ret_cg its
+ * path (its kill_fd comes with the helper's answer). On failure err says why. */
 int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
                          int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *spec,
-                         char *cands, size_t cap, int *ret_cmd_procs, cmdcg_t *ret_cg, char *err,
-                         size_t errlen);
+                         char *cands, size_t cap, cmdcg_req_t *ret_cmdcg, cmdcg_t *ret_cg,
+                         char *err, size_t errlen);
 /* A command of the sandbox is killed (timeout, kill, client gone): everything in its cgroup2
  * group goes at once, setsid() descendants included. No-op without a group. */
 void sandbox_cmd_kill(cmdcg_t *cg);

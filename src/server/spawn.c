@@ -301,10 +301,10 @@ typedef struct {
     spawned_t sp;  /* our ends; pid filled in by the answer */
 } spawn_req_t;
 
-static void spawn_answered(void *p, int r, pid_t pid, int failed_step, const char *err)
+static void spawn_answered(void *p, int r, pid_t pid, int kill_fd, const char *err)
 {
     spawn_req_t *q = p;
-    (void)failed_step;
+    q->sp.cg.kill_fd = kill_fd;
     if (r >= 0 && q->sb && q->sb->deleted) {
         /* Deleted while the helper started it: it must not run on. Its teardown (after this
          * answer, spawner_settle_sandbox) verifies the uid is empty. */
@@ -360,13 +360,12 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
         in[1] = safe_close(in[1]);
     confine_spec_t c = { 0 };
     char cands[8192];
-    int owned[4] = { in[0], out[1], errp[1], -1 }, n_owned = 3;
+    int owned[3] = { in[0], out[1], errp[1] };
     cmdcg_t cg = { .kill_fd = -1 };
+    cmdcg_req_t cgq = { .root = NULL };
     if (sb) {
         r = sandbox_exec_prepare(sb, spec->argv, spec->envp, spec->cwd, in[0], out[1], errp[1], &c,
-                                 cands, sizeof cands, &owned[3], &cg, err, errlen);
-        if (r >= 0 && owned[3] >= 0)
-            n_owned = 4;
+                                 cands, sizeof cands, &cgq, &cg, err, errlen);
     } else {
         c = (confine_spec_t){ .argv = spec->argv,
                               .envp = spec->envp,
@@ -392,7 +391,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
                                 .err_fd = errp[0],
                                 .cg = cg } };
     /* the child's ends go to the helper (and are closed here once sent) */
-    r = spawner_submit(s->spawner, sb ? SPAWN_CONFINED : SPAWN_PLAIN, &c, owned, n_owned, sb,
+    r = spawner_submit(s->spawner, sb ? SPAWN_CONFINED : SPAWN_PLAIN, &c, &cgq, owned, 3, sb,
                        spawn_answered, q);
     if (r < 0) {
         (void)snprintf(err, errlen, "cannot hand the command to a spawn helper: %s", strerror(-r));

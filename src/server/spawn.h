@@ -41,6 +41,12 @@ typedef struct {
                     * may be gone by then: at shutdown processes are freed after it) */
 } cmdcg_t;
 
+/* The command's group for a spawn helper to make: root/name (root NULL: none). */
+typedef struct {
+    const char *root;
+    char name[40];
+} cmdcg_req_t;
+
 typedef struct {
     pid_t pid;
     int in_fd; /* -1 unless stdin data or a stdin stream was asked for */

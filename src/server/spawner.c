@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include "common/log.h"
+#include "isolation/cgroup.h"
 #include "isolation/filter.h"
 #include "pool.h"
 #include "server.h"
@@ -30,18 +31,21 @@
 typedef struct {
     uint32_t kind;
     uint32_t uid, gid;
-    uint8_t has_mntns, has_netns, has_ruleset, n_cg, in_memfd, has_cwd;
+    uint8_t has_mntns, has_netns, has_ruleset, n_cg, in_memfd, has_cwd, has_cmdcg;
     uint16_t n_limits;
     confine_limit_t limits[CONFINE_MAX_LIMITS];
     uint32_t argc, envc, ncand, seccomp_len;
     uint64_t blob_len;
     /* then the blob (unless in_memfd): seccomp instructions, home\0 cwd\0, candidates\0...,
-     * argv\0..., envp\0... ; fds in this order: stdin stdout stderr [mntns] [netns] [ruleset]
+     * argv\0..., envp\0..., [cmdcg root\0 name\0]; fds in this order: stdin stdout stderr [mntns] [netns] [ruleset]
      * cgroups... [memfd] */
 } spw_req_t;
 
+#define SPW_STEP_CMDCG (-1) /* failed_step: the command's cgroup could not be made */
+
 typedef struct {
     int32_t r, pid, failed_step, failed_errno;
+    uint8_t has_pidfd, has_killfd; /* the descriptors that follow, in this order */
 } spw_rep_t;
 
 /* ---- the helper process ------------------------------------------------------------------ */
@@ -131,7 +135,7 @@ static int take_strv(const char **p, const char *end, uint32_t n, char **v)
 }
 
 static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, int nfds,
-                          spw_rep_t *rep, int *ret_pidfd)
+                          spw_rep_t *rep, int *ret_pidfd, int *ret_killfd)
 {
     const char *p = blob, *end = blob + q->blob_len;
     confine_spec_t spec = { .mntns_fd = -1, .netns_fd = -1, .ruleset_fd = -1, .pidfd = -1 };
@@ -179,6 +183,23 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
     }
     spec.argv = argv;
     spec.envp = envp;
+    /* The command's own group: made here (a mkdir and two opens in cgroupfs), joined by the
+     * child after the sandbox's groups, removed again if the child does not start. */
+    char *cg[3] = { NULL, NULL, NULL };
+    int procs = -1, killfd = -1;
+    if (q->has_cmdcg) {
+        if (q->n_cg >= CONFINE_MAX_CGROUPS || take_strv(&p, end, 2, cg) < 0) {
+            free(argv);
+            return -EINVAL;
+        }
+        r = cgroup_cmd_create_at(cg[0], cg[1], &procs, &killfd);
+        if (r < 0) {
+            free(argv);
+            *rep = (spw_rep_t){ .r = r, .failed_step = SPW_STEP_CMDCG, .failed_errno = -r };
+            return 0;
+        }
+        spec.cgroup_procs_fds[q->n_cg] = procs;
+    }
     pid_t pid = 0;
     if (q->kind == SPAWN_CONFINED) {
         spec.uid = q->uid;
@@ -192,31 +213,46 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
     else
         r = -EINVAL;
     free(argv);
+    safe_close(procs);
+    if (r < 0 && killfd >= 0) {
+        char dir[300];
+        killfd = safe_close(killfd);
+        if (snprintf(dir, sizeof dir, "%s/%s", cg[0], cg[1]) < (int)sizeof dir)
+            (void)rmdir(dir); /* the child that failed is gone: the group is empty */
+    }
     rep->r = r;
     rep->pid = r >= 0 ? pid : 0;
     rep->failed_step = spec.failed_step;
     rep->failed_errno = spec.failed_errno;
     *ret_pidfd = r >= 0 ? spec.pidfd : -1;
+    *ret_killfd = r >= 0 ? killfd : -1;
     return 0;
 }
 
-static void helper_reply(int sock, const spw_rep_t *rep, int pidfd)
+static void helper_reply(int sock, spw_rep_t *rep, int pidfd, int killfd)
 {
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
         struct cmsghdr align;
     } u;
+    int fds[2], n = 0;
+    rep->has_pidfd = pidfd >= 0;
+    rep->has_killfd = killfd >= 0;
+    if (pidfd >= 0)
+        fds[n++] = pidfd;
+    if (killfd >= 0)
+        fds[n++] = killfd;
     struct iovec iov = { (void *)rep, sizeof *rep };
     struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-    if (pidfd >= 0) {
+    if (n > 0) {
         memset(&u, 0, sizeof u);
         m.msg_control = u.buf;
-        m.msg_controllen = sizeof u.buf;
+        m.msg_controllen = CMSG_SPACE((size_t)n * sizeof(int));
         struct cmsghdr *c = CMSG_FIRSTHDR(&m);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &pidfd, sizeof(int));
+        c->cmsg_len = CMSG_LEN((size_t)n * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, (size_t)n * sizeof(int));
     }
     while (sendmsg(sock, &m, MSG_NOSIGNAL) < 0)
         if (errno != EINTR)
@@ -249,7 +285,7 @@ static _Noreturn void helper_main(int sock)
                     memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
             }
         spw_rep_t rep = { .r = -EINVAL };
-        int pidfd = -1;
+        int pidfd = -1, killfd = -1;
         spw_req_t q = { 0 };
         const char *blob = NULL;
         void *map = MAP_FAILED;
@@ -261,7 +297,7 @@ static _Noreturn void helper_main(int sock)
                 nfds--; /* the memfd is not one of the spawn's descriptors */
             } else if (!q.in_memfd && q.blob_len == (uint64_t)n - sizeof q)
                 blob = msg + sizeof q;
-            if (blob && helper_run_one(&q, blob, fds, nfds, &rep, &pidfd) < 0)
+            if (blob && helper_run_one(&q, blob, fds, nfds, &rep, &pidfd, &killfd) < 0)
                 rep.r = -EINVAL;
         }
         if (map != MAP_FAILED)
@@ -270,9 +306,11 @@ static _Noreturn void helper_main(int sock)
             close(fds[i]);
         if (q.in_memfd && nfds >= 0 && blob) /* the memfd (counted out above) */
             close(fds[nfds]);
-        helper_reply(sock, &rep, pidfd);
+        helper_reply(sock, &rep, pidfd, killfd);
         if (pidfd >= 0)
             close(pidfd);
+        if (killfd >= 0)
+            close(killfd);
     }
 }
 
@@ -358,7 +396,7 @@ static void job_free(job_t *j)
 static void settle_pid(spawner_t *sp, pid_t pid, int pidfd);
 
 /* One answer: the callback, then the child's exit if server_reap() saw it first. */
-static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int step, int pidfd,
+static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int killfd, int pidfd,
                      const char *err)
 {
     sp->pending--;
@@ -366,7 +404,7 @@ static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int step, int pi
     j->sb = NULL;
     if (sb)
         sb->spawning--;
-    j->cb(j->data, r, pid, step, err);
+    j->cb(j->data, r, pid, r >= 0 ? killfd : safe_close(killfd), err);
     sandbox_unref(sb);
     if (r >= 0)
         settle_pid(sp, pid, pidfd);
@@ -434,7 +472,7 @@ static void helper_fail(helper_t *h, const char *why)
         h->inflight--;
         char err[96];
         (void)snprintf(err, sizeof err, "the spawn helper died (%s)", why);
-        job_done(sp, j, -EPIPE, 0, 0, -1, err);
+        job_done(sp, j, -EPIPE, 0, -1, -1, err);
     }
     h->tail = NULL;
 }
@@ -515,7 +553,7 @@ static void spawner_pump(spawner_t *sp)
         }
         if (r < 0) {
             helper_fail(best, "cannot send to it");
-            job_done(sp, j, r, 0, 0, -1, "cannot reach a spawn helper");
+            job_done(sp, j, r, 0, -1, -1, "cannot reach a spawn helper");
         }
     }
 }
@@ -526,7 +564,7 @@ static void helper_read(helper_t *h)
     for (int i = 0; i < 64 && h->fd >= 0; i++) {
         spw_rep_t rep;
         union {
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(2 * sizeof(int))];
             struct cmsghdr align;
         } u;
         struct iovec iov = { &rep, sizeof rep };
@@ -536,13 +574,25 @@ static void helper_read(helper_t *h)
         ssize_t n = recvmsg(h->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             return;
-        int pidfd = -1;
+        int fds[2] = { -1, -1 }, nf = 0, pidfd = -1, killfd = -1;
         for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c))
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-                c->cmsg_len >= CMSG_LEN(sizeof(int)))
-                memcpy(&pidfd, CMSG_DATA(c), sizeof(int));
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+                for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && nf < 2; k++)
+                    memcpy(&fds[nf++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+        if (n == (ssize_t)sizeof rep) {
+            int k = 0;
+            if (rep.has_pidfd && k < nf)
+                pidfd = fds[k++];
+            if (rep.has_killfd && k < nf)
+                killfd = fds[k++];
+            for (; k < nf; k++)
+                safe_close(fds[k]);
+        } else
+            for (int k = 0; k < nf; k++)
+                safe_close(fds[k]);
         if (n != (ssize_t)sizeof rep || !h->head) {
             safe_close(pidfd);
+            safe_close(killfd);
             helper_fail(h, n == 0 ? "it closed its socket" : "a malformed answer");
             return;
         }
@@ -554,13 +604,16 @@ static void helper_read(helper_t *h)
         h->inflight--;
         char err[160] = "";
         if (rep.r < 0) {
-            if (rep.failed_step > 0)
+            if (rep.failed_step == SPW_STEP_CMDCG)
+                (void)snprintf(err, sizeof err, "cannot prepare the command's cgroup: %s",
+                               strerror(-rep.r));
+            else if (rep.failed_step > 0)
                 (void)snprintf(err, sizeof err, "%s failed: %s", confine_step_name(rep.failed_step),
                                strerror(-rep.r));
             else
                 (void)snprintf(err, sizeof err, "%s", strerror(-rep.r));
         }
-        job_done(sp, j, rep.r, rep.pid, rep.failed_step, pidfd, err);
+        job_done(sp, j, rep.r, rep.pid, killfd, pidfd, err);
     }
 }
 
@@ -603,7 +656,7 @@ spawner_t *spawner_free(spawner_t *sp)
     while (sp->queue_head) {
         job_t *j = sp->queue_head;
         sp->queue_head = j->next;
-        job_done(sp, j, -ECANCELED, 0, 0, -1, "the server is shutting down");
+        job_done(sp, j, -ECANCELED, 0, -1, -1, "the server is shutting down");
     }
     for (size_t i = 0; i < sp->n; i++) {
         helper_t *h = &sp->h[i];
@@ -660,8 +713,9 @@ static int memfd_with(const char *p, size_t n)
 }
 
 /* Serialize spec into j (strings copied; descriptors recorded, not duplicated). */
-static int job_build(job_t *j, int kind, const confine_spec_t *spec)
+static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg_req_t *cgq)
 {
+    bool cmdcg = kind == SPAWN_CONFINED && cgq && cgq->root;
     spw_req_t q = { .kind = (uint32_t)kind };
     const seccomp_filter_t *f = kind == SPAWN_CONFINED ? spec->seccomp : NULL;
     size_t blob = 0;
@@ -672,6 +726,8 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec)
     for (int i = 0; i < spec->n_candidates; i++)
         blob += strlen(spec->candidates[i]) + 1;
     blob += strv_bytes(spec->argv, &argc) + strv_bytes(spec->envp, &envc);
+    if (cmdcg)
+        blob += strlen(cgq->root) + 1 + strlen(cgq->name) + 1;
     if (blob > SPW_MAX_BLOB)
         return -E2BIG;
     q.uid = spec->uid;
@@ -701,6 +757,11 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec)
         d = put_str(d, spec->argv[i]);
     for (uint32_t i = 0; i < envc; i++)
         d = put_str(d, spec->envp[i]);
+    if (cmdcg) {
+        d = put_str(d, cgq->root);
+        d = put_str(d, cgq->name);
+        q.has_cmdcg = 1;
+    }
     j->fds[j->nfds++] = spec->stdin_fd;
     j->fds[j->nfds++] = spec->stdout_fd;
     j->fds[j->nfds++] = spec->stderr_fd;
@@ -732,8 +793,8 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec)
     return 0;
 }
 
-int spawner_submit(spawner_t *sp, int kind, const confine_spec_t *spec, const int *owned,
-                   int n_owned, sandbox_t *sb, spawner_cb cb, void *data)
+int spawner_submit(spawner_t *sp, int kind, const confine_spec_t *spec, const cmdcg_req_t *cmdcg,
+                   const int *owned, int n_owned, sandbox_t *sb, spawner_cb cb, void *data)
 {
     job_t *j = calloc(1, sizeof *j);
     if (!j || n_owned > SPW_MAX_FDS - 1) {
@@ -744,7 +805,7 @@ int spawner_submit(spawner_t *sp, int kind, const confine_spec_t *spec, const in
     }
     for (int i = 0; i < n_owned; i++)
         j->owned[j->n_owned++] = owned[i];
-    int r = job_build(j, kind, spec);
+    int r = job_build(j, kind, spec, cmdcg);
     if (r < 0) {
         job_free(j);
         return r;
@@ -780,7 +841,7 @@ void spawner_settle_sandbox(spawner_t *sp, sandbox_t *sb)
         *pp = j->next;
         if (sp->queue_tail == j)
             sp->queue_tail = prev;
-        job_done(sp, j, -ESRCH, 0, 0, -1, "sandbox has been deleted");
+        job_done(sp, j, -ESRCH, 0, -1, -1, "sandbox has been deleted");
     }
     /* sent: their answers (and so their children, if any) come before the teardown */
     while (sb->spawning > 0) {

@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include "isolation/confine.h"
+#include "spawn.h"
 
 typedef struct server server_t;
 typedef struct sandbox sandbox_t;
@@ -30,8 +31,9 @@ enum {
 };
 
 /* The answer to one request, never called from inside spawner_submit(): r < 0 when nothing was
- * started (failed_step/failed_errno say where, for confined spawns; err says why). */
-typedef void (*spawner_cb)(void *data, int r, pid_t pid, int failed_step, const char *err);
+ * started (err says why, naming the confinement step that failed). kill_fd: cgroup.kill of
+ * the command's group the helper made (the callback owns it), or -1. */
+typedef void (*spawner_cb)(void *data, int r, pid_t pid, int kill_fd, const char *err);
 
 /* Start the helpers (count: online CPUs, 1..SPAWNER_MAX_HELPERS). */
 int spawner_new(server_t *srv, spawner_t **ret);
@@ -41,9 +43,11 @@ spawner_t *spawner_free(spawner_t *sp);
 /* Queue one spawn. spec's strings, fds and (for SPAWN_CONFINED) seccomp filter are read now;
  * stdio, namespace, ruleset and cgroup descriptors must stay open until the callback (the
  * caller owns them), except owned[]: descriptors handed over, closed once sent (or at
- * failure). A confined spawn for sandbox sb counts in sb->spawning until it is answered. */
-int spawner_submit(spawner_t *sp, int kind, const confine_spec_t *spec, const int *owned,
-                   int n_owned, sandbox_t *sb, spawner_cb cb, void *data);
+ * failure). cmdcg (may be NULL): the command's own cgroup2 group, made by the helper and
+ * joined by the child after spec's groups. A confined spawn for sandbox sb counts in
+ * sb->spawning until it is answered. */
+int spawner_submit(spawner_t *sp, int kind, const confine_spec_t *spec, const cmdcg_req_t *cmdcg,
+                   const int *owned, int n_owned, sandbox_t *sb, spawner_cb cb, void *data);
 /* Sandbox sb is being deleted: fail its queued requests now and wait (blocking, bounded) for
  * the answers to those already sent, so nothing of it can start after its teardown. */
 void spawner_settle_sandbox(spawner_t *sp, sandbox_t *sb);
