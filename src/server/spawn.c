@@ -423,6 +423,15 @@ size_t event_output_max(size_t n)
 
 static const char hexd[] = "0123456789abcdef";
 
+/* What each byte needs in a JSON string: 0 copied as is, 1 escaped, 2 the start of a UTF-8
+ * sequence (or an invalid byte). Runs of 0 are copied with one memcpy. */
+static const unsigned char json_class[256] = {
+    [0x00 ... 0x1f] = 1,
+    ['"'] = 1,
+    ['\\'] = 1,
+    [0x80 ... 0xff] = 2,
+};
+
 /* JSON-escape valid UTF-8 (invalid bytes become U+FFFD). Returns bytes written; *bad tells
  * whether any byte had to be replaced. */
 static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
@@ -430,13 +439,19 @@ static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad
     char *d = dst;
     size_t i = 0;
     while (i < n) {
+        size_t run = i;
+        while (run + 4 <= n && !(json_class[p[run]] | json_class[p[run + 1]] |
+                                 json_class[p[run + 2]] | json_class[p[run + 3]]))
+            run += 4;
+        while (run < n && !json_class[p[run]])
+            run++;
+        memcpy(d, p + i, run - i);
+        d += run - i;
+        i = run;
+        if (i == n)
+            break;
         unsigned char c = p[i];
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
-            *d++ = (char)c;
-            i++;
-            continue;
-        }
-        if (c < 0x80) {
+        if (json_class[c] == 1) {
             *d++ = '\\';
             switch (c) {
             case '"': *d++ = '"'; break;
