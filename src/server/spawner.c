@@ -634,7 +634,10 @@ int spawner_new(server_t *srv, spawner_t **ret)
     if (!sp)
         return -ENOMEM;
     sp->srv = srv;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the CPUs this process may run on (a run's cpuset), not all the machine has */
+    cpu_set_t set;
+    long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                            : sysconf(_SC_NPROCESSORS_ONLN);
     sp->n = cpus < 1 ? 1 : cpus > SPAWNER_MAX_HELPERS ? SPAWNER_MAX_HELPERS : (size_t)cpus;
     for (size_t i = 0; i < sp->n; i++)
         sp->h[i] = (helper_t){ .sp = sp, .fd = -1 };
