@@ -477,12 +477,16 @@ static void helper_fail(helper_t *h, const char *why)
     h->tail = NULL;
 }
 
+static void spawner_pump(spawner_t *sp);
+
 static void helper_on_exit(child_t *ch, int wstatus)
 {
     helper_t *h = ch->data;
     (void)wstatus;
     h->pid = 0;
     helper_fail(h, "it exited");
+    if (h->sp->queue_head)
+        spawner_pump(h->sp); /* requests that waited for a slot: a fresh helper takes them */
 }
 
 static int job_send(helper_t *h, job_t *j)
@@ -529,16 +533,28 @@ static void spawner_pump(spawner_t *sp)
 {
     while (sp->queue_head) {
         helper_t *best = NULL;
+        bool live = false, waiting = false;
         for (size_t i = 0; i < sp->n; i++) {
             helper_t *h = &sp->h[i];
             if (h->fd < 0 && h->pid == 0 && helper_start(sp, h) < 0)
                 continue;
+            live |= h->fd >= 0;
+            waiting |= h->fd < 0 && h->pid > 0; /* dying: restarted once reaped */
             if (h->fd >= 0 && h->inflight < SPW_PER_HELPER &&
                 (!best || h->inflight < best->inflight))
                 best = h;
         }
+        if (!best && !live && !waiting) {
+            /* no helper could be started (fork failed): fail rather than wait for nothing */
+            job_t *j = sp->queue_head;
+            sp->queue_head = j->next;
+            if (!sp->queue_head)
+                sp->queue_tail = NULL;
+            job_done(sp, j, -EAGAIN, 0, -1, -1, "cannot start a spawn helper");
+            continue;
+        }
         if (!best)
-            return; /* answers will make room */
+            return; /* answers (or a restart) will make room */
         job_t *j = sp->queue_head;
         sp->queue_head = j->next;
         if (!sp->queue_head)
