@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 
 #include "common/log.h"
@@ -16,23 +17,30 @@
 #define JAN_NAME_MAX 64
 #define JAN_INFLIGHT_MAX 4096 /* names queued in the socket; beyond, the caller removes */
 
+enum { JAN_REMOVE = 1, JAN_MKHOME = 2 };
+
 typedef struct {
+    uint32_t op;
     char name[JAN_NAME_MAX];
 } jan_req_t;
 
 typedef struct {
+    uint32_t op;
     int32_t r;
     char name[JAN_NAME_MAX];
 } jan_rep_t;
 
 struct janitor {
     server_t *srv;
-    int trash_fd; /* the server's (not owned) */
+    int trash_fd, warm_fd; /* the server's (not owned) */
+    janitor_made_cb on_made;
+    void *data;
+    bool started_once;
     pid_t pid;
     int fd;
     watcher_t w;
     child_t child;
-    size_t inflight;
+    size_t inflight, mk_inflight;
     uint64_t removed, failed;
 };
 
@@ -53,9 +61,31 @@ static void sweep(int dir)
     closedir(d);
 }
 
-static _Noreturn void janitor_main(int sock, int dir)
+/* A home made ahead, as make_home makes one (pool.c), owned by root until a create takes it. */
+static int make_warm(int warm, const char *name)
+{
+    if (mkdirat(warm, name, 0700) < 0)
+        return negative_errno();
+    _cleanup_close_ int home = openat(warm, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (home < 0 || mkdirat(home, ".tmp", 0700) < 0 || mkdirat(home, ".sbx", 0700) < 0 ||
+        mkdirat(home, ".sbx/proxy", 0700) < 0) {
+        int r = negative_errno();
+        (void)pool_remove_tree_at(warm, name);
+        return r;
+    }
+    return 0;
+}
+
+static bool name_ok(const char *n)
+{
+    return n[0] && !strchr(n, '/') && !streq(n, ".") && !streq(n, "..");
+}
+
+static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
 {
     sweep(dir); /* what a janitor before this one left */
+    if (warm >= 0 && sweep_warm)
+        sweep(warm); /* warm homes of an earlier run */
     for (;;) {
         jan_req_t q;
         ssize_t n = recv(sock, &q, sizeof q, 0);
@@ -63,11 +93,13 @@ static _Noreturn void janitor_main(int sock, int dir)
             continue;
         if (n != (ssize_t)sizeof q)
             _exit(0);
-        jan_rep_t rep = { 0 };
+        jan_rep_t rep = { .op = q.op };
         q.name[JAN_NAME_MAX - 1] = '\0';
-        /* one name in the trash directory, never a path */
-        if (!q.name[0] || strchr(q.name, '/') || streq(q.name, ".") || streq(q.name, ".."))
+        /* one name in the trash (or warm) directory, never a path */
+        if (!name_ok(q.name))
             rep.r = -EINVAL;
+        else if (q.op == JAN_MKHOME)
+            rep.r = warm >= 0 ? make_warm(warm, q.name) : -EBADF;
         else {
             rep.r = pool_remove_tree_at(dir, q.name);
             if (rep.r == -ENOENT)
@@ -80,21 +112,22 @@ static _Noreturn void janitor_main(int sock, int dir)
     }
 }
 
-static _Noreturn void janitor_enter(int sock, int dir, pid_t server)
+static _Noreturn void janitor_enter(int sock, int dir, int warm, bool sweep_warm, pid_t server)
 {
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != server)
         _exit(0);
     (void)prctl(PR_SET_NAME, "sbx-janitor");
-    /* the socket at 3, the trash directory at 4, nothing else */
-    if (dup2(sock, 10) < 0 || dup2(dir, 11) < 0 || dup2(10, 3) < 0 || dup2(11, 4) < 0)
+    /* the socket at 3, the trash directory at 4, the warm one at 5, nothing else */
+    if (dup2(sock, 10) < 0 || dup2(dir, 11) < 0 || (warm >= 0 && dup2(warm, 12) < 0) ||
+        dup2(10, 3) < 0 || dup2(11, 4) < 0 || (warm >= 0 && dup2(12, 5) < 0))
         _exit(1);
-    if (syscall(SYS_close_range, 5u, ~0u, 0u) < 0)
-        for (int fd = 5; fd < 65536; fd++)
+    if (syscall(SYS_close_range, warm >= 0 ? 6u : 5u, ~0u, 0u) < 0)
+        for (int fd = warm >= 0 ? 6 : 5; fd < 65536; fd++)
             (void)close(fd);
-    (void)fcntl(3, F_SETFD, FD_CLOEXEC);
-    (void)fcntl(4, F_SETFD, FD_CLOEXEC);
-    janitor_main(3, 4);
+    for (int fd = 3; fd <= (warm >= 0 ? 5 : 4); fd++)
+        (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    janitor_main(3, 4, warm >= 0 ? 5 : -1, sweep_warm);
 }
 
 /* ---- the server's side ------------------------------------------------------------------- */
@@ -114,6 +147,10 @@ static void janitor_stop(janitor_t *j, const char *why)
         log_warn("janitor %d: %s; %zu trees stay in the trash until the next one sweeps it",
                  (int)j->pid, why, j->inflight);
     j->inflight = 0;
+    /* homes it was making: never made, as far as the pool knows */
+    for (size_t n = j->mk_inflight; n > 0; n--)
+        j->on_made(j->data, NULL, -EPIPE);
+    j->mk_inflight = 0;
 }
 
 static int janitor_start(janitor_t *j)
@@ -134,10 +171,11 @@ static int janitor_start(janitor_t *j)
     }
     if (pid == 0) {
         close(sv[0]);
-        janitor_enter(sv[1], j->trash_fd, server);
+        janitor_enter(sv[1], j->trash_fd, j->warm_fd, !j->started_once, server);
     }
     safe_close(sv[1]);
     (void)fcntl(sv[0], F_SETFL, O_NONBLOCK);
+    j->started_once = true;
     j->pid = pid;
     j->fd = sv[0];
     j->inflight = 0;
@@ -174,6 +212,12 @@ static void janitor_on_event(loop_t *l, watcher_t *w, uint32_t ev)
         if (j->inflight > 0)
             j->inflight--;
         rep.name[JAN_NAME_MAX - 1] = '\0';
+        if (rep.op == JAN_MKHOME) {
+            if (j->mk_inflight > 0)
+                j->mk_inflight--;
+            j->on_made(j->data, rep.name, rep.r);
+            continue;
+        }
         if (rep.r < 0) {
             j->failed++;
             log_warn("trash/%s could not be removed: %s", rep.name, strerror(-rep.r));
@@ -184,12 +228,18 @@ static void janitor_on_event(loop_t *l, watcher_t *w, uint32_t ev)
         janitor_stop(j, "its socket hung up");
 }
 
-int janitor_new(server_t *srv, int trash_fd, janitor_t **ret)
+int janitor_new(server_t *srv, int trash_fd, int warm_fd, janitor_made_cb on_made, void *data,
+                janitor_t **ret)
 {
     janitor_t *j = calloc(1, sizeof *j);
     if (!j)
         return -ENOMEM;
-    *j = (janitor_t){ .srv = srv, .trash_fd = trash_fd, .fd = -1 };
+    *j = (janitor_t){ .srv = srv,
+                      .trash_fd = trash_fd,
+                      .warm_fd = warm_fd,
+                      .on_made = on_made,
+                      .data = data,
+                      .fd = -1 };
     int r = janitor_start(j);
     if (r < 0) {
         free(j);
@@ -210,9 +260,18 @@ janitor_t *janitor_free(janitor_t *j)
     return NULL;
 }
 
-int janitor_remove(janitor_t *j, const char *name)
+static int janitor_send(janitor_t *j, uint32_t op, const char *name);
+
+int janitor_remove(janitor_t *j, const char *name) { return janitor_send(j, JAN_REMOVE, name); }
+
+int janitor_make_home(janitor_t *j, const char *name)
 {
-    jan_req_t q = { { 0 } };
+    return j->warm_fd >= 0 ? janitor_send(j, JAN_MKHOME, name) : -EBADF;
+}
+
+static int janitor_send(janitor_t *j, uint32_t op, const char *name)
+{
+    jan_req_t q = { .op = op };
     if (strlen(name) >= sizeof q.name)
         return -ENAMETOOLONG;
     if (j->fd < 0 && j->pid == 0 && janitor_start(j) < 0)
@@ -227,6 +286,7 @@ int janitor_remove(janitor_t *j, const char *name)
     if (n != (ssize_t)sizeof q)
         return n < 0 ? negative_errno() : -EIO;
     j->inflight++;
+    j->mk_inflight += op == JAN_MKHOME;
     return 0;
 }
 

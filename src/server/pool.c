@@ -136,6 +136,51 @@ const char *sandbox_confinement(const sandbox_t *sb)
 static void netns_refill(loop_t *l, timer_t_ *t);
 static int remove_tree(int parent_fd, const char *name, int home_fd);
 
+/* The warm directory beside the homes, like the trash (root 0700, same filesystem); -1 if
+ * it cannot be had (creates then make homes on the loop, as before). */
+static int warm_open(pool_t *p, const struct stat *hs)
+{
+    struct stat ws;
+    if (snprintf(p->warm_path, sizeof p->warm_path, "%s.warm", p->cfg.homes_dir) >=
+        (int)sizeof p->warm_path)
+        return -1;
+    (void)mkdir(p->warm_path, 0700);
+    int fd = open(p->warm_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &ws) < 0 || ws.st_dev != hs->st_dev ||
+        (ws.st_uid != 0 && fchown(fd, 0, 0) < 0) ||
+        ((ws.st_mode & 07777) != 0700 && fchmod(fd, 0700) < 0)) {
+        safe_close(fd);
+        p->warm_path[0] = '\0';
+        return -1;
+    }
+    return fd;
+}
+
+/* Ask the janitor for homes until the warm set (made + being made) is full. */
+static void warm_refill(pool_t *p)
+{
+    while (p->warm_fd >= 0 && p->srv->janitor && p->n_warm + p->warm_pending < POOL_HOMES_WARM) {
+        char name[24];
+        (void)snprintf(name, sizeof name, "w%llu", (unsigned long long)++p->warm_seq);
+        if (janitor_make_home(p->srv->janitor, name) < 0)
+            return;
+        p->warm_pending++;
+    }
+}
+
+static void warm_made(void *data, const char *name, int r)
+{
+    pool_t *p = data;
+    if (p->warm_pending > 0)
+        p->warm_pending--;
+    if (!name || r < 0)
+        return; /* refilled at the next create */
+    if (p->n_warm < POOL_HOMES_WARM && strlen(name) < sizeof p->warm[0])
+        memcpy(p->warm[p->n_warm++], name, strlen(name) + 1);
+    else
+        (void)unlinkat(p->warm_fd, name, AT_REMOVEDIR) /* cannot happen: made only for room */;
+}
+
 /* The trash beside the homes: made (or taken over from an earlier run: the janitor empties it)
  * root-owned 0700, on the same filesystem so that a delete is one rename. Without it deletes
  * remove homes on the loop. */
@@ -155,33 +200,50 @@ static void trash_open(pool_t *p)
         p->trash_path[0] = '\0';
         return;
     }
-    int r = janitor_new(p->srv, fd, &p->srv->janitor);
+    int warm = warm_open(p, &hs);
+    int r = janitor_new(p->srv, fd, warm, warm_made, p, &p->srv->janitor);
     if (r < 0) {
+        safe_close(warm);
         log_warn("cannot start the janitor: %s; deletes remove homes on the loop", strerror(-r));
         p->trash_path[0] = '\0';
         return;
     }
     p->trash_fd = TAKE_FD(fd);
+    p->warm_fd = warm;
+    warm_refill(p);
 }
 
-/* At shutdown: the janitor is gone; what it had not removed goes now, then the directory. */
+/* Remove every entry of dir (by descriptor, as a delete does). */
+static void sweep_dir(int dir)
+{
+    int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        safe_close(fd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (!streq(de->d_name, ".") && !streq(de->d_name, ".."))
+            (void)remove_tree(dir, de->d_name, -1);
+    closedir(d);
+}
+
+/* At shutdown: the janitor is gone; what it had not removed goes now (and the warm homes never
+ * taken), then the directories. */
 static void trash_close(pool_t *p)
 {
-    if (p->trash_fd < 0)
-        return;
-    int fd = openat(p->trash_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d)))
-            if (!streq(de->d_name, ".") && !streq(de->d_name, ".."))
-                (void)remove_tree(p->trash_fd, de->d_name, -1);
-        closedir(d);
-    } else
-        safe_close(fd);
+    if (p->trash_fd >= 0)
+        sweep_dir(p->trash_fd);
     p->trash_fd = safe_close(p->trash_fd);
     if (p->trash_path[0])
         (void)rmdir(p->trash_path);
+    if (p->warm_fd >= 0)
+        sweep_dir(p->warm_fd);
+    p->n_warm = 0;
+    p->warm_fd = safe_close(p->warm_fd);
+    if (p->warm_path[0])
+        (void)rmdir(p->warm_path);
 }
 
 int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen)
@@ -194,6 +256,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     p->cfg = *cfg;
     p->homes_fd = -EBADF;
     p->trash_fd = -EBADF;
+    p->warm_fd = -EBADF;
     const char *tk = getenv("SBX_TEST_TEARDOWN_KILL_FAILS");
     p->test_kill_fails = tk && streq(tk, "1");
     if (p->test_kill_fails)
@@ -366,10 +429,25 @@ oom:
     return -ENOMEM;
 }
 
+/* A home the janitor made ahead: one rename into the homes, then it is the uid's (root made
+ * it, 0700, in a root-only directory: nothing in it is anyone else's, no symlink to follow). */
+static int take_warm_home(pool_t *p, sandbox_t *sb)
+{
+    if (p->n_warm == 0)
+        return -EAGAIN;
+    const char *name = p->warm[--p->n_warm];
+    warm_refill(p);
+    if (renameat2(p->warm_fd, name, p->homes_fd, sb->id, RENAME_NOREPLACE) < 0)
+        return -EAGAIN; /* gone (a sweep), or an id that exists: make one */
+    p->homes_from_warm++;
+    return 0;
+}
+
 static int make_home(pool_t *p, sandbox_t *sb)
 {
     /* Created by descriptor under the homes directory; the id is ours (hex), never a path. */
-    if (mkdirat(p->homes_fd, sb->id, 0700) < 0)
+    bool warm = take_warm_home(p, sb) >= 0;
+    if (!warm && mkdirat(p->homes_fd, sb->id, 0700) < 0)
         return negative_errno();
     /* O_PATH: only ever a base for *at() calls and a Landlock rule. Every confined child holds
      * a copy of each sandbox's home descriptor until its execve closes them, and closing an
@@ -382,7 +460,7 @@ static int make_home(pool_t *p, sandbox_t *sb)
         return negative_errno();
     static const char *const dirs[] = { ".tmp", ".sbx", ".sbx/proxy" };
     for (size_t i = 0; i < ELEMENTSOF(dirs); i++)
-        if (mkdirat(sb->home_fd, dirs[i], 0700) < 0 ||
+        if ((!warm && mkdirat(sb->home_fd, dirs[i], 0700) < 0) ||
             fchownat(sb->home_fd, dirs[i], sb->uid, sb->uid, AT_SYMLINK_NOFOLLOW) < 0)
             return negative_errno();
     return 0;
@@ -900,6 +978,9 @@ void pool_health(pool_t *p, void *json_obj)
         json_array_append_new(conf, json_string("netns"));
     json_object_set_new(j, "confinement", conf);
     json_object_set_new(j, "cgroups", json_string(cgs));
+    json_object_set_new(j, "homes",
+                        json_pack("{s:I,s:I}", "warm", (json_int_t)p->n_warm, "from_warm",
+                                  (json_int_t)p->homes_from_warm));
     json_object_set_new(j, "uids",
                         json_pack("{s:I,s:I,s:I}", "used", (json_int_t)p->uids.n_used,
                                   "quarantined", (json_int_t)p->uids.n_quarantined, "reserved",

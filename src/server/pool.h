@@ -30,6 +30,7 @@ typedef struct sandbox sandbox_t;
 #define POOL_MAX_ENV_BYTES (64 * 1024)
 #define POOL_BUCKETS 4096
 #define POOL_NETNS_WARM 16
+#define POOL_HOMES_WARM 32
 
 struct sandbox {
     pool_t *pool;
@@ -88,6 +89,13 @@ struct pool {
     int trash_fd;
     char trash_path[220];
     uint64_t trash_seq;
+    /* <homes>.warm: homes the janitor made ahead (root-owned until a create renames one into
+     * the homes and chowns it); -1 without */
+    int warm_fd;
+    char warm_path[220];
+    char warm[POOL_HOMES_WARM][24];
+    size_t n_warm, warm_pending;
+    uint64_t warm_seq, homes_from_warm;
     char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;
     uint64_t cmd_seq; /* names of commands' cgroup2 groups */

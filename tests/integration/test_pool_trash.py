@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """A delete moves the home into <homes>.trash with one rename and the janitor (a helper process
-with two descriptors) empties it off the loop: the home is gone from the homes directory when
+with three descriptors of its own) empties it off the loop; a create renames a home the janitor
+made ahead in <homes>.warm and gives it to the sandbox's uid: the home is gone from the homes directory when
 the delete answers, the trash is root-only and out of every sandbox's reach, and a stopped or
 killed janitor only delays the removal (a new one sweeps what is left)."""
 import os
@@ -25,7 +26,7 @@ def janitor(srv):
     return js[0]
 
 
-def test_the_trash_is_root_only_and_the_janitor_holds_two_descriptors(make_host_server):
+def test_the_trash_is_root_only_and_the_janitor_holds_few_descriptors(make_host_server):
     srv = make_host_server()
     # the socket listens before the pool is set up: ask once, then look
     assert srv.request("GET", "/health")[0] == 200
@@ -33,7 +34,8 @@ def test_the_trash_is_root_only_and_the_janitor_holds_two_descriptors(make_host_
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
     assert os.stat(trash_of(srv)).st_dev == os.stat(srv.homes).st_dev
     j = janitor(srv)
-    assert nfds(j) <= 5, os.listdir(f"/proc/{j}/fd")
+    # stdio, its socket, the trash and the warm directories (and one it may be working in)
+    assert nfds(j) <= 7, os.listdir(f"/proc/{j}/fd")
     a = srv.sandbox()
     # from inside: its own home lists (positive control), the trash does not
     r = a.run(["ls", a.home])
@@ -42,6 +44,34 @@ def test_the_trash_is_root_only_and_the_janitor_holds_two_descriptors(make_host_
     assert r.code != 0 and "ermission denied" in r.err, r
     srv.stop()
     assert not os.path.exists(trash_of(srv))  # removed at shutdown
+    assert not os.path.exists(srv.homes.rstrip("/") + ".warm")
+
+
+def test_creates_take_homes_made_ahead_and_give_them_to_the_uid(make_host_server):
+    srv = make_host_server()
+    warm = srv.homes.rstrip("/") + ".warm"
+    assert wait_until(lambda: srv.json("GET", "/health")[1]["homes"]["warm"] > 0, 10)
+    st = os.stat(warm)
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+    made = set(os.listdir(warm))
+    assert made  # positive control: homes wait there, root's
+    for n in list(made)[:3]:
+        w = os.stat(os.path.join(warm, n, ".sbx/proxy"))
+        assert w.st_uid == 0 and stat.S_IMODE(w.st_mode) == 0o700
+    before = srv.json("GET", "/health")[1]["homes"]["from_warm"]
+    a, b = srv.create(2)
+    assert srv.json("GET", "/health")[1]["homes"]["from_warm"] == before + 2
+    for sb in (a, b):
+        for rel in ("", ".tmp", ".sbx", ".sbx/proxy"):
+            s = os.lstat(os.path.join(sb.home, rel))
+            assert stat.S_ISDIR(s.st_mode) and stat.S_IMODE(s.st_mode) == 0o700, (rel, s)
+            assert (s.st_uid, s.st_gid) == (sb.uid, sb.uid), (rel, s)
+        assert os.listdir(sb.home) == [".tmp", ".sbx"] or \
+            sorted(os.listdir(sb.home)) == [".sbx", ".tmp"]
+        r = sb.run("touch ~/x && ls -ld ~ | cut -d' ' -f1,3")
+        assert r.code == 0 and r.out.startswith("drwx------"), r
+    assert a.delete()[0] == 200 and b.delete()[0] == 200
+    assert os.listdir(srv.homes) == []
 
 
 def test_a_delete_renames_the_home_away_and_the_janitor_empties_it(make_host_server):
