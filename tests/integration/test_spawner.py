@@ -138,3 +138,20 @@ def test_a_sandbox_deleted_while_its_command_starts_keeps_nothing(make_host_serv
     assert not uid_pids(sb.uid), uid_pids(sb.uid)
     _, h = srv.json("GET", "/health")
     assert h["uids"]["quarantined"] == 0, h
+
+
+def test_a_large_request_travels_whole(any_server):
+    """A request over the inline size (32 KiB) reaches the helper through a memfd."""
+    srv = any_server
+    sb = srv.sandbox() if hasattr(srv, "sandbox") else None
+    big = "x" * 60000
+    args = ["a" * 30000, "b" * 30000]
+    body = {"cmd": ["sh", "-c", 'echo ${#BIG} ${#1} ${#2}', "sh", *args], "env": {"BIG": big}}
+    st, ev = sb.exec(body) if sb else srv.exec(body)
+    assert st == 200, (st, ev)
+    out = "".join(e.get("data", "") for e in ev if e.get("event") == "stdout")
+    assert out == "60000 30000 30000\n", ev
+    # positive control: a small request gives the small answer
+    st, ev = sb.exec({"cmd": ["sh", "-c", "echo ${#BIG}"], "env": {"BIG": "xy"}}) if sb else \
+        srv.exec({"cmd": ["sh", "-c", "echo ${#BIG}"], "env": {"BIG": "xy"}})
+    assert "".join(e.get("data", "") for e in ev if e.get("event") == "stdout") == "2\n", ev
