@@ -262,7 +262,8 @@ static void helper_reply(int sock, spw_rep_t *rep, int pidfd, int killfd)
 /* The helper's loop: one request, one answer, in order, until the server closes the socket. */
 static _Noreturn void helper_main(int sock)
 {
-    static char msg[sizeof(spw_req_t) + SPW_INLINE_MAX];
+    _Static_assert(sizeof(spw_req_t) % 8 == 0, "the blob after the header stays aligned");
+    char msg[sizeof(spw_req_t) + SPW_INLINE_MAX] __attribute__((aligned(16)));
     union {
         char buf[CMSG_SPACE(SPW_MAX_FDS * sizeof(int))];
         struct cmsghdr align;
@@ -289,12 +290,14 @@ static _Noreturn void helper_main(int sock)
         spw_req_t q = { 0 };
         const char *blob = NULL;
         void *map = MAP_FAILED;
+        int memfd = -1;
         if ((size_t)n >= sizeof q && !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
             memcpy(&q, msg, sizeof q);
-            if (q.in_memfd && nfds > 0 && q.blob_len > 0 && q.blob_len <= SPW_MAX_BLOB) {
-                map = mmap(NULL, q.blob_len, PROT_READ, MAP_PRIVATE, fds[nfds - 1], 0);
+            if (q.in_memfd && nfds > 0) {
+                memfd = fds[--nfds]; /* the request itself, not one of the spawn's fds */
+                if (q.blob_len > 0 && q.blob_len <= SPW_MAX_BLOB)
+                    map = mmap(NULL, q.blob_len, PROT_READ, MAP_PRIVATE, memfd, 0);
                 blob = map == MAP_FAILED ? NULL : map;
-                nfds--; /* the memfd is not one of the spawn's descriptors */
             } else if (!q.in_memfd && q.blob_len == (uint64_t)n - sizeof q)
                 blob = msg + sizeof q;
             if (blob && helper_run_one(&q, blob, fds, nfds, &rep, &pidfd, &killfd) < 0)
@@ -304,8 +307,8 @@ static _Noreturn void helper_main(int sock)
             munmap(map, q.blob_len);
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
-        if (q.in_memfd && nfds >= 0 && blob) /* the memfd (counted out above) */
-            close(fds[nfds]);
+        if (memfd >= 0)
+            close(memfd);
         helper_reply(sock, &rep, pidfd, killfd);
         if (pidfd >= 0)
             close(pidfd);
