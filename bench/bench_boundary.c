@@ -139,6 +139,8 @@ static uint64_t one_pool_exec(const char *home, int netns, int nul)
     pid_t pid;
     if (confine_spawn(&sp, &pid) < 0)
         return 0;
+    if (sp.pidfd >= 0)
+        close(sp.pidfd);
     int st;
     while (waitpid(pid, &st, 0) < 0)
         ;

@@ -271,22 +271,31 @@ static void print_cpu(const char *label, uint64_t client_ns, uint64_t server_ns,
     fig(l, secs(server_ns), "s", note);
 }
 
-/* `head -c N /dev/zero` into a pipe read by us, 64 KiB reads (the server's read size). */
-static int pipe_baseline(uint64_t bytes, uint64_t *ret_ns)
+/* UTF-8 text for the text run (ASCII with two- and three-byte sequences), one line repeated. */
+#define TEXT_LINE                                                                                  \
+    "sbx streams UTF-8 text: caf\u00e9, na\u00efve, \u2014 \u00bd \u00e0 la carte 0123456789"
+#define TEXT_SHELL "yes '" TEXT_LINE "' | head -c "
+
+/* The source (`head -c N /dev/zero`, or N bytes of that text) into a pipe read by us, 64 KiB
+ * reads (the server's read size). */
+static int pipe_baseline(uint64_t bytes, bool text, uint64_t *ret_ns)
 {
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
         return negative_errno();
     (void)fcntl(p[1], F_SETPIPE_SZ, 1024 * 1024); /* as the server does */
-    char count[32];
+    char count[32], shell[256];
     (void)snprintf(count, sizeof count, "%llu", (unsigned long long)bytes);
-    char *const argv[] = { "head", "-c", count, "/dev/zero", NULL };
+    (void)snprintf(shell, sizeof shell, "%s%s", TEXT_SHELL, count);
+    char *const zeros[] = { "head", "-c", count, "/dev/zero", NULL };
+    char *const texts[] = { "sh", "-c", shell, NULL };
+    char *const *argv = text ? texts : zeros;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, p[1], 1);
     pid_t pid;
     uint64_t t0 = now_ns();
-    int r = -posix_spawnp(&pid, "head", &fa, NULL, argv, environ);
+    int r = -posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     safe_close(p[1]);
     _cleanup_free_ unsigned char *buf = malloc(64 * 1024);
@@ -309,11 +318,15 @@ static int pipe_baseline(uint64_t bytes, uint64_t *ret_ns)
     return buf ? r : -ENOMEM;
 }
 
-static void stream_one(bench_t *b, const char *label, uint64_t bytes, bool base64)
+static void stream_one(bench_t *b, const char *label, uint64_t bytes, bool base64, bool text)
 {
-    char body[256], req[1024], l[160];
-    (void)snprintf(body, sizeof body, "{\"cmd\":[\"head\",\"-c\",\"%llu\",\"/dev/zero\"]%s}",
-                   (unsigned long long)bytes, base64 ? ",\"encoding\":\"base64\"" : "");
+    char body[512], req[1024], l[160];
+    if (text) /* the line has no character that needs escaping in JSON but the UTF-8 */
+        (void)snprintf(body, sizeof body, "{\"cmd\":\"%s%llu\"%s}", TEXT_SHELL,
+                       (unsigned long long)bytes, base64 ? ",\"encoding\":\"base64\"" : "");
+    else
+        (void)snprintf(body, sizeof body, "{\"cmd\":[\"head\",\"-c\",\"%llu\",\"/dev/zero\"]%s}",
+                       (unsigned long long)bytes, base64 ? ",\"encoding\":\"base64\"" : "");
     int len = build_json_request(b->token, req, sizeof req, "/v1/exec", body);
     hc_t h;
     int r = len < 0 ? len : hc_open(&h, b->port, BIG_RECV_BUF);
@@ -321,7 +334,7 @@ static void stream_one(bench_t *b, const char *label, uint64_t bytes, bool base6
         fail(b, "%s: %s", label, strerror(-r));
         return;
     }
-    nd_t nd = { .base64 = base64, .check_zero = true };
+    nd_t nd = { .base64 = base64, .check_zero = !text };
     nd_reset(&nd);
     rp_t rp;
     rp_init(&rp, nd_sink, &nd);
@@ -351,22 +364,34 @@ static void stream_one(bench_t *b, const char *label, uint64_t bytes, bool base6
 
 static void bench_stream(bench_t *b)
 {
-    section("2. stdout streaming: exec `head -c N /dev/zero`, payload bytes decoded per second "
-            "at the client\n   (every event parsed, JSON unescaped or base64 decoded, each byte "
-            "checked to be zero; 1 GB = 1e9 bytes;\n   the utf8 run uses a quarter of the size: "
-            "each zero byte is 6 bytes on the wire)");
+    section(
+        "2. stdout streaming: exec `head -c N /dev/zero`, payload bytes decoded per second "
+        "at the client\n   (every event parsed, JSON unescaped or base64 decoded, each byte "
+        "checked to be zero; 1 GB = 1e9 bytes;\n   the utf8 run uses a quarter of the size: "
+        "each zero byte is 6 bytes on the wire;\n   then UTF-8 text, not zeros, beside the same "
+        "text read from a pipe)");
     uint64_t ns = 0;
-    int r = pipe_baseline(b->b64_bytes, &ns);
+    char l[128];
+    int r = pipe_baseline(b->b64_bytes, false, &ns);
     if (r < 0)
         fail(b, "pipe baseline: %s", strerror(-r));
     else {
-        char l[128];
         (void)snprintf(l, sizeof l, "baseline: raw pipe read by the bench, %llu MiB",
                        (unsigned long long)(b->b64_bytes / MIB));
         print_rate(l, b->b64_bytes, ns, false);
     }
-    stream_one(b, "exec stdout, encoding base64", b->b64_bytes, true);
-    stream_one(b, "exec stdout, utf8 (zeros arrive as \\u0000)", b->utf8_bytes, false);
+    stream_one(b, "exec stdout, encoding base64", b->b64_bytes, true, false);
+    stream_one(b, "exec stdout, utf8 (zeros arrive as \\u0000)", b->utf8_bytes, false, false);
+    /* UTF-8 text (not zeros): `yes <a line with multi-byte characters> | head -c N` */
+    r = pipe_baseline(b->b64_bytes, true, &ns);
+    if (r < 0)
+        fail(b, "text pipe baseline: %s", strerror(-r));
+    else {
+        (void)snprintf(l, sizeof l, "baseline: UTF-8 text, raw pipe read by the bench, %llu MiB",
+                       (unsigned long long)(b->b64_bytes / MIB));
+        print_rate(l, b->b64_bytes, ns, false);
+    }
+    stream_one(b, "exec stdout, UTF-8 text", b->b64_bytes, false, true);
 }
 
 /* ---- 3. files ---------------------------------------------------------------------------- */

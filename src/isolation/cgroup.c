@@ -292,8 +292,15 @@ int cgroup_cmd_create(const cgroups_t *cg, const char *name, int *ret_procs_fd, 
 {
     if (!cg->v2_root[0])
         return -EOPNOTSUPP;
+    return cgroup_cmd_create_at(cg->v2_root, name, ret_procs_fd, ret_kill_fd);
+}
+
+int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd)
+{
     char dir[256], p[300];
-    if (snprintf(dir, sizeof dir, "%s/%s", cg->v2_root, name) >= (int)sizeof dir)
+    if (!*name || strchr(name, '/') || name[0] == '.')
+        return -EINVAL;
+    if (snprintf(dir, sizeof dir, "%s/%s", root, name) >= (int)sizeof dir)
         return -ENAMETOOLONG;
     if (mkdir(dir, 0755) < 0 && errno != EEXIST)
         return negative_errno();

@@ -42,6 +42,8 @@ void cgroup_remove_run(const cgroups_t *cg, const char *name);
  * writing "1" to *ret_kill_fd (cgroup.kill) kills everything in it at once, setsid()
  * descendants included. -EOPNOTSUPP without a cgroup2 hierarchy. */
 int cgroup_cmd_create(const cgroups_t *cg, const char *name, int *ret_procs_fd, int *ret_kill_fd);
+/* The same under root (a spawn helper, which has no cgroups_t): name is one component. */
+int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd);
 /* rmdir v2_root/name (fails quietly while something still runs in it). */
 void cgroup_cmd_remove(const cgroups_t *cg, const char *name);
 /* rmdir every v2_root/<prefix>* left (after the processes are gone). */

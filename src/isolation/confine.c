@@ -197,15 +197,23 @@ int confine_spawn(confine_spec_t *spec, pid_t *ret_pid)
         return -ENOMEM;
     spec->failed_step = STEP_NONE;
     spec->failed_errno = 0;
-    pid_t pid = clone(confine_child, stack + stack_size, CLONE_VM | CLONE_VFORK | SIGCHLD, spec);
+    int pidfd = -1;
+    int flags = CLONE_VM | CLONE_VFORK | SIGCHLD | CLONE_PIDFD;
+    if (spec->clone_parent)
+        flags |= CLONE_PARENT; /* exit signal: the caller's own (SIGCHLD), sent to its parent */
+    pid_t pid = clone(confine_child, stack + stack_size, flags, spec, &pidfd);
+    if (pid < 0 && errno == EINVAL) /* a kernel without CLONE_PIDFD (before 5.2) */
+        pid = clone(confine_child, stack + stack_size, flags & ~CLONE_PIDFD, spec, NULL);
     int saved = errno;
     free(stack);
     if (pid < 0)
         return -saved;
     if (spec->failed_step != STEP_NONE) {
         /* The child exited; its zombie is reaped by the SIGCHLD handler like any other. */
+        safe_close(pidfd);
         return spec->failed_errno ? -spec->failed_errno : -EPERM;
     }
+    spec->pidfd = pidfd; /* close-on-exec, as every pidfd */
     *ret_pid = pid;
     return 0;
 }

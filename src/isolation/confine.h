@@ -41,6 +41,11 @@ typedef struct {
     char *const *argv;
     char *const *envp;
     int stdin_fd, stdout_fd, stderr_fd;
+    /* Start the child as a sibling (CLONE_PARENT): a spawn helper starts it, the server is its
+     * parent, reaps it and signals its process group as if it had started it itself. */
+    bool clone_parent;
+    /* out: a pidfd of the child (CLONE_PIDFD) when confine_spawn succeeds, else -1 */
+    int pidfd;
     /* out: which step failed and why, when confine_spawn returns an error */
     int failed_step;
     int failed_errno;

@@ -43,6 +43,13 @@ void landlock_features(int abi, char *out, size_t cap)
                    abi >= 5 ? ",ioctl_dev" : "", abi >= 6 ? ",scope_abstract_unix" : "");
 }
 
+const char *landlock_feature(int abi, int i)
+{
+    static const char *const names[] = { "fs",          "refer",     "truncate",
+                                         "no_tcp_bind", "ioctl_dev", "scope_abstract_unix" };
+    return i >= 0 && i < abi && i < (int)ELEMENTSOF(names) ? names[i] : NULL;
+}
+
 static uint64_t fs_mask_for_abi(int abi)
 {
     uint64_t m = (LL_ACCESS_FS_MAKE_SYM << 1) - 1; /* the 13 ABI-1 rights */

@@ -41,6 +41,8 @@ typedef struct {
 int landlock_abi(void);
 /* Comma-separated feature names for an ABI ("fs,refer,truncate,no_tcp_bind,ioctl_dev,scope_abstract_unix"). */
 void landlock_features(int abi, char *out, size_t cap);
+/* The same names one by one: the i-th feature of abi, or NULL past the last (none for 0). */
+const char *landlock_feature(int abi, int i);
 /* Probe the ABI and open the system directories once. proc_path is the /proc to allow
  * (a private hidepid mount may live elsewhere). */
 int landlock_base_init(landlock_base_t *b, const char *proc_path);

@@ -70,6 +70,8 @@ typedef struct {
     int wstatus;
     bool exited, timed_out, finished, base64, op_counted;
     sandbox_t *sb; /* host mode: the sandbox it runs as (a reference) */
+    uint64_t timeout_ms;
+    char *argv0; /* for "failed to start" */
 } exec_t;
 
 /* The foreground operation is over (stream finished or client gone). */
@@ -100,6 +102,7 @@ static void exec_free(void *p)
     sandbox_cmd_done(&e->sp.cg);
     sandbox_unref(e->sb);
     free(e->in_data);
+    free(e->argv0);
     free(e);
 }
 
@@ -339,63 +342,115 @@ static const handler_ops_t exec_ops = {
     .on_close = exec_conn_close,
 };
 
-static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
+/* Between the request and the helper's answer: a client that goes away only detaches. */
+static void exec_pending_close(conn_t *c, bool aborted)
 {
-    server_t *s = c->srv;
-    exec_t *e = calloc(1, sizeof *e);
-    if (!e) {
-        conn_respond_error(c, 503, "out of memory");
-        return;
-    }
-    spawned_t sp;
-    char why[160];
-    int r = spawn_command(spec, c->sb, &sp, why, sizeof why);
-    if (r < 0) {
-        free(e);
-        if (r == -ESRCH)
-            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
-        else
-            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
-        return;
-    }
-    e->sb = sandbox_ref(c->sb);
-    if (e->sb) {
-        e->sb->running++;
-        e->sb->ops++;
-    }
-    e->srv = s;
-    e->conn = c;
-    e->sp = sp;
-    e->base64 = spec->base64;
-    e->start_ms = monotonic_ms();
-    e->child = (child_t){ .pid = sp.pid, .on_exit = exec_on_exit, .data = e };
-    server_child_add(s, &e->child);
-    outpipe_init(&e->out, sp.out_fd, "stdout", exec_on_pipe, e);
-    outpipe_init(&e->err, sp.err_fd, "stderr", exec_on_pipe, e);
-    watcher_init(&e->in_w, sp.in_fd, exec_on_stdin, e);
-    timer_init(&e->timeout_t, exec_on_timeout, e);
-    timer_init(&e->ping_t, exec_on_ping, e);
-    timer_init(&e->drain_t, exec_on_drain_timer, e);
-    server_op_begin(s);
-    e->op_counted = true;
-    conn_set_handler(c, &exec_ops, e);
+    exec_t *e = c->hdata;
+    (void)aborted;
+    c->hdata = NULL;
+    e->conn = NULL;
+}
 
-    if (spec->has_stdin) {
-        e->in_data = TAKE_PTR(spec->stdin_data);
-        e->in_len = spec->stdin_len;
-        (void)loop_watch(s->loop, &e->in_w, EPOLLOUT);
+static const handler_ops_t exec_pending_ops = {
+    .on_close = exec_pending_close,
+};
+
+static void exec_started(void *data, int r, spawned_t *sp, const char *why)
+{
+    exec_t *e = data;
+    server_t *s = e->srv;
+    conn_t *c = e->conn;
+    if (r < 0) {
+        if (c) {
+            conn_set_handler(c, NULL, NULL);
+            if (r == -ESRCH)
+                conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+            else
+                conn_respond_error(c, 400, "failed to start %s: %s", e->argv0, why);
+        }
+        exec_op_end(e);
+        sandbox_unref(e->sb);
+        free(e->in_data);
+        free(e->argv0);
+        free(e);
+        return;
     }
-    if (spec->timeout_ms)
-        timer_arm(s->loop, &e->timeout_t, spec->timeout_ms);
+    if (e->sb)
+        e->sb->running++;
+    e->sp = *sp;
+    e->start_ms = monotonic_ms();
+    e->child = (child_t){ .pid = sp->pid, .on_exit = exec_on_exit, .data = e };
+    server_child_add(s, &e->child);
+    outpipe_init(&e->out, sp->out_fd, "stdout", exec_on_pipe, e);
+    outpipe_init(&e->err, sp->err_fd, "stderr", exec_on_pipe, e);
+    watcher_init(&e->in_w, sp->in_fd, exec_on_stdin, e);
+    if (!c) { /* the client left while it started: it must not run unattended */
+        exec_kill(e);
+        outpipe_close(s->loop, &e->out);
+        outpipe_close(s->loop, &e->err);
+        exec_op_end(e);
+        return; /* freed at its exit */
+    }
+    conn_set_handler(c, &exec_ops, e);
+    if (e->in_data)
+        (void)loop_watch(s->loop, &e->in_w, EPOLLOUT);
+    if (e->timeout_ms)
+        timer_arm(s->loop, &e->timeout_t, e->timeout_ms);
     (void)loop_watch(s->loop, &e->out.w, EPOLLIN);
     (void)loop_watch(s->loop, &e->err.w, EPOLLIN);
 
     conn_stream_begin(c, 200, "application/x-ndjson",
                       "Cache-Control: no-store\r\nX-Accel-Buffering: no\r\n");
     char line[64];
-    int n = snprintf(line, sizeof line, "{\"event\":\"start\",\"pid\":%d}\n", (int)sp.pid);
+    int n = snprintf(line, sizeof line, "{\"event\":\"start\",\"pid\":%d}\n", (int)sp->pid);
     exec_emit(e, line, (size_t)n);
     conn_flush(c);
+}
+
+static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
+{
+    server_t *s = c->srv;
+    exec_t *e = calloc(1, sizeof *e);
+    if (!e || !(e->argv0 = strdup(spec->argv[0]))) {
+        free(e);
+        conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    e->srv = s;
+    e->conn = c;
+    e->base64 = spec->base64;
+    e->timeout_ms = spec->timeout_ms;
+    e->sp =
+        (spawned_t){ .pid = 0, .in_fd = -1, .out_fd = -1, .err_fd = -1, .cg = { .kill_fd = -1 } };
+    outpipe_init(&e->out, -EBADF, "stdout", exec_on_pipe, e);
+    outpipe_init(&e->err, -EBADF, "stderr", exec_on_pipe, e);
+    watcher_init(&e->in_w, -EBADF, exec_on_stdin, e);
+    timer_init(&e->timeout_t, exec_on_timeout, e);
+    timer_init(&e->ping_t, exec_on_ping, e);
+    timer_init(&e->drain_t, exec_on_drain_timer, e);
+    if (spec->has_stdin) {
+        e->in_data = TAKE_PTR(spec->stdin_data);
+        e->in_len = spec->stdin_len;
+    }
+    char why[160];
+    int r = spawn_command(s, spec, c->sb, exec_started, e, why, sizeof why);
+    if (r < 0) {
+        if (r == -ESRCH)
+            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+        else
+            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
+        free(e->in_data);
+        free(e->argv0);
+        free(e);
+        return;
+    }
+    /* From here the operation counts (idle eviction and the server's idle timer wait). */
+    e->sb = sandbox_ref(c->sb);
+    if (e->sb)
+        e->sb->ops++;
+    server_op_begin(s);
+    e->op_counted = true;
+    conn_set_handler(c, &exec_pending_ops, e);
 }
 
 static void exec_body(conn_t *c, json_t *o)

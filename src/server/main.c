@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "server.h"
+#include "spawner.h"
 
 static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, uint64_t *ret)
 {
@@ -26,7 +27,9 @@ static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, u
     return 0;
 }
 
-static int parse_host_config(server_config_t *cfg)
+/* The pool knobs are validated in every mode: a bad value refuses to start even where it
+ * would not be used (a typo is not silently ignored until the day the mode changes). */
+static int parse_pool_knobs(server_config_t *cfg)
 {
     if (env_u64("SBX_CAPACITY", 64, 1, 45000, &cfg->pool.capacity) < 0 ||
         env_u64("SBX_MIN_LANDLOCK_ABI", 6, 0, 1000, &cfg->pool.min_abi) < 0)
@@ -40,6 +43,11 @@ static int parse_host_config(server_config_t *cfg)
         return -EINVAL;
     }
     memcpy(cfg->pool.homes_dir, homes, strlen(homes) + 1);
+    return 0;
+}
+
+static int parse_host_config(server_config_t *cfg)
+{
     /* Sandboxes are uids: setting them up needs root (CAP_SETUID, CAP_SETGID, CAP_KILL). */
     if (geteuid() != 0) {
         log_error("SBX_HOST_MODE=1 needs root (it runs each sandbox as its own uid)");
@@ -110,8 +118,13 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
         return -EINVAL;
     }
     cfg->host_mode = hm && streq(hm, "1");
-    if (cfg->host_mode && parse_host_config(cfg) < 0)
+    if (parse_pool_knobs(cfg) < 0 || (cfg->host_mode && parse_host_config(cfg) < 0))
         return -EINVAL;
+    const char *lvl = getenv("SBX_LOG");
+    if (lvl && *lvl && !streq(lvl, "debug") && !streq(lvl, "info")) {
+        log_error("SBX_LOG=%s: expected debug or info", lvl);
+        return -EINVAL;
+    }
     const char *tok = getenv("SBX_TOKEN");
     if (tok && *tok) {
         cfg->token = strdup(tok);
@@ -166,6 +179,9 @@ int main(int argc, char **argv)
         return 2;
     raise_nofile();
     int r = server_init(&srv, &cfg);
+    /* The spawn helpers, forked now while the server holds few descriptors and no clients. */
+    if (r >= 0 && (r = spawner_new(&srv, &srv.spawner)) < 0)
+        log_error("cannot start the spawn helpers: %s", strerror(-r));
     if (r < 0) {
         log_error("cannot start: %s", strerror(-r));
         server_done(&srv);

@@ -16,9 +16,11 @@
 #include "fsops.h"
 #include "isolation/confine.h"
 #include "isolation/netns.h"
+#include "janitor.h"
 #include "proc.h"
 #include "routes.h"
 #include "server.h"
+#include "spawner.h"
 
 #define DEFAULT_MAX_PROCS 256
 #define DEFAULT_MAX_MEM_MB 2048
@@ -132,6 +134,117 @@ const char *sandbox_confinement(const sandbox_t *sb)
 /* ---- setup ------------------------------------------------------------------------------- */
 
 static void netns_refill(loop_t *l, timer_t_ *t);
+static int remove_tree(int parent_fd, const char *name, int home_fd);
+
+/* The warm directory beside the homes, like the trash (root 0700, same filesystem); -1 if
+ * it cannot be had (creates then make homes on the loop, as before). */
+static int warm_open(pool_t *p, const struct stat *hs)
+{
+    struct stat ws;
+    if (snprintf(p->warm_path, sizeof p->warm_path, "%s.warm", p->cfg.homes_dir) >=
+        (int)sizeof p->warm_path)
+        return -1;
+    (void)mkdir(p->warm_path, 0700);
+    int fd = open(p->warm_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &ws) < 0 || ws.st_dev != hs->st_dev ||
+        (ws.st_uid != 0 && fchown(fd, 0, 0) < 0) ||
+        ((ws.st_mode & 07777) != 0700 && fchmod(fd, 0700) < 0)) {
+        safe_close(fd);
+        p->warm_path[0] = '\0';
+        return -1;
+    }
+    return fd;
+}
+
+/* Ask the janitor for homes until the warm set (made + being made) is full. */
+static void warm_refill(pool_t *p)
+{
+    while (p->warm_fd >= 0 && p->srv->janitor && p->n_warm + p->warm_pending < POOL_HOMES_WARM) {
+        char name[24];
+        (void)snprintf(name, sizeof name, "w%llu", (unsigned long long)++p->warm_seq);
+        if (janitor_make_home(p->srv->janitor, name) < 0)
+            return;
+        p->warm_pending++;
+    }
+}
+
+static void warm_made(void *data, const char *name, int r)
+{
+    pool_t *p = data;
+    if (p->warm_pending > 0)
+        p->warm_pending--;
+    if (!name || r < 0)
+        return; /* refilled at the next create */
+    if (p->n_warm < POOL_HOMES_WARM && strlen(name) < sizeof p->warm[0])
+        memcpy(p->warm[p->n_warm++], name, strlen(name) + 1);
+    else
+        (void)unlinkat(p->warm_fd, name, AT_REMOVEDIR) /* cannot happen: made only for room */;
+}
+
+/* The trash beside the homes: made (or taken over from an earlier run: the janitor empties it)
+ * root-owned 0700, on the same filesystem so that a delete is one rename. Without it deletes
+ * remove homes on the loop. */
+static void trash_open(pool_t *p)
+{
+    struct stat hs, ts;
+    if (snprintf(p->trash_path, sizeof p->trash_path, "%s.trash", p->cfg.homes_dir) >=
+        (int)sizeof p->trash_path)
+        return;
+    (void)mkdir(p->trash_path, 0700);
+    _cleanup_close_ int fd = open(p->trash_path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &ts) < 0 || fstat(p->homes_fd, &hs) < 0 || ts.st_dev != hs.st_dev ||
+        (ts.st_uid != 0 && fchown(fd, 0, 0) < 0) ||
+        ((ts.st_mode & 07777) != 0700 && fchmod(fd, 0700) < 0)) {
+        log_warn("no trash directory %s beside the homes: deletes remove homes on the loop",
+                 p->trash_path);
+        p->trash_path[0] = '\0';
+        return;
+    }
+    int warm = warm_open(p, &hs);
+    int r = janitor_new(p->srv, fd, warm, warm_made, p, &p->srv->janitor);
+    if (r < 0) {
+        safe_close(warm);
+        log_warn("cannot start the janitor: %s; deletes remove homes on the loop", strerror(-r));
+        p->trash_path[0] = '\0';
+        return;
+    }
+    p->trash_fd = TAKE_FD(fd);
+    p->warm_fd = warm;
+    warm_refill(p);
+}
+
+/* Remove every entry of dir (by descriptor, as a delete does). */
+static void sweep_dir(int dir)
+{
+    int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        safe_close(fd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (!streq(de->d_name, ".") && !streq(de->d_name, ".."))
+            (void)remove_tree(dir, de->d_name, -1);
+    closedir(d);
+}
+
+/* At shutdown: the janitor is gone; what it had not removed goes now (and the warm homes never
+ * taken), then the directories. */
+static void trash_close(pool_t *p)
+{
+    if (p->trash_fd >= 0)
+        sweep_dir(p->trash_fd);
+    p->trash_fd = safe_close(p->trash_fd);
+    if (p->trash_path[0])
+        (void)rmdir(p->trash_path);
+    if (p->warm_fd >= 0)
+        sweep_dir(p->warm_fd);
+    p->n_warm = 0;
+    p->warm_fd = safe_close(p->warm_fd);
+    if (p->warm_path[0])
+        (void)rmdir(p->warm_path);
+}
 
 int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen)
 {
@@ -142,6 +255,8 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     p->srv = srv;
     p->cfg = *cfg;
     p->homes_fd = -EBADF;
+    p->trash_fd = -EBADF;
+    p->warm_fd = -EBADF;
     const char *tk = getenv("SBX_TEST_TEARDOWN_KILL_FAILS");
     p->test_kill_fails = tk && streq(tk, "1");
     if (p->test_kill_fails)
@@ -210,6 +325,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         pool_free(p);
         return r;
     }
+    trash_open(p);
     char tag[48];
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
     cgroups_init(&p->cg, tag);
@@ -237,6 +353,9 @@ pool_t *pool_free(pool_t *p)
         char err[128];
         (void)sandbox_delete(p->first, err, sizeof err);
     }
+    if (p->srv)
+        p->srv->janitor = janitor_free(p->srv->janitor);
+    trash_close(p);
     landlock_base_done(&p->ll);
     seccomp_filter_done(&p->seccomp);
     if (p->srv && p->srv->loop)
@@ -310,10 +429,25 @@ oom:
     return -ENOMEM;
 }
 
+/* A home the janitor made ahead: one rename into the homes, then it is the uid's (root made
+ * it, 0700, in a root-only directory: nothing in it is anyone else's, no symlink to follow). */
+static int take_warm_home(pool_t *p, sandbox_t *sb)
+{
+    if (p->n_warm == 0)
+        return -EAGAIN;
+    const char *name = p->warm[--p->n_warm];
+    warm_refill(p);
+    if (renameat2(p->warm_fd, name, p->homes_fd, sb->id, RENAME_NOREPLACE) < 0)
+        return -EAGAIN; /* gone (a sweep), or an id that exists: make one */
+    p->homes_from_warm++;
+    return 0;
+}
+
 static int make_home(pool_t *p, sandbox_t *sb)
 {
     /* Created by descriptor under the homes directory; the id is ours (hex), never a path. */
-    if (mkdirat(p->homes_fd, sb->id, 0700) < 0)
+    bool warm = take_warm_home(p, sb) >= 0;
+    if (!warm && mkdirat(p->homes_fd, sb->id, 0700) < 0)
         return negative_errno();
     /* O_PATH: only ever a base for *at() calls and a Landlock rule. Every confined child holds
      * a copy of each sandbox's home descriptor until its execve closes them, and closing an
@@ -326,7 +460,7 @@ static int make_home(pool_t *p, sandbox_t *sb)
         return negative_errno();
     static const char *const dirs[] = { ".tmp", ".sbx", ".sbx/proxy" };
     for (size_t i = 0; i < ELEMENTSOF(dirs); i++)
-        if (mkdirat(sb->home_fd, dirs[i], 0700) < 0 ||
+        if ((!warm && mkdirat(sb->home_fd, dirs[i], 0700) < 0) ||
             fchownat(sb->home_fd, dirs[i], sb->uid, sb->uid, AT_SYMLINK_NOFOLLOW) < 0)
             return negative_errno();
     return 0;
@@ -671,37 +805,68 @@ static int flatten_deep(int top, unsigned *serial)
  * directory descriptor, so no symlink is ever followed (rmdir of a symlink fails with ENOTDIR,
  * .sbx is opened O_NOFOLLOW), and rmdir never removes anything but an empty directory. The
  * first step that fails (a file left, an entry replaced) hands the rest to the full walk. */
-static int remove_home_pristine(sandbox_t *sb)
+static int remove_home_pristine(int parent_fd, const char *name, int home_fd)
 {
-    pool_t *p = sb->pool;
-    if (sb->home_fd < 0)
+    if (home_fd < 0)
         return -EBADF;
-    if (unlinkat(sb->home_fd, ".tmp", AT_REMOVEDIR) < 0)
+    if (unlinkat(home_fd, ".tmp", AT_REMOVEDIR) < 0)
         return negative_errno();
     _cleanup_close_ int sbx =
-        openat(sb->home_fd, ".sbx", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        openat(home_fd, ".sbx", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (sbx < 0 || unlinkat(sbx, "proxy", AT_REMOVEDIR) < 0 ||
-        unlinkat(sb->home_fd, ".sbx", AT_REMOVEDIR) < 0 ||
-        unlinkat(p->homes_fd, sb->id, AT_REMOVEDIR) < 0)
+        unlinkat(home_fd, ".sbx", AT_REMOVEDIR) < 0 || unlinkat(parent_fd, name, AT_REMOVEDIR) < 0)
         return negative_errno();
     return 0;
 }
 
-/* Remove the home, however deep the tree the sandbox left in it. */
-static int remove_home(sandbox_t *sb)
+/* Remove parent_fd/name (a home, or one in the trash), however deep the tree the sandbox left
+ * in it. home_fd: the home opened O_PATH, or -1 to open it here. */
+static int remove_tree(int parent_fd, const char *name, int home_fd)
 {
-    pool_t *p = sb->pool;
-    fs_root_t root = { .dirfd = p->homes_fd, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    fs_root_t root = { .dirfd = parent_fd, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    _cleanup_close_ int own = -EBADF;
     unsigned serial = 0;
-    if (remove_home_pristine(sb) >= 0)
+    if (home_fd < 0) {
+        own = openat(parent_fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (own < 0 && errno == ENOENT)
+            return -ENOENT;
+        home_fd = own;
+    }
+    if (remove_home_pristine(parent_fd, name, home_fd) >= 0)
         return 0;
-    int r = fs_delete(&root, sb->id, true);
-    for (int pass = 0; r == -ENAMETOOLONG && pass < FLATTEN_PASSES && sb->home_fd >= 0; pass++) {
-        if (flatten_deep(sb->home_fd, &serial) < 0)
+    int r = fs_delete(&root, name, true);
+    for (int pass = 0; r == -ENAMETOOLONG && pass < FLATTEN_PASSES && home_fd >= 0; pass++) {
+        if (flatten_deep(home_fd, &serial) < 0)
             break;
-        r = fs_delete(&root, sb->id, true);
+        r = fs_delete(&root, name, true);
     }
     return r;
+}
+
+int pool_remove_tree_at(int parent_fd, const char *name)
+{
+    return remove_tree(parent_fd, name, -1);
+}
+
+/* Remove the home. Its processes verified gone, a pool with a trash directory (on the homes'
+ * filesystem, root-only) moves it there with one rename and the janitor (janitor.h) empties it
+ * off the loop: no path leads a later sandbox of this uid to it, and nothing of the old one
+ * runs, so the uid may be recycled now. Otherwise (no trash, survivors) it goes here. */
+static int remove_home(sandbox_t *sb, bool killed)
+{
+    pool_t *p = sb->pool;
+    if (killed && p->trash_fd >= 0 && p->srv->janitor) {
+        char name[48];
+        (void)snprintf(name, sizeof name, "%s-%llu", sb->id, (unsigned long long)++p->trash_seq);
+        if (renameat2(p->homes_fd, sb->id, p->trash_fd, name, RENAME_NOREPLACE) == 0) {
+            if (janitor_remove(p->srv->janitor, name) < 0)
+                return remove_tree(p->trash_fd, name, sb->home_fd);
+            return 0;
+        }
+        if (errno == ENOENT)
+            return -ENOENT;
+    }
+    return remove_tree(p->homes_fd, sb->id, sb->home_fd);
 }
 
 bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
@@ -710,11 +875,14 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
     /* From here no request may spawn under this uid, even one authorized before: spawn checks
      * `deleted` on the same thread that runs this. */
     sb->deleted = true;
+    /* Spawns of it already sent to a helper: their answers first, so a child that starts
+     * after this point cannot exist and the teardown below sees every one that did start. */
+    spawner_settle_sandbox(p->srv->spawner, sb);
     pool_unlink(p, sb);
     p->reserved--;
     procs_drop_sandbox(p->srv, sb);
     bool killed = teardown_processes(sb);
-    int r = remove_home(sb);
+    int r = remove_home(sb, killed);
     bool removed = r >= 0 || r == -ENOENT;
     err[0] = '\0';
     if (!killed)
@@ -780,15 +948,22 @@ void pool_evict_idle(pool_t *p, uint64_t now_ms)
     }
 }
 
+void *landlock_json(int abi)
+{
+    json_t *feats = json_array();
+    for (int i = 0; feats && landlock_feature(abi, i); i++)
+        json_array_append_new(feats, json_string(landlock_feature(abi, i)));
+    return json_pack("{s:i,s:o*}", "abi", abi, "features", feats);
+}
+
 void pool_health(pool_t *p, void *json_obj)
 {
     json_t *j = json_obj;
-    char feats[160], cgs[64];
-    landlock_features(p->ll.abi, feats, sizeof feats);
+    char cgs[64];
     cgroups_describe(&p->cg, cgs, sizeof cgs);
     json_object_set_new(j, "sandboxes", json_integer((json_int_t)p->count));
     json_object_set_new(j, "capacity", json_integer((json_int_t)p->cfg.capacity));
-    json_object_set_new(j, "landlock", json_pack("{s:i,s:s}", "abi", p->ll.abi, "features", feats));
+    json_object_set_new(j, "landlock", landlock_json(p->ll.abi));
     json_t *conf = json_array();
     if (p->ll.abi > 0)
         json_array_append_new(conf, json_string("landlock"));
@@ -803,6 +978,9 @@ void pool_health(pool_t *p, void *json_obj)
         json_array_append_new(conf, json_string("netns"));
     json_object_set_new(j, "confinement", conf);
     json_object_set_new(j, "cgroups", json_string(cgs));
+    json_object_set_new(j, "homes",
+                        json_pack("{s:I,s:I}", "warm", (json_int_t)p->n_warm, "from_warm",
+                                  (json_int_t)p->homes_from_warm));
     json_object_set_new(j, "uids",
                         json_pack("{s:I,s:I,s:I}", "used", (json_int_t)p->uids.n_used,
                                   "quarantined", (json_int_t)p->uids.n_quarantined, "reserved",
@@ -842,13 +1020,14 @@ void sandbox_cmd_done(cmdcg_t *cg)
     (void)rmdir(cg->dir); /* EBUSY while descendants live on: removed with the sandbox */
 }
 
-int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
-                 int stdout_fd, int stderr_fd, pid_t *ret_pid, cmdcg_t *ret_cg, char *err,
-                 size_t errlen)
+int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
+                         int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *ret_spec,
+                         char *cands, size_t cap, cmdcg_req_t *ret_cmdcg, cmdcg_t *ret_cg,
+                         char *err, size_t errlen)
 {
     pool_t *p = sb->pool;
     confine_spec_t spec = { 0 };
-    char rel[FS_PATH_MAX], cands[8192];
+    char rel[FS_PATH_MAX];
     int r;
 
     if (sb->deleted) {
@@ -878,22 +1057,21 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
         spec.cgroup_procs_fds[k] = sb->cg_fds[k];
     for (int i = k; i < CONFINE_MAX_CGROUPS; i++)
         spec.cgroup_procs_fds[i] = -1;
-    /* a cgroup2 group for this command alone: a kill reaches all it started */
-    _cleanup_close_ int cmd_procs = -EBADF;
+    /* A cgroup2 group for this command alone, so a kill reaches all it started: named here,
+     * made by the spawn helper (a mkdir and two opens in cgroupfs, off the loop), joined by
+     * the child after the sandbox's own groups. */
     cmdcg_t cg = { .kill_fd = -1 };
+    ret_cmdcg->root = NULL;
+    ret_cmdcg->name[0] = '\0';
     if (p->cg.v2_root[0] && k < CONFINE_MAX_CGROUPS) {
-        char name[40];
-        (void)snprintf(name, sizeof name, "s%u-c%llu", sb->uid, (unsigned long long)++p->cmd_seq);
-        if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, name) >= (int)sizeof cg.dir) {
+        (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-c%llu", sb->uid,
+                       (unsigned long long)++p->cmd_seq);
+        if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, ret_cmdcg->name) >=
+            (int)sizeof cg.dir) {
             (void)snprintf(err, errlen, "cgroup path too long");
             return -ENAMETOOLONG;
         }
-        r = cgroup_cmd_create(&p->cg, name, &cmd_procs, &cg.kill_fd);
-        if (r < 0) {
-            (void)snprintf(err, errlen, "cannot prepare the command's cgroup: %s", strerror(-r));
-            return r;
-        }
-        spec.cgroup_procs_fds[k] = cmd_procs;
+        ret_cmdcg->root = p->cg.v2_root;
     }
     spec.ruleset_fd = sb->ruleset_fd;
     spec.seccomp = p->have_seccomp ? &p->seccomp : NULL;
@@ -906,27 +1084,35 @@ int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char
     };
     memcpy(spec.limits, limits, sizeof limits);
     spec.n_limits = (int)ELEMENTSOF(limits);
+    /* the home by path; the helper copies the strings before this frame is gone */
     spec.home_path = sb->home;
-    spec.cwd_rel = rel;
-    r = confine_resolve_candidates(&spec, argv[0], envp_get(envp, "PATH"), cands, sizeof cands);
+    r = confine_resolve_candidates(&spec, argv[0], envp_get(envp, "PATH"), cands, cap);
     if (r < 0) {
         (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
-        goto out;
+        return r;
+    }
+    /* cwd_rel must outlive this frame: kept after the candidates in cands */
+    size_t used = 0;
+    for (int i = 0; i < spec.n_candidates; i++)
+        used = MAX(used, (size_t)(spec.candidates[i] - cands) + strlen(spec.candidates[i]) + 1);
+    if (!strchr(argv[0], '/') && used + strlen(rel) + 1 <= cap) {
+        memcpy(cands + used, rel, strlen(rel) + 1);
+        spec.cwd_rel = cands + used;
+    } else if (strchr(argv[0], '/') && strlen(rel) + 1 <= cap) {
+        memcpy(cands, rel, strlen(rel) + 1);
+        spec.cwd_rel = cands;
+    } else {
+        (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
+        return -E2BIG;
     }
     spec.argv = argv;
     spec.envp = envp;
     spec.stdin_fd = stdin_fd;
     spec.stdout_fd = stdout_fd;
     spec.stderr_fd = stderr_fd;
+    spec.pidfd = -1;
     sb->spawned = true; /* from now on, teardown must verify the uid is empty */
-    r = confine_spawn(&spec, ret_pid);
-    if (r < 0)
-        (void)snprintf(err, errlen, "%s failed: %s", confine_step_name(spec.failed_step),
-                       strerror(-r));
-out:
-    if (r >= 0)
-        *ret_cg = cg;
-    else
-        sandbox_cmd_done(&cg);
-    return r;
+    *ret_spec = spec;
+    *ret_cg = cg;
+    return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "common/loop.h"
 #include "isolation/cgroup.h"
+#include "isolation/confine.h"
 #include "isolation/filter.h"
 #include "isolation/landlock.h"
 #include "isolation/mntns.h"
@@ -29,6 +30,7 @@ typedef struct sandbox sandbox_t;
 #define POOL_MAX_ENV_BYTES (64 * 1024)
 #define POOL_BUCKETS 4096
 #define POOL_NETNS_WARM 16
+#define POOL_HOMES_WARM 32
 
 struct sandbox {
     pool_t *pool;
@@ -45,9 +47,10 @@ struct sandbox {
     uint64_t idle_timeout_ms;
     int64_t created_at_ms;
     uint64_t last_activity_ms;
-    unsigned ops;     /* foreground operations in flight on this sandbox */
-    unsigned running; /* running processes (foreground and background) */
-    int ruleset_fd;   /* -1 with uid-only confinement */
+    unsigned ops;      /* foreground operations in flight on this sandbox */
+    unsigned running;  /* running processes (foreground and background) */
+    unsigned spawning; /* spawn requests queued or in flight on a spawn helper */
+    int ruleset_fd;    /* -1 with uid-only confinement */
     bool deleted;
     bool spawned;  /* something ran as this uid */
     int cg_fds[4]; /* cgroup.procs files of its cgroups (prepared at first exec), -1 ends */
@@ -81,6 +84,18 @@ struct pool {
     seccomp_filter_t seccomp;
     bool have_seccomp;
     int homes_fd;
+    /* <homes>.trash (root, 0700, the homes' filesystem): deleted homes wait there for the
+     * janitor; -1 without one (deletes remove the home on the loop, as before) */
+    int trash_fd;
+    char trash_path[220];
+    uint64_t trash_seq;
+    /* <homes>.warm: homes the janitor made ahead (root-owned until a create renames one into
+     * the homes and chowns it); -1 without */
+    int warm_fd;
+    char warm_path[220];
+    char warm[POOL_HOMES_WARM][24];
+    size_t n_warm, warm_pending;
+    uint64_t warm_seq, homes_from_warm;
     char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;
     uint64_t cmd_seq; /* names of commands' cgroup2 groups */
@@ -100,20 +115,27 @@ sandbox_t *sandbox_hold(sandbox_t *sb);
 void sandbox_release(sandbox_t *sb);
 /* "landlock" or "uid-only" */
 const char *sandbox_confinement(const sandbox_t *sb);
+/* {"abi": N, "features": ["fs", "refer", ...]} (Hugging Face's names) for an ABI. */
+void *landlock_json(int abi);
 /* Health detail: Landlock ABI and features in force. */
 void pool_health(pool_t *p, void *json_obj);
 /* Delete: kill everything of the uid (setsid escapees included), remove the home, recycle the
  * uid only when that converged. Returns true when teardown converged. */
 bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen);
+/* Remove parent_fd/name however deep (the janitor's removal; no symlink followed). */
+int pool_remove_tree_at(int parent_fd, const char *name);
 /* Evict sandboxes idle past their own timeout with nothing running or in flight. */
 void pool_evict_idle(pool_t *p, uint64_t now_ms);
 
-/* Start a command as this sandbox: the confined child sequence (src/isolation/confine.c) with
- * stdio on the given fds. cwd is the request's cwd (rooted at the home) or NULL. On failure
- * err names the step. */
-int sandbox_exec(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd, int stdin_fd,
-                 int stdout_fd, int stderr_fd, pid_t *ret_pid, cmdcg_t *ret_cg, char *err,
-                 size_t errlen);
+/* Prepare a command as this sandbox: the confined child sequence (src/isolation/confine.c)
+ * that a spawn helper runs, with stdio on the given fds. cwd is the request's cwd (rooted at the
+ * home) or NULL. cands (cap bytes) holds the exec candidates spec points to. *ret_cmdcg names
+ * the command's own cgroup2 group for the helper to make (root NULL: none) and *ret_cg its
+ * path (its kill_fd comes with the helper's answer). On failure err says why. */
+int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
+                         int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *spec,
+                         char *cands, size_t cap, cmdcg_req_t *ret_cmdcg, cmdcg_t *ret_cg,
+                         char *err, size_t errlen);
 /* A command of the sandbox is killed (timeout, kill, client gone): everything in its cgroup2
  * group goes at once, setsid() descendants included. No-op without a group. */
 void sandbox_cmd_kill(cmdcg_t *cg);

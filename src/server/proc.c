@@ -415,70 +415,131 @@ static void proc_on_oneshot_writable(loop_t *l, watcher_t *w, uint32_t ev)
     p->oneshot = NULL;
 }
 
-void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
+typedef struct {
+    proc_t *p;
+    conn_t *conn; /* NULL once the client left */
+    bool from_exec, has_stdin;
+    uint64_t timeout_ms;
+    char *argv0;
+} proc_pending_t;
+
+static void proc_pending_close(conn_t *c, bool aborted)
 {
-    server_t *s = c->srv;
-    if (server_running_procs(s) >= PROC_MAX_RUNNING) {
-        conn_respond_error(c, 503, "too many running processes (max %d)", PROC_MAX_RUNNING);
-        return;
-    }
-    proc_t *p = calloc(1, sizeof *p);
-    if (!p) {
-        conn_respond_error(c, 503, "out of memory");
-        return;
-    }
-    spawned_t sp;
-    char why[160];
-    int r = spawn_command(spec, c->sb, &sp, why, sizeof why);
+    proc_pending_t *pp = c->hdata;
+    (void)aborted;
+    c->hdata = NULL;
+    pp->conn = NULL;
+}
+
+static const handler_ops_t proc_pending_ops = { .on_close = proc_pending_close };
+
+static void proc_started(void *data, int r, spawned_t *sp, const char *why)
+{
+    proc_pending_t *pp = data;
+    proc_t *p = pp->p;
+    server_t *s = p->srv;
+    conn_t *c = pp->conn;
+    s->procs_starting--;
+    if (c)
+        conn_set_handler(c, NULL, NULL);
     if (r < 0) {
-        free(p);
-        if (r == -ESRCH)
+        if (c && r == -ESRCH)
             conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
-        else
-            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
+        else if (c)
+            conn_respond_error(c, 400, "failed to start %s: %s", pp->argv0, why);
+        proc_free(p);
+        free(pp->argv0);
+        free(pp);
         return;
     }
-    p->sb = sandbox_ref(c->sb);
     if (p->sb)
         p->sb->running++;
-    struct timespec ts;
-    (void)clock_gettime(CLOCK_REALTIME, &ts);
-    p->srv = s;
+    /* A client that left meanwhile gets no answer; the process is listed like any other. */
     p->id = s->next_proc_id++;
-    p->pid = sp.pid;
-    p->cg = sp.cg;
-    p->cmd = json_incref(spec->cmd);
-    p->tag = TAKE_PTR(spec->tag);
-    p->started_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    p->pid = sp->pid;
+    p->cg = sp->cg;
     p->start_mono = monotonic_ms();
-    p->stdin_fd = -EBADF;
-    p->child = (child_t){ .pid = sp.pid, .on_exit = proc_on_exit, .data = p };
+    p->child = (child_t){ .pid = sp->pid, .on_exit = proc_on_exit, .data = p };
     server_child_add(s, &p->child);
-    outpipe_init(&p->out, sp.out_fd, "stdout", proc_on_pipe, p);
-    outpipe_init(&p->err, sp.err_fd, "stderr", proc_on_pipe, p);
-    timer_init(&p->timeout_t, proc_on_timeout, p);
-    timer_init(&p->grace_t, proc_on_grace, p);
+    outpipe_init(&p->out, sp->out_fd, "stdout", proc_on_pipe, p);
+    outpipe_init(&p->err, sp->err_fd, "stderr", proc_on_pipe, p);
     (void)loop_watch(s->loop, &p->out.w, EPOLLIN);
     (void)loop_watch(s->loop, &p->err.w, EPOLLIN);
-    if (spec->timeout_ms)
-        timer_arm(s->loop, &p->timeout_t, spec->timeout_ms);
-    watcher_init(&p->oneshot_w, -EBADF, proc_on_oneshot_writable, p);
-    if (sp.in_fd >= 0 && spec->has_stdin) {
+    if (pp->timeout_ms)
+        timer_arm(s->loop, &p->timeout_t, pp->timeout_ms);
+    if (sp->in_fd >= 0 && pp->has_stdin) {
         /* one-shot stdin: all of it is written as the command reads, then EOF */
-        p->oneshot = TAKE_PTR(spec->stdin_data);
-        p->oneshot_len = spec->stdin_len;
-        p->oneshot_w.fd = sp.in_fd;
+        p->oneshot_w.fd = sp->in_fd;
         proc_on_oneshot_writable(s->loop, &p->oneshot_w, EPOLLOUT);
-    } else if (sp.in_fd >= 0) {
-        p->stdin_fd = sp.in_fd;
+    } else if (sp->in_fd >= 0) {
+        p->stdin_fd = sp->in_fd;
     }
     p->next = s->procs;
     s->procs = p;
     s->n_procs++;
-    json_t *j = proc_json(p, false);
-    if (from_exec && j)
-        json_object_del(j, "cmd");
-    conn_respond_json(c, 200, j);
+    if (c) {
+        json_t *j = proc_json(p, false);
+        if (pp->from_exec && j)
+            json_object_del(j, "cmd");
+        conn_respond_json(c, 200, j);
+    }
+    free(pp->argv0);
+    free(pp);
+}
+
+void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
+{
+    server_t *s = c->srv;
+    if (server_running_procs(s) + s->procs_starting >= PROC_MAX_RUNNING) {
+        conn_respond_error(c, 503, "too many running processes (max %d)", PROC_MAX_RUNNING);
+        return;
+    }
+    proc_t *p = calloc(1, sizeof *p);
+    proc_pending_t *pp = calloc(1, sizeof *pp);
+    if (!p || !pp || !(pp->argv0 = strdup(spec->argv[0]))) {
+        free(p);
+        free(pp);
+        conn_respond_error(c, 503, "out of memory");
+        return;
+    }
+    struct timespec ts;
+    (void)clock_gettime(CLOCK_REALTIME, &ts);
+    p->srv = s;
+    p->cmd = json_incref(spec->cmd);
+    p->tag = TAKE_PTR(spec->tag);
+    p->started_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    p->stdin_fd = -EBADF;
+    p->cg.kill_fd = -1;
+    outpipe_init(&p->out, -EBADF, "stdout", proc_on_pipe, p);
+    outpipe_init(&p->err, -EBADF, "stderr", proc_on_pipe, p);
+    watcher_init(&p->in_w, -EBADF, NULL, p);
+    timer_init(&p->timeout_t, proc_on_timeout, p);
+    timer_init(&p->grace_t, proc_on_grace, p);
+    watcher_init(&p->oneshot_w, -EBADF, proc_on_oneshot_writable, p);
+    if (spec->has_stdin) {
+        p->oneshot = TAKE_PTR(spec->stdin_data);
+        p->oneshot_len = spec->stdin_len;
+    }
+    pp->p = p;
+    pp->conn = c;
+    pp->from_exec = from_exec;
+    pp->has_stdin = spec->has_stdin;
+    pp->timeout_ms = spec->timeout_ms;
+    char why[160];
+    int r = spawn_command(s, spec, c->sb, proc_started, pp, why, sizeof why);
+    if (r < 0) {
+        if (r == -ESRCH)
+            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+        else
+            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
+        proc_free(p);
+        free(pp->argv0);
+        free(pp);
+        return;
+    }
+    p->sb = sandbox_ref(c->sb);
+    s->procs_starting++;
+    conn_set_handler(c, &proc_pending_ops, pp);
 }
 
 void procs_kill_all(server_t *s)

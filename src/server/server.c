@@ -19,6 +19,7 @@
 #include "proc.h"
 #include "proxy.h"
 #include "routes.h"
+#include "spawner.h"
 
 void server_touch(server_t *s) { s->last_activity_ms = loop_now_ms(s->loop); }
 void server_op_begin(server_t *s)
@@ -87,12 +88,16 @@ void server_reap(server_t *s)
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid <= 0)
             break;
-        for (child_t *ch = s->children; ch; ch = ch->next)
+        child_t *ch = s->children;
+        for (; ch; ch = ch->next)
             if (ch->pid == pid) {
                 server_child_remove(s, ch);
                 ch->on_exit(ch, st);
                 break;
             }
+        /* A child a spawn helper started, whose answer is still to be read? */
+        if (!ch)
+            (void)spawner_stash_exit(s->spawner, pid, st);
     }
 }
 
@@ -313,7 +318,8 @@ int server_run(server_t *s) { return loop_run(s->loop); }
 
 void server_done(server_t *s)
 {
-    s->pool = pool_free(s->pool); /* deletes every sandbox: kills, removes homes */
+    s->spawner = spawner_free(s->spawner); /* what is in flight fails; the helpers exit */
+    s->pool = pool_free(s->pool);          /* deletes every sandbox: kills, removes homes */
     procs_kill_all(s);
     conn_free_all(s);
     proxy_free_all(s);
@@ -349,8 +355,11 @@ void route_health(conn_t *c, const route_params_t *p)
         json_object_set_new(j, "auth", json_string(s->cfg.token ? "required" : "disabled"));
         if (s->pool)
             pool_health(s->pool, j);
-        else
+        else {
             json_object_set_new(j, "sandboxes", json_integer(0));
+            /* what the kernel offers (the run's boundary is the VM, not Landlock) */
+            json_object_set_new(j, "landlock", landlock_json(landlock_abi()));
+        }
         json_object_set_new(j, "processes", json_integer((json_int_t)server_running_procs(s)));
         json_object_set_new(j, "features", features);
     }

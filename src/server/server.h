@@ -46,6 +46,8 @@ struct child {
 typedef struct proc proc_t;
 typedef struct pool pool_t;
 typedef struct tunnel tunnel_t;
+typedef struct spawner spawner_t;
+typedef struct janitor janitor_t;
 
 struct server {
     loop_t *loop;
@@ -68,9 +70,12 @@ struct server {
     size_t n_tunnels;
     proc_t *procs;
     size_t n_procs;
+    unsigned procs_starting; /* background processes handed to a spawn helper, not answered */
     uint64_t next_proc_id;
     int exit_code;
-    pool_t *pool; /* host mode only */
+    pool_t *pool;       /* host mode only */
+    janitor_t *janitor; /* host mode: removes deleted homes off the loop (janitor.h) */
+    spawner_t *spawner; /* process creation off the loop (spawner.h); started by server_init */
     /* Daemons built on this HTTP core (sbx-node, sbx-control) route requests themselves. */
     void (*dispatch)(conn_t *c);
     /* The transport of accepted connections (TLS); wrap NULL: plain HTTP. */

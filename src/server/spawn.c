@@ -4,13 +4,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sodium.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <sys/wait.h>
 
 #include "common/macro.h"
 #include "common/strutil.h"
 #include "pool.h"
+#include "server.h"
+#include "spawner.h"
 
 static void strv_free(char **v)
 {
@@ -293,72 +294,116 @@ static int make_pipe(int p[2], bool parent_reads)
     return 0;
 }
 
-/* Dedicated mode: the command runs as the server does (the run is the sandbox). */
-static int spawn_posix(const exec_spec_t *spec, int in_fd, int out_fd, int err_fd, pid_t *ret_pid)
+typedef struct {
+    spawn_done_cb done;
+    void *data;
+    sandbox_t *sb; /* a reference */
+    spawned_t sp;  /* our ends; pid filled in by the answer */
+} spawn_req_t;
+
+static void spawn_answered(void *p, int r, pid_t pid, int kill_fd, const char *err)
 {
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&at);
-    posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-    if (spec->cwd)
-        posix_spawn_file_actions_addchdir_np(&fa, spec->cwd);
-    /* Own process group, so a kill reaches the whole pipeline; default signal state, since the
-     * server blocks SIGCHLD/SIGTERM and ignores SIGPIPE and exec would inherit both. */
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    posix_spawnattr_setpgroup(&at, 0);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_USEVFORK);
-    int r = -posix_spawnp(ret_pid, spec->argv[0], &fa, &at, spec->argv, spec->envp);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    return r;
+    spawn_req_t *q = p;
+    q->sp.cg.kill_fd = kill_fd;
+    if (r >= 0 && q->sb && q->sb->deleted) {
+        /* Deleted while the helper started it: it must not run on. Its teardown (after this
+         * answer, spawner_settle_sandbox) verifies the uid is empty. */
+        (void)kill(-pid, SIGKILL);
+        sandbox_cmd_kill(&q->sp.cg);
+        q->sp.cg.kill_fd = safe_close(q->sp.cg.kill_fd);
+        r = -ESRCH;
+        err = "sandbox has been deleted";
+    }
+    if (r < 0) {
+        spawned_close(&q->sp);
+        sandbox_cmd_done(&q->sp.cg);
+        q->done(q->data, r, NULL, err);
+    } else {
+        q->sp.pid = pid;
+        q->done(q->data, 0, &q->sp, "");
+    }
+    sandbox_unref(q->sb);
+    free(q);
 }
 
-int spawn_command(const exec_spec_t *spec, sandbox_t *sb, spawned_t *ret, char *err, size_t errlen)
+/* Dedicated mode: posix_spawnp's candidates (the server's own PATH, its default when unset). */
+static int plain_candidates(confine_spec_t *c, const char *argv0, char *buf, size_t cap)
+{
+    const char *path = getenv("PATH");
+    return confine_resolve_candidates(c, argv0, path ? path : "/bin:/usr/bin", buf, cap);
+}
+
+int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_done_cb done,
+                  void *data, char *err, size_t errlen)
 {
     int out[2] = { -1, -1 }, errp[2] = { -1, -1 }, in[2] = { -1, -1 };
     int r;
     bool want_in = spec->has_stdin || spec->stdin_stream;
 
     (void)snprintf(err, errlen, "%s", strerror(ENOMEM));
-    if ((r = make_pipe(out, true)) < 0)
+    if (!s->spawner && (r = spawner_new(s, &s->spawner)) < 0) {
+        (void)snprintf(err, errlen, "cannot start the spawn helpers: %s", strerror(-r));
         return r;
+    }
+    spawn_req_t *q = calloc(1, sizeof *q);
+    if (!q)
+        return -ENOMEM;
+    if ((r = make_pipe(out, true)) < 0)
+        goto fail;
     if ((r = make_pipe(errp, true)) < 0)
-        goto fail_pipes;
+        goto fail;
     /* Without stdin data the command reads EOF from an empty pipe; no /dev/null is needed, so
      * the server also works in a root filesystem that has no /dev. */
     if ((r = make_pipe(in, false)) < 0)
-        goto fail_pipes;
+        goto fail;
     if (!want_in)
         in[1] = safe_close(in[1]);
-    pid_t pid;
+    confine_spec_t c = { 0 };
+    char cands[8192];
+    int owned[3] = { in[0], out[1], errp[1] };
     cmdcg_t cg = { .kill_fd = -1 };
+    cmdcg_req_t cgq = { .root = NULL };
     if (sb) {
-        r = sandbox_exec(sb, spec->argv, spec->envp, spec->cwd, in[0], out[1], errp[1], &pid, &cg,
-                         err, errlen);
+        r = sandbox_exec_prepare(sb, spec->argv, spec->envp, spec->cwd, in[0], out[1], errp[1], &c,
+                                 cands, sizeof cands, &cgq, &cg, err, errlen);
     } else {
-        r = spawn_posix(spec, in[0], out[1], errp[1], &pid);
+        c = (confine_spec_t){ .argv = spec->argv,
+                              .envp = spec->envp,
+                              .home_path = spec->cwd, /* the cwd (NULL: the server's) */
+                              .stdin_fd = in[0],
+                              .stdout_fd = out[1],
+                              .stderr_fd = errp[1],
+                              .mntns_fd = -1,
+                              .netns_fd = -1,
+                              .ruleset_fd = -1 };
+        r = plain_candidates(&c, spec->argv[0], cands, sizeof cands);
         if (r < 0)
             (void)snprintf(err, errlen, "%s", strerror(-r));
     }
-    safe_close(out[1]);
-    safe_close(errp[1]);
-    safe_close(in[0]);
-    out[1] = errp[1] = in[0] = -1;
     if (r < 0)
-        goto fail_pipes;
-    *ret = (spawned_t){
-        .pid = pid, .in_fd = want_in ? in[1] : -1, .out_fd = out[0], .err_fd = errp[0], .cg = cg
-    };
+        goto fail;
+    *q = (spawn_req_t){ .done = done,
+                        .data = data,
+                        .sb = sandbox_ref(sb),
+                        .sp = { .pid = 0,
+                                .in_fd = want_in ? in[1] : -1,
+                                .out_fd = out[0],
+                                .err_fd = errp[0],
+                                .cg = cg } };
+    /* the child's ends go to the helper (and are closed here once sent) */
+    r = spawner_submit(s->spawner, sb ? SPAWN_CONFINED : SPAWN_PLAIN, &c, &cgq, owned, 3, sb,
+                       spawn_answered, q);
+    if (r < 0) {
+        (void)snprintf(err, errlen, "cannot hand the command to a spawn helper: %s", strerror(-r));
+        spawned_close(&q->sp);
+        sandbox_cmd_done(&q->sp.cg);
+        sandbox_unref(q->sb);
+        free(q);
+        return r;
+    }
     return 0;
-fail_pipes:
+fail:
+    free(q);
     safe_close(out[0]);
     safe_close(out[1]);
     safe_close(errp[0]);
@@ -378,6 +423,15 @@ size_t event_output_max(size_t n)
 
 static const char hexd[] = "0123456789abcdef";
 
+/* What each byte needs in a JSON string: 0 copied as is, 1 escaped, 2 the start of a UTF-8
+ * sequence (or an invalid byte). Runs of 0 are copied with one memcpy. */
+static const unsigned char json_class[256] = {
+    [0x00 ... 0x1f] = 1,
+    ['"'] = 1,
+    ['\\'] = 1,
+    [0x80 ... 0xff] = 2,
+};
+
 /* JSON-escape valid UTF-8 (invalid bytes become U+FFFD). Returns bytes written; *bad tells
  * whether any byte had to be replaced. */
 static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
@@ -385,13 +439,19 @@ static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad
     char *d = dst;
     size_t i = 0;
     while (i < n) {
+        size_t run = i;
+        while (run + 4 <= n && !(json_class[p[run]] | json_class[p[run + 1]] |
+                                 json_class[p[run + 2]] | json_class[p[run + 3]]))
+            run += 4;
+        while (run < n && !json_class[p[run]])
+            run++;
+        memcpy(d, p + i, run - i);
+        d += run - i;
+        i = run;
+        if (i == n)
+            break;
         unsigned char c = p[i];
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
-            *d++ = (char)c;
-            i++;
-            continue;
-        }
-        if (c < 0x80) {
+        if (json_class[c] == 1) {
             *d++ = '\\';
             switch (c) {
             case '"': *d++ = '"'; break;

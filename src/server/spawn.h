@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 typedef struct sandbox sandbox_t;
+typedef struct server server_t;
 
 #define EXEC_MAX_BODY (16 * 1024 * 1024)
 #define EXEC_MAX_ENV_BYTES (64 * 1024)
@@ -40,6 +41,12 @@ typedef struct {
                     * may be gone by then: at shutdown processes are freed after it) */
 } cmdcg_t;
 
+/* The command's group for a spawn helper to make: root/name (root NULL: none). */
+typedef struct {
+    const char *root;
+    char name[40];
+} cmdcg_req_t;
+
 typedef struct {
     pid_t pid;
     int in_fd; /* -1 unless stdin data or a stdin stream was asked for */
@@ -47,10 +54,17 @@ typedef struct {
     cmdcg_t cg;
 } spawned_t;
 
+/* The answer to spawn_command(): r < 0 (err says why, sp is NULL) or the started command. The
+ * callback owns what sp holds (pipes, cgroup). Never called from inside spawn_command(). */
+typedef void (*spawn_done_cb)(void *data, int r, spawned_t *sp, const char *err);
+
 /* Start the command in its own process group with pipes for stdout/stderr (non-blocking on
- * our side): as the server in dedicated mode, confined as sandbox sb in host mode. A command
- * that cannot be started fails here (-errno, err says why), before any stream begins. */
-int spawn_command(const exec_spec_t *spec, sandbox_t *sb, spawned_t *ret, char *err, size_t errlen);
+ * our side): as the server in dedicated mode, confined as sandbox sb in host mode. The child is
+ * created by a spawn helper (spawner.h) while the loop goes on; done() follows. A command that
+ * cannot be started fails (in done(), or here with -errno and err) before any stream begins;
+ * -ESRCH: the sandbox was deleted. */
+int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_done_cb done,
+                  void *data, char *err, size_t errlen);
 void spawned_close(spawned_t *sp);
 
 /* Output events. `carry` holds up to 3 bytes of a UTF-8 sequence split across reads. */

@@ -53,6 +53,15 @@ def test_health_with_token_has_detail(server):
     assert j["mode"] == "dedicated"
     assert j["auth"] == "required"
     assert isinstance(j["features"], list) and "exec-stream" in j["features"]
+    # the kernel's Landlock ABI in every mode, features as an array of Hugging Face's names
+    with open("/sys/kernel/security/lsm") if os.path.exists("/sys/kernel/security/lsm") \
+            else open(os.devnull) as f:
+        lsm = f.read()
+    ll = j["landlock"]
+    assert isinstance(ll["abi"], int) and isinstance(ll["features"], list)
+    assert len(ll["features"]) == min(ll["abi"], 6)
+    if "landlock" in lsm:
+        assert ll["abi"] >= 1 and ll["features"][0] == "fs"
 
 
 # ---- 403 on every route --------------------------------------------------------------------
@@ -204,6 +213,9 @@ def test_token_not_visible_to_commands(server):
     ("SBX_PORT", "+80"), ("SBX_PORT", " 80"), ("SBX_MAX_CONNECTIONS", "0"),
     ("SBX_MAX_CONNECTIONS", "ten"), ("SBX_IDLE_TIMEOUT", "1x"), ("SBX_IDLE_TIMEOUT", "-5"),
     ("SBX_IDLE_TIMEOUT", "1.5"),
+    # pool knobs are checked in dedicated mode too (they are not silently ignored there)
+    ("SBX_CAPACITY", "0"), ("SBX_CAPACITY", "lots"), ("SBX_MIN_LANDLOCK_ABI", "x"),
+    ("SBX_HOMES_DIR", "relative/homes"), ("SBX_LOG", "verbose"),
 ])
 def test_bad_numeric_config_refused(var, value):
     env = base_env(SBX_TOKEN="a" * 64)
@@ -214,7 +226,9 @@ def test_bad_numeric_config_refused(var, value):
 
 def test_good_numeric_config_starts(make_server):
     # positive control for the table above
-    s = make_server(env={"SBX_MAX_CONNECTIONS": "10", "SBX_IDLE_TIMEOUT": "3600"})
+    s = make_server(env={"SBX_MAX_CONNECTIONS": "10", "SBX_IDLE_TIMEOUT": "3600",
+                         "SBX_CAPACITY": "45000", "SBX_MIN_LANDLOCK_ABI": "0",
+                         "SBX_HOMES_DIR": "/nonexistent/homes", "SBX_LOG": "info"})
     st, j = s.json("GET", "/health")
     assert st == 200 and j["status"] == "ok"
 

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: MIT
+"""A delete moves the home into <homes>.trash with one rename and the janitor (a helper process
+with three descriptors of its own) empties it off the loop; a create renames a home the janitor
+made ahead in <homes>.warm and gives it to the sandbox's uid: the home is gone from the homes directory when
+the delete answers, the trash is root-only and out of every sandbox's reach, and a stopped or
+killed janitor only delays the removal (a new one sweeps what is left)."""
+import os
+import signal
+import stat
+import time
+
+from conftest import wait_until
+from test_spawner import children_named, nfds
+
+MAKE_TREE = ("import os\nfor i in range(50):\n    os.makedirs(f't/{i}/a/b', exist_ok=True)\n"
+             "    open(f't/{i}/a/b/f', 'w').write('x' * 100)\nprint('made')")
+
+
+def trash_of(srv):
+    return srv.homes.rstrip("/") + ".trash"
+
+
+def janitor(srv):
+    js = wait_until(lambda: children_named(srv.proc.pid, "sbx-janitor"), 5)
+    assert len(js) == 1, js
+    return js[0]
+
+
+def test_the_trash_is_root_only_and_the_janitor_holds_few_descriptors(make_host_server):
+    srv = make_host_server()
+    # the socket listens before the pool is set up: ask once, then look
+    assert srv.request("GET", "/health")[0] == 200
+    st = os.stat(trash_of(srv))
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+    assert os.stat(trash_of(srv)).st_dev == os.stat(srv.homes).st_dev
+    j = janitor(srv)
+    # stdio, its socket, the trash and the warm directories (and one it may be working in)
+    assert nfds(j) <= 7, os.listdir(f"/proc/{j}/fd")
+    a = srv.sandbox()
+    # from inside: its own home lists (positive control), the trash does not
+    r = a.run(["ls", a.home])
+    assert r.code == 0, r
+    r = a.run(["ls", trash_of(srv)])
+    assert r.code != 0 and "ermission denied" in r.err, r
+    srv.stop()
+    assert not os.path.exists(trash_of(srv))  # removed at shutdown
+    assert not os.path.exists(srv.homes.rstrip("/") + ".warm")
+
+
+def test_creates_take_homes_made_ahead_and_give_them_to_the_uid(make_host_server):
+    srv = make_host_server()
+    warm = srv.homes.rstrip("/") + ".warm"
+    assert wait_until(lambda: srv.json("GET", "/health")[1]["homes"]["warm"] > 0, 10)
+    st = os.stat(warm)
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
+    made = set(os.listdir(warm))
+    assert made  # positive control: homes wait there, root's
+    for n in list(made)[:3]:
+        w = os.stat(os.path.join(warm, n, ".sbx/proxy"))
+        assert w.st_uid == 0 and stat.S_IMODE(w.st_mode) == 0o700
+    before = srv.json("GET", "/health")[1]["homes"]["from_warm"]
+    a, b = srv.create(2)
+    assert srv.json("GET", "/health")[1]["homes"]["from_warm"] == before + 2
+    for sb in (a, b):
+        for rel in ("", ".tmp", ".sbx", ".sbx/proxy"):
+            s = os.lstat(os.path.join(sb.home, rel))
+            assert stat.S_ISDIR(s.st_mode) and stat.S_IMODE(s.st_mode) == 0o700, (rel, s)
+            assert (s.st_uid, s.st_gid) == (sb.uid, sb.uid), (rel, s)
+        assert os.listdir(sb.home) == [".tmp", ".sbx"] or \
+            sorted(os.listdir(sb.home)) == [".sbx", ".tmp"]
+        r = sb.run("touch ~/x && ls -ld ~ | cut -d' ' -f1,3")
+        assert r.code == 0 and r.out.startswith("drwx------"), r
+    assert a.delete()[0] == 200 and b.delete()[0] == 200
+    assert os.listdir(srv.homes) == []
+
+
+def test_a_delete_renames_the_home_away_and_the_janitor_empties_it(make_host_server):
+    srv = make_host_server()
+    a = srv.sandbox()
+    assert a.py(MAKE_TREE).out == "made\n"
+    j = janitor(srv)
+    os.kill(j, signal.SIGSTOP)
+    try:
+        st, res = a.delete()
+        assert (st, res) == (200, {"id": a.id, "deleted": True})
+        assert not os.path.exists(a.home) and os.listdir(srv.homes) == []
+        # the tree waits in the trash (the janitor is stopped): the delete did not walk it
+        left = os.listdir(trash_of(srv))
+        assert len(left) == 1 and left[0].startswith(a.id), left
+        assert os.path.exists(os.path.join(trash_of(srv), left[0], "t/49/a/b/f"))
+        _, h = srv.json("GET", "/health")
+        assert h["uids"]["quarantined"] == 0, h
+    finally:
+        os.kill(j, signal.SIGCONT)
+    assert wait_until(lambda: os.listdir(trash_of(srv)) == [], 10), os.listdir(trash_of(srv))
+
+
+def test_a_killed_janitor_is_replaced_and_its_leftovers_swept(make_host_server):
+    srv = make_host_server()
+    a, b = srv.create(2)
+    assert a.py(MAKE_TREE).out == "made\n"
+    j = janitor(srv)
+    os.kill(j, signal.SIGSTOP)
+    assert a.delete()[0] == 200
+    assert len(os.listdir(trash_of(srv))) == 1  # left behind by the janitor about to die
+    os.kill(j, signal.SIGKILL)
+    assert wait_until(lambda: not children_named(srv.proc.pid, "sbx-janitor"), 5)
+    time.sleep(0.2)  # the server has reaped it
+    assert b.delete()[0] == 200  # starts a new janitor, which sweeps both
+    j2 = janitor(srv)
+    assert j2 != j
+    assert wait_until(lambda: os.listdir(trash_of(srv)) == [], 10), os.listdir(trash_of(srv))
+    assert os.listdir(srv.homes) == []
