@@ -7,8 +7,8 @@
 #
 # Stages: setup, build (build/, static size), unit + integration against build/, the ASan+UBSan
 # build (build-asan/) with unit + integration again, clang-format, banned functions, the static
-# binary, each libFuzzer harness for FUZZ_SECONDS (default 20) from a scratch copy of its
-# corpus, and a fixed sample of security mutants (scripts/mutants.sh --quick). Each stage runs
+# binary, every libFuzzer harness for FUZZ_SECONDS (default 20; as many at once as there are
+# CPUs) from a scratch copy of its corpus, and a fixed sample of security mutants (scripts/mutants.sh --quick). Each stage runs
 # under a time limit with its output in build-logs/<stage>.log; a failed stage prints the end
 # of its log. The last line is "N passed, M failed" (N + M = stages); the
 # exit status is non-zero when any stage failed.
@@ -91,12 +91,28 @@ fuzz_one() { # corpus name
         return 1
     fi
 }
-stage_fuzz_http_head() { fuzz_one http_head; }
-stage_fuzz_request_decode() { fuzz_one request_decode; }
-stage_fuzz_cap_decode() { fuzz_one cap_decode; }
-stage_fuzz_httpc_response() { fuzz_one httpc_response; }
-stage_fuzz_relay_response() { fuzz_one relay_response; }
-stage_fuzz_libsbx_response() { fuzz_one libsbx_response; }
+# Every harness for FUZZ_SECONDS, as many at once as there are CPUs (each one's output in
+# build-logs/fuzz_<name>.log); fails when any of them found something.
+stage_fuzz() {
+    local jobs name failed=0 pids=() names=()
+    jobs=$(nproc)
+    for name in "${FUZZERS[@]}"; do
+        while (($(jobs -rp | wc -l) >= jobs)); do wait -n || true; done
+        fuzz_one "$name" >"$LOG_DIR/fuzz_$name.log" 2>&1 &
+        pids+=($!) names+=("$name")
+    done
+    for i in "${!pids[@]}"; do
+        if wait "${pids[$i]}"; then
+            echo "fuzz_${names[$i]}: ok ($(grep -o 'stat::number_of_executed_units: *[0-9]*' \
+                "$LOG_DIR/fuzz_${names[$i]}.log" | grep -o '[0-9]*$') runs)"
+        else
+            echo "fuzz_${names[$i]}: FAILED (build-logs/fuzz_${names[$i]}.log):"
+            tail -n 20 "$LOG_DIR/fuzz_${names[$i]}.log"
+            failed=1
+        fi
+    done
+    return $failed
+}
 
 # A fixed sample of the security mutants (tests/mutants/mutants.toml, quick = true): each check
 # broken in turn must be caught by its tests. The full set: bash scripts/mutants.sh.
@@ -123,12 +139,7 @@ STAGES=(
     "banned:60:"
     "static:60:build"
     "fuzz_build:600:"
-    "fuzz_http_head:$((FUZZ_SECONDS + 120)):fuzz_build"
-    "fuzz_request_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
-    "fuzz_cap_decode:$((FUZZ_SECONDS + 120)):fuzz_build"
-    "fuzz_httpc_response:$((FUZZ_SECONDS + 120)):fuzz_build"
-    "fuzz_relay_response:$((FUZZ_SECONDS + 120)):fuzz_build"
-    "fuzz_libsbx_response:$((FUZZ_SECONDS + 120)):fuzz_build"
+    "fuzz:$((FUZZ_SECONDS * 6 + 120)):fuzz_build"
     "mutants_quick:900:build"
     "bench_smoke:300:build"
     "bench_pool_smoke:300:build"
