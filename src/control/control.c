@@ -64,6 +64,36 @@ static void rotate_done(conn_t *c)
     conn_respond_json(c, 200, json_pack("{s:o}", "keys", arr));
 }
 
+size_t path_split(sv_t s, sv_t *seg, size_t n)
+{
+    size_t k = 0;
+    while (s.len && k < n) {
+        const char *slash = memchr(s.p, '/', s.len);
+        seg[k++] = sv_make(s.p, slash ? (size_t)(slash - s.p) : s.len);
+        if (!slash)
+            return k;
+        s = sv_make(slash + 1, s.len - seg[k - 1].len - 1);
+    }
+    return k;
+}
+
+bool sv_copy(sv_t v, char *out, size_t cap)
+{
+    if (v.len == 0 || v.len >= cap || memchr(v.p, 0, v.len))
+        return false;
+    memcpy(out, v.p, v.len);
+    out[v.len] = 0;
+    return true;
+}
+
+static void hdata_free(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    free(c->hdata);
+    c->hdata = NULL;
+}
+const handler_ops_t ctl_hdata_free_ops = { .on_close = hdata_free };
+
 static void control_dispatch(conn_t *c)
 {
     control_t *ctl = c->srv->app;

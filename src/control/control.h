@@ -153,6 +153,13 @@ void control_done(control_t *ctl);
 void control_kick(control_t *ctl); /* wake the reconciler */
 int64_t wall_ms(void);
 
+/* Route helpers: split a path into up to n '/'-separated views (the count); copy a view into a
+ * NUL-terminated buffer (false when empty, too long or holding a NUL). */
+size_t path_split(sv_t s, sv_t *seg, size_t n);
+bool sv_copy(sv_t v, char *out, size_t cap);
+/* A handler whose only state is a malloc'd c->hdata, freed when the connection goes. */
+extern const handler_ops_t ctl_hdata_free_ops;
+
 /* auth.c: tokens, principals, bootstrap */
 int auth_bootstrap(control_t *ctl);
 /* Check the bearer token of c for `need` on namespace ns ("" = any). Answers 401/403 itself

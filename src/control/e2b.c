@@ -576,14 +576,6 @@ typedef struct {
     char ns[64], id[32], op[16];
 } body_ctx_t;
 
-static void body_ctx_free(conn_t *c, bool aborted)
-{
-    (void)aborted;
-    free(c->hdata);
-    c->hdata = NULL;
-}
-static const handler_ops_t body_ctx_ops = { .on_close = body_ctx_free };
-
 /* timeout and pause: a change of the job record, answered 204 */
 static void change_done(conn_t *c)
 {
@@ -757,7 +749,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
         (void)snprintf(bx->ns, sizeof bx->ns, "%s", caller_ns(&pr));
         (void)snprintf(bx->id, sizeof bx->id, "%s", id);
         (void)snprintf(bx->op, sizeof bx->op, "%s", op);
-        conn_set_handler(c, &body_ctx_ops, bx);
+        conn_set_handler(c, &ctl_hdata_free_ops, bx);
         conn_collect_body(c, 4096, change_done);
         return true;
     }

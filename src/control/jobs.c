@@ -379,14 +379,6 @@ typedef struct {
     role_t role;
 } create_ctx_t;
 
-static void create_free(conn_t *c, bool aborted)
-{
-    (void)aborted;
-    free(c->hdata);
-    c->hdata = NULL;
-}
-static const handler_ops_t create_ops = { .on_close = create_free };
-
 static void create_done(conn_t *c)
 {
     control_t *ctl = c->srv->app;
@@ -581,43 +573,18 @@ static void action_done(conn_t *c)
     json_decref(body);
 }
 
-static const handler_ops_t action_ops = { .on_close = create_free };
-
-/* Split "a/b/c" into up to n segments (views). Returns the count. */
-static size_t split(sv_t s, sv_t *seg, size_t n)
-{
-    size_t k = 0;
-    while (s.len && k < n) {
-        const char *slash = memchr(s.p, '/', s.len);
-        seg[k++] = sv_make(s.p, slash ? (size_t)(slash - s.p) : s.len);
-        if (!slash)
-            return k;
-        s = sv_make(slash + 1, s.len - seg[k - 1].len - 1);
-    }
-    return k;
-}
-
-static bool sv_to(sv_t v, char *out, size_t cap)
-{
-    if (v.len == 0 || v.len >= cap || memchr(v.p, 0, v.len))
-        return false;
-    memcpy(out, v.p, v.len);
-    out[v.len] = 0;
-    return true;
-}
-
 /* rest: what follows /v1/jobs/ */
 void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
 {
     sv_t seg[4];
     char ns[64], id[32];
-    size_t n = split(rest, seg, 4);
+    size_t n = path_split(rest, seg, 4);
     bool get = sv_eq(c->req.method, SV("GET")), post = sv_eq(c->req.method, SV("POST"));
-    if (n < 1 || !sv_to(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
+    if (n < 1 || !sv_copy(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
         conn_respond_error(c, 404, "expected /v1/jobs/{namespace}[/{id}[/...]]");
         return;
     }
-    if (n >= 2 && (!sv_to(seg[1], id, sizeof id) || !cap_id_valid(id))) {
+    if (n >= 2 && (!sv_copy(seg[1], id, sizeof id) || !cap_id_valid(id))) {
         conn_respond_error(c, 404, "no such job");
         return;
     }
@@ -652,7 +619,7 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
         memcpy(cx->ns, ns, strlen(ns) + 1);
         memcpy(cx->principal, pr.principal, strlen(pr.principal) + 1);
         cx->role = pr.role;
-        conn_set_handler(c, &create_ops, cx);
+        conn_set_handler(c, &ctl_hdata_free_ops, cx);
         conn_collect_body(c, JOB_BODY_MAX, create_done);
     } else if (n == 1 && get) {
         if (auth_check(ctl, c, ns, ROLE_READ, NULL))
@@ -679,8 +646,8 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
         }
         memcpy(ax->ns, ns, strlen(ns) + 1);
         memcpy(ax->id, id, strlen(id) + 1);
-        (void)sv_to(seg[2], ax->action, sizeof ax->action);
-        conn_set_handler(c, &action_ops, ax);
+        (void)sv_copy(seg[2], ax->action, sizeof ax->action);
+        conn_set_handler(c, &ctl_hdata_free_ops, ax);
         conn_collect_body(c, 4096, action_done);
     } else if (n <= 3) {
         conn_respond_error(c, 405, "method not allowed");

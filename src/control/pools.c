@@ -310,14 +310,6 @@ typedef struct {
     role_t role;
 } pool_ctx_t;
 
-static void ctx_free(conn_t *c, bool aborted)
-{
-    (void)aborted;
-    free(c->hdata);
-    c->hdata = NULL;
-}
-static const handler_ops_t ctx_ops = { .on_close = ctx_free };
-
 static const char *pool_from_request(control_t *ctl, json_t *b, json_t **ret)
 {
     const char *name = NULL, *image = ctl->cfg.default_image, *flavor = "cpu-small";
@@ -504,28 +496,6 @@ static void pool_delete(control_t *ctl, conn_t *c, const char *ns, const char *n
 
 /* ---- the API: sandboxes --------------------------------------------------------------------------- */
 
-static size_t split(sv_t s, sv_t *seg, size_t n)
-{
-    size_t k = 0;
-    while (s.len && k < n) {
-        const char *slash = memchr(s.p, '/', s.len);
-        seg[k++] = sv_make(s.p, slash ? (size_t)(slash - s.p) : s.len);
-        if (!slash)
-            return k;
-        s = sv_make(slash + 1, s.len - seg[k - 1].len - 1);
-    }
-    return k;
-}
-
-static bool sv_to(sv_t v, char *out, size_t cap)
-{
-    if (v.len == 0 || v.len >= cap || memchr(v.p, 0, v.len))
-        return false;
-    memcpy(out, v.p, v.len);
-    out[v.len] = 0;
-    return true;
-}
-
 static void alloc_body_done(conn_t *c)
 {
     control_t *ctl = c->srv->app;
@@ -648,14 +618,14 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
 {
     sv_t seg[5];
     char ns[64], pool[64], id[17];
-    size_t n = split(rest, seg, 5);
+    size_t n = path_split(rest, seg, 5);
     sv_t m = c->req.method;
     bool get = sv_eq(m, SV("GET")), post = sv_eq(m, SV("POST")), del = sv_eq(m, SV("DELETE"));
-    if (n < 1 || !sv_to(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
+    if (n < 1 || !sv_copy(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
         conn_respond_error(c, 404, "expected /v1/pools/{namespace}[/{pool}[/sandboxes[/{id}]]]");
         return;
     }
-    if (n >= 2 && (!sv_to(seg[1], pool, sizeof pool) || !valid_name(pool, 63))) {
+    if (n >= 2 && (!sv_copy(seg[1], pool, sizeof pool) || !valid_name(pool, 63))) {
         conn_respond_error(c, 404, "no such pool");
         return;
     }
@@ -663,7 +633,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
         conn_respond_error(c, 404, "no such route (expected .../sandboxes)");
         return;
     }
-    if (n >= 4 && (!sv_to(seg[3], id, sizeof id) || !pool_sandbox_id_valid(id))) {
+    if (n >= 4 && (!sv_copy(seg[3], id, sizeof id) || !pool_sandbox_id_valid(id))) {
         conn_respond_error(c, 404, "no such sandbox (ids are 16 hex digits)");
         return;
     }
@@ -684,7 +654,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
         memcpy(cx->ns, ns, strlen(ns) + 1);
         memcpy(cx->principal, pr.principal, strlen(pr.principal) + 1);
         cx->role = pr.role;
-        conn_set_handler(c, &ctx_ops, cx);
+        conn_set_handler(c, &ctl_hdata_free_ops, cx);
         conn_collect_body(c, POOL_BODY_MAX, pool_create_done);
     } else if (n == 1 && get) {
         if (auth_check(ctl, c, ns, ROLE_READ, NULL))
