@@ -60,7 +60,7 @@ static bool pool_active(alloc_t *a)
     char key[160];
     json_t *p;
     pool_key(key, sizeof key, a->ns, jstr(a->pool, "name"));
-    int r = pool_load(a->w->st, key, &p, NULL);
+    int r = record_load(a->w->st, key, &p, NULL);
     bool active = r == 0 && streq(jstr(p, "state"), "active");
     json_decref(p == NULL ? NULL : p);
     if (!active) {
@@ -89,7 +89,7 @@ static int reserve_on(alloc_t *a, json_t *h, json_int_t k)
         return -ENOMEM;
     json_object_del(copy, "_key");
     json_object_del(copy, "_rev");
-    int r = pool_save(a->w->st, jstr(h, "_key"), copy, jint(h, "_rev"));
+    int r = record_save(a->w->st, jstr(h, "_key"), copy, jint(h, "_rev"), NULL);
     json_decref(copy);
     return r;
 }
@@ -168,7 +168,7 @@ static int reserve_new_host(alloc_t *a, json_t *hosts)
                             "owner", a->w->ctl->instance, "at_ms", (json_int_t)wall_ms(), "state",
                             "booting", "generation", (json_int_t)0, "created_ms",
                             (json_int_t)wall_ms(), "empty_since_ms", (json_int_t)0);
-    int r = rec ? pool_save(a->w->st, key, rec, STORE_REV_ABSENT) : -ENOMEM;
+    int r = rec ? record_save(a->w->st, key, rec, STORE_REV_ABSENT, NULL) : -ENOMEM;
     json_decref(rec);
     if (r == -ESTALE || r == -EEXIST)
         return 1; /* another request made this host: pack into it */
@@ -284,7 +284,7 @@ static int record_sandbox(alloc_t *a, const resv_t *rv, const runrec_t *rr, json
                   json_deep_copy(json_object_get(s, "confinement")), "limits",
                   json_deep_copy(json_object_get(s, "limits")), "created_ms", (json_int_t)wall_ms(),
                   "gone", "");
-    int r = rec ? pool_save(a->w->st, key, rec, STORE_REV_ABSENT) : -ENOMEM;
+    int r = rec ? record_save(a->w->st, key, rec, STORE_REV_ABSENT, NULL) : -ENOMEM;
     if (r >= 0) {
         json_t *sec = json_pack("{s:s}", "token", tok);
         r = sec ? sealed_put(a->w->st, &a->w->ctl->seal, tkey, sec, STORE_REV_ABSENT) : -ENOMEM;
@@ -413,7 +413,7 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
     char key[160];
     json_t *pool;
     pool_key(key, sizeof key, in->ns, in->pool);
-    int r = pool_load(w->st, key, &pool, NULL);
+    int r = record_load(w->st, key, &pool, NULL);
     if (r < 0) {
         if (r == -ENOENT)
             work_fail(res, 404, "no pool %s in namespace %s", in->pool, in->ns);
@@ -502,7 +502,7 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
     int64_t rev;
     pool_sbx_key(key, sizeof key, a->ns, a->pool, a->id);
     pool_token_key(tkey, sizeof tkey, a->ns, a->pool, a->id);
-    int r = pool_load(w->st, key, &rec, &rev);
+    int r = record_load(w->st, key, &rec, &rev);
     if (r < 0) {
         if (r == -ENOENT)
             work_fail(res, 404, "no sandbox %s in pool %s", a->id, a->pool);

@@ -33,32 +33,6 @@ void pool_msleep(unsigned ms)
     (void)nanosleep(&ts, NULL);
 }
 
-int pool_load(store_t *st, const char *key, json_t **ret, int64_t *ret_rev)
-{
-    store_kv_t kv;
-    int r = store_get(st, key, &kv);
-    if (r < 0)
-        return r;
-    json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
-    if (ret_rev)
-        *ret_rev = kv.rev;
-    store_kv_clear(&kv);
-    if (!json_is_object(j)) {
-        json_decref(j);
-        return -EBADMSG;
-    }
-    *ret = j;
-    return 0;
-}
-
-int pool_save(store_t *st, const char *key, json_t *j, int64_t expect)
-{
-    _cleanup_free_ char *v = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!v)
-        return -ENOMEM;
-    return store_cas(st, key, v, strlen(v), expect, NULL);
-}
-
 void pool_json_wipe(json_t *j)
 {
     const char *k;
@@ -177,7 +151,7 @@ int pool_host_edit(store_t *st, const char *key, const char *job, int (*edit)(js
     for (int attempt = 0; attempt < 200; attempt++) {
         json_t *h;
         int64_t rev;
-        int r = pool_load(st, key, &h, &rev);
+        int r = record_load(st, key, &h, &rev);
         if (r < 0)
             return r;
         if (!streq(jstr(h, "job"), job)) { /* the slot holds another host now */
@@ -186,7 +160,7 @@ int pool_host_edit(store_t *st, const char *key, const char *job, int (*edit)(js
         }
         r = edit(h, arg);
         if (r == 0)
-            r = pool_save(st, key, h, rev);
+            r = record_save(st, key, h, rev, NULL);
         json_decref(h);
         if (r != -ESTALE)
             return r > 0 ? 0 : r;
@@ -299,9 +273,8 @@ json_t *pool_sandbox_view(json_t *s, const char *ns, const char *pool)
 /* A store error is no answer about the pool: 503, not 404. */
 static void respond_store_error(conn_t *c, int r, const char *what)
 {
-    conn_respond(
-        c, 503, "application/json", "{\"error\":\"the control plane cannot read its store\"}",
-        strlen("{\"error\":\"the control plane cannot read its store\"}"), "Retry-After: 1\r\n");
+    static const char body[] = "{\"error\":\"the control plane cannot read its store\"}";
+    conn_respond(c, 503, "application/json", body, sizeof body - 1, "Retry-After: 1\r\n");
     log_warn("%s: the store: %s", what, strerror(-r));
 }
 
@@ -375,7 +348,7 @@ static void pool_create_done(conn_t *c)
     json_object_set_new(pool, "created_ms", json_integer(wall_ms()));
     char key[160];
     pool_key(key, sizeof key, cx->ns, jstr(pool, "name"));
-    int r = pool_save(ctl->store, key, pool, STORE_REV_ABSENT);
+    int r = record_save(ctl->store, key, pool, STORE_REV_ABSENT, NULL);
     if (r == -ESTALE || r == -EEXIST) {
         conn_respond_error(c, 409, "pool %s exists in namespace %s (DELETE it first)",
                            jstr(pool, "name"), cx->ns);
@@ -399,7 +372,7 @@ static json_t *pool_or_answer(control_t *ctl, conn_t *c, const char *ns, const c
     char key[160];
     json_t *pool;
     pool_key(key, sizeof key, ns, name);
-    int r = pool_load(ctl->store, key, &pool, ret_rev);
+    int r = record_load(ctl->store, key, &pool, ret_rev);
     if (r == -ENOENT)
         conn_respond_error(c, 404, "no pool %s in namespace %s", name, ns);
     else if (r < 0)
@@ -476,7 +449,7 @@ static void pool_delete(control_t *ctl, conn_t *c, const char *ns, const char *n
         if (!pool)
             return;
         json_object_set_new(pool, "state", json_string("draining"));
-        int r = pool_save(ctl->store, key, pool, rev);
+        int r = record_save(ctl->store, key, pool, rev, NULL);
         if (r == -ESTALE) {
             json_decref(pool);
             continue;
@@ -527,7 +500,7 @@ static json_t *sandbox_or_answer(control_t *ctl, conn_t *c, const char *ns, cons
     char key[200];
     json_t *rec;
     pool_sbx_key(key, sizeof key, ns, pool, id);
-    int r = pool_load(ctl->store, key, &rec, NULL);
+    int r = record_load(ctl->store, key, &rec, NULL);
     if (r == -ENOENT) {
         conn_respond_error(c, 404, "no sandbox %s in pool %s", id, pool);
         return NULL;

@@ -42,9 +42,6 @@ static inline const char *jstr(json_t *o, const char *k)
 }
 
 void pool_msleep(unsigned ms);
-/* A JSON object record: 0, -ENOENT, -EBADMSG (not an object), another -errno (the store). */
-int pool_load(store_t *st, const char *key, json_t **ret, int64_t *ret_rev);
-int pool_save(store_t *st, const char *key, json_t *j, int64_t expect);
 /* Zero every string of j (tokens) and drop it. */
 void pool_json_wipe(json_t *j);
 

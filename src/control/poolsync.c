@@ -39,7 +39,7 @@ static int sandboxes_gone(store_t *st, const char *ns, const char *pool, const c
         }
         json_object_set_new(s, "gone", json_string(reason));
         json_object_set_new(s, "gone_ms", json_integer(wall_ms()));
-        r = pool_save(st, kvs[i].key, s, kvs[i].rev);
+        r = record_save(st, kvs[i].key, s, kvs[i].rev, NULL);
         if (r == 0) {
             char tkey[200];
             pool_token_key(tkey, sizeof tkey, ns, pool, jstr(s, "id"));
@@ -191,7 +191,7 @@ static int host_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_sync
                                       : "its host no longer has it (its idle timeout, or "
                                         "deleted on the host)"));
                 json_object_set_new(s, "gone_ms", json_integer(now));
-                if (pool_save(st, kvs[i].key, s, kvs[i].rev) == 0) {
+                if (record_save(st, kvs[i].key, s, kvs[i].rev, NULL) == 0) {
                     char tkey[200];
                     pool_token_key(tkey, sizeof tkey, ns, pool, jstr(s, "id"));
                     (void)store_del(st, tkey, STORE_REV_ANY);
@@ -211,7 +211,7 @@ static int host_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_sync
         if (!pool_sandbox_id_valid(id))
             continue;
         pool_sbx_key(key, sizeof key, ns, pool, id);
-        r = pool_load(st, key, &rec, NULL);
+        r = record_load(st, key, &rec, NULL);
         json_decref(r == 0 ? rec : NULL);
         if (r != -ENOENT) { /* recorded, or unreadable now: nothing to do */
             orphan_forget(ps, id);
@@ -343,7 +343,7 @@ static void warm_hosts(control_t *ctl, store_t *st, json_t *pool, size_t serving
                                 "capacity", jint(pool, "per_host"), "pending", "state", "booting",
                                 "generation", (json_int_t)0, "created_ms", (json_int_t)now,
                                 "empty_since_ms", (json_int_t)0);
-        int r = rec ? pool_save(st, hkey, rec, STORE_REV_ABSENT) : -ENOMEM;
+        int r = rec ? record_save(st, hkey, rec, STORE_REV_ABSENT, NULL) : -ENOMEM;
         json_decref(rec);
         if (r < 0)
             return;

@@ -205,11 +205,9 @@ int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, 
     return rc;
 }
 
-int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev)
+int record_load(store_t *st, const char *key, json_t **ret, int64_t *ret_rev)
 {
-    char key[192];
     store_kv_t kv;
-    (void)snprintf(key, sizeof key, "jobs/%s/%s", ns, id);
     int r = store_get(st, key, &kv);
     if (r < 0)
         return r;
@@ -219,10 +217,25 @@ int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t 
     store_kv_clear(&kv);
     if (!json_is_object(j)) {
         json_decref(j);
-        return -EIO;
+        return -EBADMSG;
     }
     *ret = j;
     return 0;
+}
+
+int record_save(store_t *st, const char *key, json_t *j, int64_t expect, int64_t *ret_rev)
+{
+    _cleanup_free_ char *v = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    if (!v)
+        return -ENOMEM;
+    return store_cas(st, key, v, strlen(v), expect, ret_rev);
+}
+
+int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev)
+{
+    char key[192];
+    (void)snprintf(key, sizeof key, "jobs/%s/%s", ns, id);
+    return record_load(st, key, ret, ret_rev);
 }
 
 int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t expect,
@@ -230,10 +243,5 @@ int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t e
 {
     char key[192];
     (void)snprintf(key, sizeof key, "jobs/%s/%s", ns, id);
-    char *v = json_dumps(job, JSON_COMPACT | JSON_SORT_KEYS);
-    if (!v)
-        return -ENOMEM;
-    int r = store_cas(st, key, v, strlen(v), expect, ret_rev);
-    free(v);
-    return r;
+    return record_save(st, key, job, expect, ret_rev);
 }
