@@ -16,9 +16,13 @@
 #include <errno.h>
 #include <limits.h>
 #include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -34,6 +38,7 @@
 #define HTTPC_INTERIM_MAX 16 /* 1xx responses skipped before the final one */
 #define HTTPC_REQUEST_HEAD_MAX (1024 * 1024)
 #define HTTPC_UNIX_RETRY_MS 5 /* a unix listener with a full backlog: try again this often */
+#define HTTPC_JOIN_MAX (16 * 1024) /* over TLS, a body up to this joins the head in one record */
 
 /* The connection: socket, deadline and the read buffer (HTTPC_HEAD_MAX bytes; unread bytes are
  * rbuf[off, off + len)). */
@@ -44,6 +49,7 @@ typedef struct {
     char *rbuf;
     size_t off;
     size_t len;
+    size_t got; /* bytes received on this request */
 } conn_t;
 
 static void conn_done(conn_t *c)
@@ -70,6 +76,7 @@ typedef struct {
     bool chunked;
     bool has_length;
     uint64_t length;
+    bool close; /* HTTP/1.0, or "Connection: close": the connection ends with this response */
 } head_info_t;
 
 void httpc_request_init(httpc_request_t *rq) { *rq = (httpc_request_t){ .body_fd = -1 }; }
@@ -207,6 +214,8 @@ static int validate_request(const httpc_request_t *rq)
         return -EINVAL;
     if (rq->body_len > 0 && !rq->body)
         return -EINVAL;
+    if (rq->pool && (!rq->pool_key || strlen(rq->pool_key) >= HTTPC_POOL_KEY_MAX))
+        return -EINVAL;
     return 0;
 }
 
@@ -228,7 +237,7 @@ static int build_request_head(const httpc_request_t *rq, buf_t *b)
     else if (r >= 0)
         r = buf_printf(b, "Host: %s:%u\r\n", rq->host, (unsigned)rq->port);
     if (r >= 0)
-        r = buf_printf(b, "Connection: close\r\n");
+        r = buf_printf(b, rq->pool ? "Connection: keep-alive\r\n" : "Connection: close\r\n");
     if (r >= 0 && (rq->body_len > 0 || method_has_body(rq->method)))
         r = buf_printf(b, "Content-Length: %zu\r\n", rq->body_len);
     if (r >= 0 && rq->headers)
@@ -274,6 +283,12 @@ static int connect_addr(const struct sockaddr *sa, socklen_t salen, uint64_t dea
         if (err != 0)
             return -err;
         break;
+    }
+    if (sa->sa_family != AF_UNIX) {
+        /* Without it a request sent as two writes (a TLS record for the head, one for the
+         * body) waits for the ACK of the first: up to 40 ms of delayed ACK per call. */
+        int one = 1;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
     *ret_fd = TAKE_FD(fd);
     return 0;
@@ -408,6 +423,7 @@ static int conn_fill(conn_t *c)
         ssize_t k = sock_recv(c->fd, c->io, c->rbuf + c->off + c->len, room);
         if (k >= 0) {
             c->len += (size_t)k;
+            c->got += (size_t)k;
             return (int)k;
         }
         int r = k == -EAGAIN ? wait_io(c) : (int)k;
@@ -518,7 +534,17 @@ static int parse_header_line(sv_t l, head_info_t *info, bool *te_seen)
     if (!is_token(name) || !is_field_value(value))
         return -EPROTO; /* also refuses obs-fold (a line starting with SP/HTAB) */
     value = sv_trim(value);
-    if (sv_eq_lit_nocase(name, "content-length")) {
+    if (sv_eq_lit_nocase(name, "connection")) {
+        /* a comma-separated token list; "close" anywhere in it ends the connection */
+        for (sv_t rest = value; rest.len > 0;) {
+            size_t n = 0;
+            while (n < rest.len && rest.p[n] != ',')
+                n++;
+            if (sv_eq_lit_nocase(sv_trim(sv_make(rest.p, n)), "close"))
+                info->close = true;
+            rest = n < rest.len ? sv_make(rest.p + n + 1, rest.len - n - 1) : sv_make(rest.p, 0);
+        }
+    } else if (sv_eq_lit_nocase(name, "content-length")) {
         uint64_t v;
         if (parse_u64(value, UINT64_MAX, &v) < 0)
             return -EPROTO;
@@ -549,6 +575,8 @@ static int parse_head(const char *p, size_t len, head_info_t *ret)
             return -EPROTO;
         int r = first ? parse_status_line(line, &info.status)
                       : parse_header_line(line, &info, &te_seen);
+        if (first && line.p[7] == '0')
+            info.close = true; /* HTTP/1.0: no keep-alive without asking, and we do not ask */
         if (r < 0)
             return r;
         first = false;
@@ -746,7 +774,10 @@ static bool response_has_body(const httpc_request_t *rq, int status)
     return !streq(rq->method, "HEAD") && status != 204 && status != 304;
 }
 
-static int read_response(conn_t *c, const httpc_request_t *rq, httpc_response_t *ret)
+/* *ret_keep: the connection may carry another request (a framed, complete response that did
+ * not say close, nothing unread after it). */
+static int read_response(conn_t *c, const httpc_request_t *rq, httpc_response_t *ret,
+                         bool *ret_keep)
 {
     _cleanup_free_ char *head = NULL;
     head_info_t info;
@@ -766,8 +797,12 @@ static int read_response(conn_t *c, const httpc_request_t *rq, httpc_response_t 
         r = body_chunked(c, &s);
     else if (info.has_length)
         r = body_fixed(c, info.length, &s);
-    else
+    else {
         r = body_until_eof(c, &s);
+        info.close = true;
+    }
+    if (ret_keep)
+        *ret_keep = !info.close && c->len == 0;
     if (r >= 0 && s.fd < 0)
         r = buf_append(&s.mem, "", 1);
     if (r < 0) {
@@ -783,9 +818,167 @@ static int read_response(conn_t *c, const httpc_request_t *rq, httpc_response_t 
     return 0;
 }
 
+/* ---- the keep-alive pool ---- */
+
+#define HTTPC_POOL_REUSE_MS 5000 /* idle longer than this: closed, not reused (servers keep
+                                  * idle connections 75 s; this stays well inside that) */
+
+typedef struct {
+    char key[HTTPC_POOL_KEY_MAX];
+    int fd;
+    sockio_t *io;
+    uint64_t idle_since_ns;
+} pooled_t;
+
+struct httpc_pool {
+    pthread_mutex_t lock;
+    unsigned max, n; /* slots, and idle connections in items[0, n) (oldest first) */
+    uint64_t opened, reused;
+    pooled_t items[];
+};
+
+httpc_pool_t *httpc_pool_new(unsigned max_idle)
+{
+    if (max_idle == 0 || max_idle > 4096)
+        return NULL;
+    httpc_pool_t *p = calloc(1, sizeof *p + (size_t)max_idle * sizeof(pooled_t));
+    if (!p)
+        return NULL;
+    if (pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        return NULL;
+    }
+    p->max = max_idle;
+    return p;
+}
+
+static void pooled_close(pooled_t *it) { it->fd = sock_close(it->fd, it->io); }
+
+/* Take item i out (under the lock), keeping the rest in order. */
+static pooled_t pool_remove(httpc_pool_t *p, unsigned i)
+{
+    pooled_t it = p->items[i];
+    memmove(&p->items[i], &p->items[i + 1], (p->n - i - 1) * sizeof(pooled_t));
+    p->n--;
+    return it;
+}
+
+void httpc_pool_flush(httpc_pool_t *p, const char *key)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    for (unsigned i = p->n; i-- > 0;)
+        if (!key || streq(p->items[i].key, key)) {
+            pooled_t it = pool_remove(p, i);
+            pooled_close(&it);
+        }
+    pthread_mutex_unlock(&p->lock);
+}
+
+void httpc_pool_free(httpc_pool_t *p)
+{
+    if (!p)
+        return;
+    httpc_pool_flush(p, NULL);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+void httpc_pool_stats(httpc_pool_t *p, uint64_t *ret_opened, uint64_t *ret_reused)
+{
+    pthread_mutex_lock(&p->lock);
+    *ret_opened = p->opened;
+    *ret_reused = p->reused;
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Still good to send on: nothing to read (no end, no reset, no TLS alert, no stray bytes). */
+static bool pooled_alive(const pooled_t *it)
+{
+    struct pollfd pf = { .fd = it->fd, .events = POLLIN | POLLRDHUP };
+    return poll(&pf, 1, 0) == 0;
+}
+
+/* The newest idle connection under the request's key that is young enough and alive. */
+static bool pool_take(const httpc_request_t *rq, conn_t *c)
+{
+    httpc_pool_t *p = rq->pool;
+    uint64_t now = now_ns();
+    pthread_mutex_lock(&p->lock);
+    for (unsigned i = p->n; i-- > 0;) {
+        if (!streq(p->items[i].key, rq->pool_key))
+            continue;
+        pooled_t it = pool_remove(p, i);
+        if (now - it.idle_since_ns < HTTPC_POOL_REUSE_MS * UINT64_C(1000000) &&
+            pooled_alive(&it)) {
+            p->reused++;
+            pthread_mutex_unlock(&p->lock);
+            c->fd = it.fd;
+            c->io = it.io;
+            return true;
+        }
+        pooled_close(&it);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return false;
+}
+
+static void pool_count_open(httpc_pool_t *p)
+{
+    pthread_mutex_lock(&p->lock);
+    p->opened++;
+    pthread_mutex_unlock(&p->lock);
+}
+
+static void pool_put(const httpc_request_t *rq, conn_t *c)
+{
+    httpc_pool_t *p = rq->pool;
+    pooled_t it = { .fd = c->fd, .io = c->io, .idle_since_ns = now_ns() }, old = { .fd = -EBADF };
+    (void)snprintf(it.key, sizeof it.key, "%s", rq->pool_key);
+    c->fd = -EBADF;
+    c->io = NULL;
+    pthread_mutex_lock(&p->lock);
+    if (p->n == p->max)
+        old = pool_remove(p, 0);
+    p->items[p->n++] = it;
+    pthread_mutex_unlock(&p->lock);
+    if (old.fd >= 0)
+        pooled_close(&old);
+}
+
+/* ---- one exchange ---- */
+
+static int conn_connect(const httpc_request_t *rq, conn_t *c)
+{
+    int r = conn_open(rq, c->deadline_ns, &c->fd);
+    if (r < 0)
+        return r;
+    if (rq->transport.wrap) { /* TLS: nothing is sent before the peer proved who it is */
+        c->io = rq->transport.wrap(rq->transport.arg, c->fd);
+        if (!c->io)
+            return -ENOMEM;
+        while ((r = c->io->ops->handshake(c->io)) == -EAGAIN)
+            if ((r = wait_io(c)) < 0)
+                return r;
+        if (r < 0)
+            return r == -EPERM ? -EPERM : -ECONNREFUSED;
+    }
+    return 0;
+}
+
+/* A request that failed on a reused connection before any answer arrived may go once more on
+ * a new one where that cannot run it twice. */
+static bool may_resend(const httpc_request_t *rq, const conn_t *c, int sent, int r)
+{
+    if (c->got > 0 || (r != -EPROTO && r != -ECONNRESET && r != -EPIPE))
+        return false;
+    return sent < 0 || streq(rq->method, "GET") || streq(rq->method, "HEAD") ||
+           streq(rq->method, "PUT") || streq(rq->method, "DELETE");
+}
+
 int httpc_do(const httpc_request_t *rq, httpc_response_t *ret)
 {
-    _cleanup_(conn_done) conn_t c = { .fd = -EBADF };
     _cleanup_(buf_free) buf_t req = { 0 };
     if (!rq || !ret)
         return -EINVAL;
@@ -795,39 +988,45 @@ int httpc_do(const httpc_request_t *rq, httpc_response_t *ret)
     r = build_request_head(rq, &req);
     if (r < 0)
         return r;
-    c.deadline_ns = deadline_after_ms(rq->timeout_ms ? rq->timeout_ms : HTTPC_TIMEOUT_DEFAULT_MS);
-    c.rbuf = malloc(HTTPC_HEAD_MAX);
-    if (!c.rbuf)
-        return -ENOMEM;
-
-    r = conn_open(rq, c.deadline_ns, &c.fd);
-    if (r < 0)
+    /* Head and body in one sendmsg where they fit, so a small request is one segment; over a
+     * layer (TLS), which sends piece by piece, a small body joins the head: one record. */
+    bool join = rq->transport.wrap && rq->body_len > 0 && rq->body_len <= HTTPC_JOIN_MAX;
+    if (join && (r = buf_append(&req, rq->body, rq->body_len)) < 0)
         return r;
-    if (rq->transport.wrap) { /* TLS: nothing is sent before the peer proved who it is */
-        c.io = rq->transport.wrap(rq->transport.arg, c.fd);
-        if (!c.io)
-            return -ENOMEM;
-        while ((r = c.io->ops->handshake(c.io)) == -EAGAIN)
-            if ((r = wait_io(&c)) < 0)
-                return r;
-        if (r < 0)
-            return r == -EPERM ? -EPERM : -ECONNREFUSED;
-    }
+    uint64_t deadline_ns =
+        deadline_after_ms(rq->timeout_ms ? rq->timeout_ms : HTTPC_TIMEOUT_DEFAULT_MS);
 
-    /* Head and body in one sendmsg where they fit, so a small request is one segment. */
-    struct iovec iov[2] = {
-        { .iov_base = buf_head(&req), .iov_len = req.len },
-        { .iov_base = (void *)rq->body, .iov_len = rq->body_len },
-    };
-    int sent = send_all(&c, iov, ELEMENTSOF(iov));
-    if (sent < 0 && sent != -EPIPE && sent != -ECONNRESET)
-        return sent;
-    /* A server may answer (413, 401) and close without reading the whole body: its answer
-     * is still worth reading; only without one is the send error reported. */
-    r = read_response(&c, rq, ret);
-    if (r < 0 && sent < 0)
-        return sent;
-    return r;
+    for (bool retry = false;;) {
+        _cleanup_(conn_done) conn_t c = { .fd = -EBADF, .deadline_ns = deadline_ns };
+        c.rbuf = malloc(HTTPC_HEAD_MAX);
+        if (!c.rbuf)
+            return -ENOMEM;
+        bool reused = rq->pool && !retry && pool_take(rq, &c);
+        if (!reused && (r = conn_connect(rq, &c)) < 0)
+            return r;
+        if (!reused && rq->pool)
+            pool_count_open(rq->pool);
+        struct iovec iov[2] = {
+            { .iov_base = buf_head(&req), .iov_len = req.len },
+            { .iov_base = (void *)rq->body, .iov_len = join ? 0 : rq->body_len },
+        };
+        int sent = send_all(&c, iov, ELEMENTSOF(iov));
+        if (sent < 0 && sent != -EPIPE && sent != -ECONNRESET)
+            return sent;
+        /* A server may answer (413, 401) and close without reading the whole body: its answer
+         * is still worth reading; only without one is the send error reported. */
+        bool keep = false;
+        r = read_response(&c, rq, ret, &keep);
+        if (r < 0 && reused && may_resend(rq, &c, sent, r)) {
+            retry = true; /* once, on a new connection */
+            continue;
+        }
+        if (r < 0 && sent < 0)
+            return sent;
+        if (r >= 0 && keep && rq->pool && sent >= 0)
+            pool_put(rq, &c);
+        return r;
+    }
 }
 
 int httpc_read_response_fd(int fd, const httpc_request_t *rq, httpc_response_t *ret)
@@ -839,7 +1038,7 @@ int httpc_read_response_fd(int fd, const httpc_request_t *rq, httpc_response_t *
     c.rbuf = malloc(HTTPC_HEAD_MAX);
     if (!c.rbuf)
         return -ENOMEM;
-    int r = read_response(&c, rq, ret);
+    int r = read_response(&c, rq, ret, NULL);
     free(c.rbuf); /* the fd stays the caller's */
     return r;
 }

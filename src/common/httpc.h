@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* A small blocking HTTP/1.1 client for daemon-to-daemon calls (control -> node, node ->
  * control, node -> node state transfer) and tools. One request per connection
- * ("Connection: close"); every wait is bounded by a deadline; every size is capped.
+ * ("Connection: close"), or kept alive in a httpc_pool_t shared by threads; every wait is
+ * bounded by a deadline; every size is capped.
  * Not for the request path: the proxies there are non-blocking (server/proxy.c). */
 #pragma once
 
@@ -12,6 +13,20 @@
 
 #define HTTPC_HEAD_MAX (16 * 1024)
 #define HTTPC_BODY_MAX_DEFAULT (4 * 1024 * 1024)
+
+/* Idle keep-alive connections, shared by threads (a mutex inside). A connection is taken by
+ * one request at a time and put back only after a complete, well-framed response that did not
+ * ask to close; it is reused only under the same key, which must name everything the
+ * connection was proven to be (address, port, the TLS peer's pinned key). */
+typedef struct httpc_pool httpc_pool_t;
+
+/* max_idle: idle connections kept at most (the oldest is closed beyond it). NULL on ENOMEM. */
+httpc_pool_t *httpc_pool_new(unsigned max_idle);
+void httpc_pool_free(httpc_pool_t *p);
+/* Close the idle connections (all of them, or those under key). */
+void httpc_pool_flush(httpc_pool_t *p, const char *key);
+/* Connections opened and reused through the pool so far (for tests and benchmarks). */
+void httpc_pool_stats(httpc_pool_t *p, uint64_t *ret_opened, uint64_t *ret_reused);
 
 typedef struct {
     /* Where: either a unix socket path, or host (numeric IPv4/IPv6 literal) + port. */
@@ -33,7 +48,17 @@ typedef struct {
     /* TLS: a layer over the connected socket (tls_wrap_peer with a tls_peer_t); the handshake,
      * with the peer's certificate checked, completes before anything is sent. */
     sockio_wrap_t transport;
+    /* Keep-alive: with a pool and a key (at most HTTPC_POOL_KEY_MAX - 1 bytes), an idle
+     * connection under the same key is used instead of a new one (after a check that the peer
+     * has not closed it), and the connection goes back to the pool afterwards. A request that
+     * fails on a reused connection before any byte of the answer arrived is sent once more on
+     * a new connection only where that cannot run it twice: when the send itself failed, or
+     * for GET/HEAD/PUT/DELETE. */
+    httpc_pool_t *pool;
+    const char *pool_key;
 } httpc_request_t;
+
+#define HTTPC_POOL_KEY_MAX 192
 
 typedef struct {
     int status;

@@ -264,6 +264,8 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         r = routecache_init(&ctl->routes, 100000);
     if (r >= 0)
         r = climit_tab_new(&ctl->principals);
+    if (r >= 0 && !(ctl->node_calls = httpc_pool_new(CTL_NODE_CALLS_IDLE)))
+        r = -ENOMEM;
     if (r < 0)
         return r;
     r = server_init(&ctl->srv, scfg);
@@ -292,6 +294,8 @@ void control_done(control_t *ctl)
     server_done(&ctl->srv); /* every connection released its principal's counter */
     ctl->principals = climit_tab_free(ctl->principals);
     routecache_free(&ctl->routes);
+    httpc_pool_free(ctl->node_calls);
+    ctl->node_calls = NULL;
     tls_ctx_unref(ctl->tls_server);
     tls_ctx_unref(ctl->tls_client);
     ctl->tls_server = ctl->tls_client = NULL;

@@ -96,6 +96,8 @@ typedef struct {
 /* Connections to nodes kept for the next request (edge.c), per node. */
 #define CTL_POOL_NODES 32
 #define CTL_POOL_CONNS 16
+/* Idle kept-alive connections of node_request (workers and reconciler, all nodes together). */
+#define CTL_NODE_CALLS_IDLE 64
 typedef struct {
     char node[CAP_ID_MAX];
     char host[64];
@@ -138,6 +140,7 @@ typedef struct control {
     } pins[32]; /* the edge's cache of registered node key pins (the loop thread's) */
     node_conns_t conns[CTL_POOL_NODES]; /* the edge's idle connections to nodes */
     work_queue_t *work;                 /* worker threads for pool calls (work.c) */
+    httpc_pool_t *node_calls; /* kept-alive connections of node_request (all threads) */
     /* reconciler */
     pthread_t rec_thread;
     bool rec_started;

@@ -44,6 +44,13 @@ int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_re
         }
         rq.transport = (sockio_wrap_t){ tls_wrap_peer, &peer };
     }
+    /* Kept alive under what the connection was proven to be: address and pinned key. */
+    char key[HTTPC_POOL_KEY_MAX], pinhex[2 * TLS_PIN_BYTES + 1] = "plain";
+    if (ctl->tls_client)
+        (void)sodium_bin2hex(pinhex, sizeof pinhex, pin, sizeof pin);
+    (void)snprintf(key, sizeof key, "%s|%u|%s", q->host, (unsigned)q->port, pinhex);
+    rq.pool = ctl->node_calls;
+    rq.pool_key = key;
     rq.host = q->host;
     rq.port = q->port;
     rq.method = q->method;

@@ -383,6 +383,9 @@ def test_one_client_connection_and_one_node_connection_carry_many_requests(plat)
     node = plat.node("tl-a")
     c = __import__("sbxplatform").connection(plat.control.port)
     hdr = {"Authorization": f"Bearer {plat.admin}", "X-Sandbox-Token": job.token}
+    ctl_pid = plat.control.proc.proc.pid
+    # the control plane's own calls to the node (the install) keep a connection of their own
+    before = len(established(node.port, ctl_pid))
     try:
         for i in range(6):
             c.request("POST", job.path(f"/proxy/49983/v1/exec"),
@@ -399,9 +402,8 @@ def test_one_client_connection_and_one_node_connection_carry_many_requests(plat)
         r = c.getresponse()
         assert r.status == 404, r.read()
         r.read()
-        ctl_pid = plat.control.proc.proc.pid
         to_node = established(node.port, ctl_pid)
-        assert len(to_node) == 1, to_node  # 13 requests, one connection to the node
+        assert len(to_node) == before + 1, (before, to_node)  # 13 requests, one connection
         assert len(established(plat.control.port)) >= 1
     finally:
         c.close()

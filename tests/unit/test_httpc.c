@@ -787,6 +787,230 @@ TEST(invalid_requests_are_refused)
     ASSERT_EQ(ret, -ECONNREFUSED);
 }
 
+/* ---- keep-alive (httpc_pool_t) ---- */
+
+typedef enum {
+    KA_KEEP,       /* answer every request and keep the connection */
+    KA_SAY_CLOSE,  /* answer with "Connection: close", then close */
+    KA_QUIET_CLOSE, /* answer, then close without saying so (a server's idle timeout) */
+    KA_DROP_SECOND, /* answer the first request; read the second and close without answering */
+} ka_mode_t;
+
+/* One connection of the keep-alive server: answers "<conn>:<request>" and logs
+ * "<conn>:<request>:<method>" lines to logfd (O_APPEND). */
+static _noreturn_ void ka_conn(int c, unsigned conn_no, ka_mode_t mode, int logfd)
+{
+    char req[8192];
+    size_t len = 0;
+    (void)alarm(10);
+    for (unsigned n = 1;; n++) {
+        const char *end;
+        while (!(end = memmem(req, len, "\r\n\r\n", 4))) {
+            ssize_t k = len < sizeof req ? read(c, req + len, sizeof req - len) : -1;
+            if (k <= 0)
+                _exit(0);
+            len += (size_t)k;
+        }
+        size_t used = (size_t)(end - req) + 4;
+        const char *h = memmem(req, used, "\r\nContent-Length: ", 18);
+        if (h)
+            used += strtoul(h + 18, NULL, 10);
+        while (len < used) { /* the body (small in these tests) */
+            ssize_t k = read(c, req + len, sizeof req - len);
+            if (k <= 0)
+                _exit(0);
+            len += (size_t)k;
+        }
+        char line[64], resp[256], body[32];
+        int ml = (int)strcspn(req, " ");
+        int ll = snprintf(line, sizeof line, "%u:%u:%.*s\n", conn_no, n, ml, req);
+        (void)write_all_fd(logfd, line, (size_t)ll);
+        memmove(req, req + used, len - used);
+        len -= used;
+        if (mode == KA_DROP_SECOND && n == 2)
+            _exit(0);
+        int bl = snprintf(body, sizeof body, "%u:%u", conn_no, n);
+        int rl = snprintf(resp, sizeof resp, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s",
+                          bl, mode == KA_SAY_CLOSE ? "Connection: close\r\n" : "", body);
+        (void)write_all_fd(c, resp, (size_t)rl);
+        if (mode == KA_SAY_CLOSE || mode == KA_QUIET_CLOSE)
+            _exit(0);
+    }
+}
+
+/* The server: a child per connection, numbered in accept order. */
+static void ka_start(srv_t *s, ka_mode_t mode, int logfd)
+{
+    if (srv_socket(s, AF_INET, true) < 0)
+        return;
+    fflush(stdout);
+    s->pid = fork();
+    if (s->pid == 0) {
+        (void)signal(SIGPIPE, SIG_IGN);
+        (void)alarm(10);
+        for (unsigned conn_no = 1;; conn_no++) {
+            int c = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (c < 0)
+                _exit(1);
+            if (fork() == 0) {
+                close(s->lfd);
+                ka_conn(c, conn_no, mode, logfd);
+            }
+            close(c);
+        }
+    }
+    s->ok = s->pid > 0;
+}
+
+/* A GET (or method) through the pool under key; the body, or "" with *ret the error. */
+static int ka_get(const srv_t *s, httpc_pool_t *pool, const char *key, const char *method,
+                  char *out, size_t cap)
+{
+    httpc_request_t rq;
+    httpc_response_t r = { 0 };
+    rq_for(&rq, s, AF_INET);
+    rq.method = method;
+    rq.pool = pool;
+    rq.pool_key = key;
+    if (streq(method, "POST")) {
+        rq.body = "{}";
+        rq.body_len = 2;
+    }
+    out[0] = '\0';
+    int ret = httpc_do(&rq, &r);
+    if (ret >= 0)
+        (void)snprintf(out, cap, "%.*s", (int)r.body_len, r.body ? r.body : "");
+    httpc_response_free(&r);
+    return ret;
+}
+
+static int ka_log(const char *path, char *out, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t k = read(fd, out, cap - 1);
+    close(fd);
+    out[k > 0 ? k : 0] = '\0';
+    return 0;
+}
+
+static int ka_logfd(char *path, size_t cap)
+{
+    static unsigned seq;
+    (void)snprintf(path, cap, "%s/ka%u.log", tmpdir, seq++);
+    return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+}
+
+TEST(keep_alive_reuses_one_connection)
+{
+    char path[128], b[64];
+    int logfd = ka_logfd(path, sizeof path);
+    ASSERT_GE(logfd, 0);
+    srv_t s;
+    ka_start(&s, KA_KEEP, logfd);
+    ASSERT_TRUE(s.ok);
+    httpc_pool_t *pool = httpc_pool_new(4);
+    ASSERT_TRUE(pool != NULL);
+    ASSERT_EQ(ka_get(&s, pool, "a", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "1:1");
+    ASSERT_EQ(ka_get(&s, pool, "a", "POST", b, sizeof b), 0);
+    ASSERT_STREQ(b, "1:2"); /* the same connection, its second request */
+    ASSERT_EQ(ka_get(&s, pool, "a", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "1:3");
+    /* another key never shares a connection */
+    ASSERT_EQ(ka_get(&s, pool, "b", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "2:1");
+    uint64_t opened, reused;
+    httpc_pool_stats(pool, &opened, &reused);
+    ASSERT_EQ_U(opened, 2);
+    ASSERT_EQ_U(reused, 2);
+    /* control: without a pool every request is a connection of its own */
+    ASSERT_EQ(ka_get(&s, NULL, NULL, "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "3:1");
+    httpc_pool_free(pool);
+    srv_stop(&s); /* its connection children end with their sockets */
+    close(logfd);
+}
+
+TEST(keep_alive_honours_close)
+{
+    char path[128], b[64];
+    int logfd = ka_logfd(path, sizeof path);
+    srv_t s;
+    ka_start(&s, KA_SAY_CLOSE, logfd);
+    ASSERT_TRUE(s.ok);
+    httpc_pool_t *pool = httpc_pool_new(4);
+    ASSERT_EQ(ka_get(&s, pool, "a", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "1:1");
+    ASSERT_EQ(ka_get(&s, pool, "a", "POST", b, sizeof b), 0);
+    ASSERT_STREQ(b, "2:1"); /* "Connection: close": not kept */
+    httpc_pool_free(pool);
+    srv_stop(&s);
+
+    /* a server that closes an idle connection without saying so: seen before sending */
+    ka_start(&s, KA_QUIET_CLOSE, logfd);
+    ASSERT_TRUE(s.ok);
+    pool = httpc_pool_new(4);
+    ASSERT_EQ(ka_get(&s, pool, "a", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "1:1");
+    struct timespec ts = { .tv_nsec = 50 * 1000 * 1000 };
+    (void)nanosleep(&ts, NULL); /* its end reaches us */
+    ASSERT_EQ(ka_get(&s, pool, "a", "POST", b, sizeof b), 0);
+    ASSERT_STREQ(b, "2:1");
+    uint64_t opened, reused;
+    httpc_pool_stats(pool, &opened, &reused);
+    ASSERT_EQ_U(reused, 0);
+    httpc_pool_free(pool);
+    srv_stop(&s);
+    close(logfd);
+}
+
+/* A reused connection that ends after the request went out: a GET is sent again on a new
+ * connection; a POST is not (it may have run), and the server saw it exactly once. */
+TEST(keep_alive_resends_only_what_cannot_run_twice)
+{
+    char path[128], b[64], log[512];
+    int logfd = ka_logfd(path, sizeof path);
+    srv_t s;
+    ka_start(&s, KA_DROP_SECOND, logfd);
+    ASSERT_TRUE(s.ok);
+    httpc_pool_t *pool = httpc_pool_new(4);
+    ASSERT_EQ(ka_get(&s, pool, "a", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "1:1");
+    ASSERT_EQ(ka_get(&s, pool, "a", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "2:1"); /* 1:2 was dropped; sent again on connection 2 */
+    ASSERT_EQ(ka_get(&s, pool, "a", "POST", b, sizeof b), -EPROTO);
+    ASSERT_EQ(ka_get(&s, pool, "a", "GET", b, sizeof b), 0);
+    ASSERT_STREQ(b, "3:1");
+    ASSERT_EQ(ka_log(path, log, sizeof log), 0);
+    ASSERT_STREQ(log, "1:1:GET\n1:2:GET\n2:1:GET\n2:2:POST\n3:1:GET\n");
+    httpc_pool_free(pool);
+    srv_stop(&s);
+    close(logfd);
+}
+
+TEST(keep_alive_needs_a_key)
+{
+    httpc_pool_t *pool = httpc_pool_new(1);
+    httpc_request_t rq;
+    httpc_response_t r;
+    httpc_request_init(&rq);
+    rq.method = "GET";
+    rq.target = "/";
+    rq.host = "127.0.0.1";
+    rq.port = 1;
+    rq.pool = pool;
+    ASSERT_EQ(httpc_do(&rq, &r), -EINVAL);
+    char longkey[HTTPC_POOL_KEY_MAX + 1];
+    memset(longkey, 'k', sizeof longkey - 1);
+    longkey[sizeof longkey - 1] = '\0';
+    rq.pool_key = longkey;
+    ASSERT_EQ(httpc_do(&rq, &r), -EINVAL);
+    ASSERT_TRUE(httpc_pool_new(0) == NULL);
+    httpc_pool_free(pool);
+}
+
 int main(void)
 {
     const tap_test_t tests[] = {
@@ -808,6 +1032,10 @@ int main(void)
         T(body_fd_streams_into_a_pipe),
         T(header_lookup),
         T(invalid_requests_are_refused),
+        T(keep_alive_reuses_one_connection),
+        T(keep_alive_honours_close),
+        T(keep_alive_resends_only_what_cannot_run_twice),
+        T(keep_alive_needs_a_key),
     };
     (void)snprintf(tmpdir, sizeof tmpdir, "/tmp/sbx-test-httpc-XXXXXX");
     if (!mkdtemp(tmpdir)) {
