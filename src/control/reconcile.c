@@ -186,7 +186,11 @@ void crash_point(const char *step)
 }
 
 /* How long node `name` has been silent (ms since its last heartbeat); -1: no such node. */
-static int64_t node_silent_ms(rec_t *rc, const char *name)
+/* How long the node has not been heard from: since its last heartbeat, or (heard_at_register)
+ * since it registered, if later. A node that registers again (a restart) heartbeats only a
+ * moment after: in that moment it is not live (not placed on, not retired on) but not silent
+ * either, so its runs are not taken for lost. -1 when it has no record. */
+static int64_t node_silent_ms(rec_t *rc, const char *name, bool heard_at_register)
 {
     char key[96];
     store_kv_t kv;
@@ -196,13 +200,14 @@ static int64_t node_silent_ms(rec_t *rc, const char *name)
     json_t *j = json_loadb(kv.value, kv.value_len, 0, NULL);
     store_kv_clear(&kv);
     json_int_t seen = json_integer_value(json_object_get(j, "last_seen_ms"));
+    json_int_t reg = json_integer_value(json_object_get(j, "registered_ms"));
     json_decref(j);
-    return wall_ms() - seen;
+    return wall_ms() - (heard_at_register ? MAX(seen, reg) : seen);
 }
 
 static bool node_live(rec_t *rc, const char *name)
 {
-    int64_t s = node_silent_ms(rc, name);
+    int64_t s = node_silent_ms(rc, name, false);
     return s >= 0 && s < CTL_NODE_LIVE_MS;
 }
 
@@ -563,7 +568,7 @@ static void reconcile_job(rec_t *rc, json_t *job)
      * on_node_loss says what follows. A lost run is kept as prev: retired when its node is back,
      * so its generation is refused there too (a new generation is refused nothing). */
     int64_t silent = have && (rr.state == RR_RUNNING || rr.state == RR_INSTALLING)
-                         ? node_silent_ms(rc, rr.run.node)
+                         ? node_silent_ms(rc, rr.run.node, true)
                          : -1;
     if (silent >= 0 && (uint64_t)silent >= rc->ctl->cfg.node_dead_ms) {
         const char *policy = json_string_value(json_object_get(job, "on_node_loss")) ?: "wait";
