@@ -37,7 +37,7 @@
 #define HTTPC_TIMEOUT_DEFAULT_MS 30000
 #define HTTPC_INTERIM_MAX 16 /* 1xx responses skipped before the final one */
 #define HTTPC_REQUEST_HEAD_MAX (1024 * 1024)
-#define HTTPC_UNIX_RETRY_MS 5 /* a unix listener with a full backlog: try again this often */
+#define HTTPC_UNIX_RETRY_MS 5      /* a unix listener with a full backlog: try again this often */
 #define HTTPC_JOIN_MAX (16 * 1024) /* over TLS, a body up to this joins the head in one record */
 
 /* The connection: socket, deadline and the read buffer (HTTPC_HEAD_MAX bytes; unread bytes are
@@ -820,7 +820,8 @@ static int read_response(conn_t *c, const httpc_request_t *rq, httpc_response_t 
 
 /* ---- the keep-alive pool ---- */
 
-#define HTTPC_POOL_REUSE_MS 5000 /* idle longer than this: closed, not reused (servers keep
+#define HTTPC_POOL_REUSE_MS                                                                        \
+    5000 /* idle longer than this: closed, not reused (servers keep
                                   * idle connections 75 s; this stays well inside that) */
 
 typedef struct {
@@ -910,8 +911,7 @@ static bool pool_take(const httpc_request_t *rq, conn_t *c)
         if (!streq(p->items[i].key, rq->pool_key))
             continue;
         pooled_t it = pool_remove(p, i);
-        if (now - it.idle_since_ns < HTTPC_POOL_REUSE_MS * UINT64_C(1000000) &&
-            pooled_alive(&it)) {
+        if (now - it.idle_since_ns < HTTPC_POOL_REUSE_MS * UINT64_C(1000000) && pooled_alive(&it)) {
             p->reused++;
             pthread_mutex_unlock(&p->lock);
             c->fd = it.fd;

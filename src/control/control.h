@@ -140,7 +140,7 @@ typedef struct control {
     } pins[32]; /* the edge's cache of registered node key pins (the loop thread's) */
     node_conns_t conns[CTL_POOL_NODES]; /* the edge's idle connections to nodes */
     work_queue_t *work;                 /* worker threads for pool calls (work.c) */
-    httpc_pool_t *node_calls; /* kept-alive connections of node_request (all threads) */
+    httpc_pool_t *node_calls;           /* kept-alive connections of node_request (all threads) */
     /* reconciler */
     pthread_t rec_thread;
     bool rec_started;

@@ -790,8 +790,8 @@ TEST(invalid_requests_are_refused)
 /* ---- keep-alive (httpc_pool_t) ---- */
 
 typedef enum {
-    KA_KEEP,       /* answer every request and keep the connection */
-    KA_SAY_CLOSE,  /* answer with "Connection: close", then close */
+    KA_KEEP,        /* answer every request and keep the connection */
+    KA_SAY_CLOSE,   /* answer with "Connection: close", then close */
     KA_QUIET_CLOSE, /* answer, then close without saying so (a server's idle timeout) */
     KA_DROP_SECOND, /* answer the first request; read the second and close without answering */
 } ka_mode_t;
