@@ -99,6 +99,8 @@ static void control_dispatch(conn_t *c)
     control_t *ctl = c->srv->app;
     sv_t path = c->req.path;
     server_touch(c->srv);
+    if (e2b_traffic_route(ctl, c)) /* to a sandbox, as E2B's SDKs address it (e2bproxy.c) */
+        return;
     if (sv_eq(path, SV("/v1/health")) && sv_eq(c->req.method, SV("GET"))) {
         conn_respond_json(c, 200, json_pack("{s:s,s:s}", "status", "ok", "role", "control"));
         return;

@@ -75,6 +75,9 @@ typedef struct {
     int n_tls_sans;
     char secrets_key_file[PATH_MAX];  /* "" = <state_dir>/secrets.key (seal.h) */
     uint64_t max_conns_per_principal; /* connections one principal holds at once (0: no cap) */
+    char e2b_domain[128];             /* E2B's sandbox domain: hosts <port>-<id>.<domain> (e2b.c) */
+    uint16_t e2b_ports[15]; /* the ports of an E2B sandbox reached through the edge, besides */
+    int n_e2b_ports;        /* the agent's (--e2b-ports) */
 } control_config_t;
 
 typedef struct {
@@ -346,6 +349,9 @@ int worker_keys(worker_t *w);
 
 /* e2b.c: E2B's control API; false when the path is none of its routes */
 bool e2b_route(control_t *ctl, conn_t *c);
+/* e2bproxy.c: a request addressed to a sandbox the way E2B's SDKs do (E2b-Sandbox-Id header,
+ * or Host <port>-<id>.<domain>) is answered or proxied: true; anything else: false. */
+bool e2b_traffic_route(control_t *ctl, conn_t *c);
 
 /* pools.c */
 void route_pools(control_t *ctl, conn_t *c, sv_t rest); /* rest: after /v1/pools/ */

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "cap/purpose.h"
 #include "common/log.h"
 #include "control.h"
 
@@ -129,12 +130,13 @@ static json_t *metadata_of(json_t *job)
 }
 
 /* What create, connect and resume answer (the SDK's Sandbox). */
-static json_t *sandbox_json(json_t *job, const char *token)
+/* Its domain is always given: an SDK told none sends port traffic to E2B's own cloud. */
+static json_t *sandbox_json(const control_t *ctl, json_t *job, const char *token)
 {
     const char *tpl = jstr(json_object_get(job, "labels"), TEMPLATE_LABEL);
-    json_t *j =
-        json_pack("{s:s,s:s,s:s,s:s,s:n,s:s}", "sandboxID", jstr(job, "id"), "templateID", tpl,
-                  "clientID", "sbx", "envdVersion", E2B_ENVD_VERSION, "domain", "alias", tpl);
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "sandboxID", jstr(job, "id"), "templateID",
+                          tpl, "clientID", "sbx", "envdVersion", E2B_ENVD_VERSION, "domain",
+                          ctl->cfg.e2b_domain, "alias", tpl);
     if (j && token)
         json_object_set_new(j, "envdAccessToken", json_string(token));
     return j;
@@ -265,6 +267,15 @@ static const char *create_body(control_t *ctl, json_t *b, json_t **ret_req, cons
                          "secrets", "SBX_TOKEN", tok, "timeout", timeout, "flavor", "cpu-basic");
     if (*ret_req && env)
         json_object_set(*ret_req, "env", env);
+    /* what getHost(port) reaches: the agent (envd) and the control's --e2b-ports */
+    json_t *expose = json_pack("[{s:i,s:s}]", "port", CAP_AGENT_PORT, "protocol", "http");
+    for (int i = 0; expose && i < ctl->cfg.n_e2b_ports; i++)
+        json_array_append_new(
+            expose, json_pack("{s:i,s:s}", "port", ctl->cfg.e2b_ports[i], "protocol", "http"));
+    if (*ret_req)
+        json_object_set_new(*ret_req, "expose", expose);
+    else
+        json_decref(expose);
     sodium_memzero(tok, sizeof tok);
     *ret_tpl = tpl;
     return *ret_req ? NULL : "out of memory";
@@ -310,7 +321,7 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
             } else {
                 json_t *fresh;
                 if (job_load(w->st, a->ns, id, &fresh, NULL) == 0) {
-                    work_answer(res, 201, sandbox_json(fresh, tok));
+                    work_answer(res, 201, sandbox_json(ctl, fresh, tok));
                     json_decref(fresh);
                 } else {
                     e2b_fail(res, 500, "sandbox %s: its record is gone", id);
@@ -408,7 +419,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
         e2b_fail(res, 500, "sandbox %s: its access token cannot be read", a->id);
         return;
     }
-    work_answer(res, resumed ? 201 : 200, sandbox_json(job, jstr(sec, "SBX_TOKEN")));
+    work_answer(res, resumed ? 201 : 200, sandbox_json(w->ctl, job, jstr(sec, "SBX_TOKEN")));
     json_decref(sec);
     json_decref(job);
 }

@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 
 #include "cap/imagename.h"
+#include "cap/purpose.h"
 #include "common/log.h"
 #include "control/control.h"
 
@@ -16,7 +17,9 @@ enum {
     OPT_PER_PRINCIPAL,
     OPT_MAX_UNAUTH,
     OPT_UNAUTH_HEAD,
-    OPT_CONTROL_SOURCE
+    OPT_CONTROL_SOURCE,
+    OPT_E2B_DOMAIN,
+    OPT_E2B_PORTS
 };
 
 static void usage(FILE *f)
@@ -28,7 +31,8 @@ static void usage(FILE *f)
             "                   [--secrets-key-file FILE] [--rotate-secrets-key]\n"
             "                   [--max-connections N] [--max-conns-per-source N]\n"
             "                   [--max-conns-per-principal N] [--max-unauth-conns N]\n"
-            "                   [--unauth-head-timeout-ms N]\n"
+            "                   [--unauth-head-timeout-ms N] [--e2b-domain DOMAIN]\n"
+            "                   [--e2b-ports PORT,...]\n"
             "TLS 1.3 on the listener and to every node: the CA, key and certificate are made\n"
             "in DIR/tls (or --tls-dir, where an operator may put a CA of their own: ca.key +\n"
             "ca.crt) on the first start; clients trust DIR/tls/ca.crt. --insecure-plain-http\n"
@@ -45,7 +49,11 @@ static void usage(FILE *f)
             "($SBX_HOME defaults to ~/.sbx) on the first start of an empty store.\n"
             "Signing keys and job secrets are sealed in the store under the secrets key file\n"
             "(default DIR/secrets.key, 0600, made on the first start); --rotate-secrets-key\n"
-            "(every control stopped) replaces that key and re-seals the store, then exits.\n");
+            "(every control stopped) replaces that key and re-seals the store, then exits.\n"
+            "E2B's SDKs (docs/e2b.md): sandboxes are reached at <port>-<id>.DOMAIN, a name that\n"
+            "must resolve to this control plane (default DOMAIN: localhost:<listen port>), and\n"
+            "expose their agent and --e2b-ports (default 3000,5000,5173,8000,8080,8888; at\n"
+            "most 15).\n");
 }
 
 int main(int argc, char **argv)
@@ -67,13 +75,17 @@ int main(int argc, char **argv)
         { "max-conns-per-principal", required_argument, NULL, OPT_PER_PRINCIPAL },
         { "max-unauth-conns", required_argument, NULL, OPT_MAX_UNAUTH },
         { "unauth-head-timeout-ms", required_argument, NULL, OPT_UNAUTH_HEAD },
+        { "e2b-domain", required_argument, NULL, OPT_E2B_DOMAIN },
+        { "e2b-ports", required_argument, NULL, OPT_E2B_PORTS },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     control_config_t cfg = { .publish_delay_ms = 2000,
                              .default_image = "debian",
                              .node_dead_ms = 30000,
-                             .max_conns_per_principal = 1024 };
+                             .max_conns_per_principal = 1024,
+                             .e2b_ports = { 3000, 5000, 5173, 8000, 8080, 8888 },
+                             .n_e2b_ports = 6 };
     server_config_t scfg = { .head_timeout_ms = 10000,
                              .body_timeout_ms = 60000,
                              .write_timeout_ms = 120000,
@@ -165,6 +177,29 @@ int main(int argc, char **argv)
                                        : &scfg.unauth_head_timeout_ms) = v;
             unauth_set = unauth_set || o == OPT_MAX_UNAUTH;
             break;
+        case OPT_E2B_PORTS: {
+            cfg.n_e2b_ports = 0;
+            for (sv_t rest = sv_make(optarg, strlen(optarg)); rest.len > 0;) {
+                const char *comma = memchr(rest.p, ',', rest.len);
+                sv_t one = sv_make(rest.p, comma ? (size_t)(comma - rest.p) : rest.len);
+                rest = comma ? sv_make(comma + 1, rest.len - one.len - 1) : sv_make(rest.p, 0);
+                if (cfg.n_e2b_ports == (int)ELEMENTSOF(cfg.e2b_ports) ||
+                    parse_u64(one, 65535, &v) < 0 || v == 0 || v == CAP_AGENT_PORT) {
+                    log_error("--e2b-ports: at most 15 port numbers (not 49983), comma-separated");
+                    return 2;
+                }
+                cfg.e2b_ports[cfg.n_e2b_ports++] = (uint16_t)v;
+            }
+            break;
+        }
+        case OPT_E2B_DOMAIN:
+            if (strlen(optarg) >= sizeof cfg.e2b_domain || !optarg[0] ||
+                optarg[strspn(optarg, "abcdefghijklmnopqrstuvwxyz0123456789.:-")]) {
+                log_error("--e2b-domain takes a DNS name (lower case), optionally with :PORT");
+                return 2;
+            }
+            memcpy(cfg.e2b_domain, optarg, strlen(optarg) + 1);
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -194,6 +229,8 @@ int main(int argc, char **argv)
     scfg.bind[colon - listen] = 0;
     scfg.port = (uint16_t)port;
     (void)snprintf(cfg.listen_ip, sizeof cfg.listen_ip, "%s", scfg.bind);
+    if (!cfg.e2b_domain[0])
+        (void)snprintf(cfg.e2b_domain, sizeof cfg.e2b_domain, "localhost:%u", (unsigned)port);
     if (cfg.plain_http && !addr_is_loopback(scfg.bind)) {
         log_error("--insecure-plain-http serves only a loopback address (127.0.0.0/8 or ::1); "
                   "%s is not one: drop the flag to serve TLS",

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from sbxplatform import TLS_PORTS, Platform
+from conftest import wait_until
+from sbxplatform import TLS_PORTS, Job, Platform
 
 E2B_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2b")
 
@@ -60,7 +61,8 @@ def test_sandbox_shapes_and_lifecycle(plat):
     sid = s["sandboxID"]
     assert "-" not in sid and "." not in sid
     assert s["envdVersion"] == "0.5.7" and s["templateID"] == "base" and s["envdAccessToken"]
-    assert s["domain"] is None and s["clientID"]
+    # a domain always (an SDK told none sends port traffic to E2B's cloud): --e2b-domain's
+    assert s["domain"] == f"localhost:{plat.control.port}" and s["clientID"], s
     # the job behind it runs with what was asked (env, network, the token as SBX_TOKEN)
     job = plat.request("GET", f"/v1/jobs/e2b/{sid}").json()
     assert job["stage"] == "RUNNING" and job["network"] == "none", job
@@ -212,3 +214,52 @@ def test_a_chunked_body_over_the_cap_is_413(plat):
     big = b'{"templateID":"base","metadata":{"k":"' + b"x" * (300 * 1024) + b'"}}'
     answers, _ = raw_exchange(plat, head, chunked(big, 64 * 1024))
     assert answers and answers[0][0] == 413, answers
+
+
+def test_sandbox_traffic_by_header_and_by_host(plat):
+    """E2B's SDKs reach a sandbox through the control plane by E2b-Sandbox-Id (+ -Port) headers
+    (E2B_SANDBOX_URL) or by the host <port>-<id>.<domain> (getHost); the credential is the
+    sandbox's own access token, checked before anything goes on."""
+    s = create(plat, allow_internet_access=False)
+    sid, tok = s["sandboxID"], s["envdAccessToken"]
+    job = Job(plat, "e2b", plat.request("GET", f"/v1/jobs/e2b/{sid}").json(), tok)
+    job.sh("mkdir -p /srv && echo hello-e2b > /srv/index.txt")
+    job.start_process("exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv")
+
+    def by_host(token, port=8000, to=sid):
+        h = {"Host": f"{port}-{to}.localhost:{plat.control.port}"}
+        if token is not None:
+            h["e2b-traffic-access-token"] = token
+        return plat.request("GET", "/index.txt", token=None, headers=h)
+
+    def by_header(token, port="8000", to=sid, path="/index.txt", method="GET", body=None):
+        h = {"E2b-Sandbox-Id": to, "E2b-Sandbox-Port": port}
+        if token is not None:
+            h["X-Access-Token"] = token
+        return plat.request(method, path, body, token=None, headers=h)
+
+    assert wait_until(lambda: by_host(tok).status == 200, 15, 0.2), by_host(tok)
+    r = by_host(tok)
+    assert (r.status, r.body) == (200, b"hello-e2b\n"), r
+    r = by_header(tok)
+    assert (r.status, r.body) == (200, b"hello-e2b\n"), r
+    # refused, and the server inside never sees them: no token, a wrong one, another
+    # sandbox's token; an unknown sandbox is 502 (what the SDKs read as "not running")
+    other = create(plat, allow_internet_access=False)
+    for t in (None, "0" * 64, other["envdAccessToken"]):
+        r = by_host(t)
+        assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: served", t, r)
+        r = by_header(t)
+        assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: served", t, r)
+    assert by_host(tok, to="f" * 24).status == 502
+    # a port the sandbox does not expose is not reached (with its own token)
+    r = by_host(tok, port=9999)
+    assert r.status == 403 and b"hello-e2b" not in r.body, r
+    # envd's port: errors in Connect's shape (a string code)
+    r = by_header("nope", port="49983", path="/process.Process/List", method="POST", body={})
+    assert r.status == 401 and r.json()["code"] == "unauthenticated", r
+    # killed: 502 from then on
+    assert e2b(plat, "DELETE", f"/sandboxes/{other['sandboxID']}").status == 204
+    assert wait_until(lambda: by_host(other["envdAccessToken"], to=other["sandboxID"]).status
+                      == 502, 15, 0.2)
+    assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204

@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/* E2B's sandbox traffic through the edge: what E2B's SDKs send to a sandbox (envd, on port
+ * 49983, our agent's port) and to the services in it (getHost(port)). They address a sandbox in
+ * one of two ways (../shared/research/clients.md section 1.1):
+ *
+ *   E2b-Sandbox-Id: <id> + E2b-Sandbox-Port: <port>   with E2B_SANDBOX_URL = this control plane
+ *   Host: <port>-<id>.<domain>                         otherwise (domain: --e2b-domain)
+ *
+ * The credential is the sandbox's access token (the job's SBX_TOKEN, envdAccessToken in the
+ * create answer) in X-Access-Token, or E2B's e2b-traffic-access-token. It is compared with the
+ * job's sealed token here, before anything goes on; then the request takes the edge's path like
+ * every other (a capability bound to that run, method and path), and the agent checks the token
+ * again. Unlike E2B, a sandbox's ports are never public: port traffic needs the token too. */
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "cap/purpose.h"
+#include "common/log.h"
+#include "control.h"
+#include "pools.h"
+
+#define E2B_ENVD_PORT CAP_AGENT_PORT /* 49983 both */
+
+/* E2B's answers: envd's (Connect: a string code) or a port's ({"code": status}). */
+_printf_(4, 5) static void refuse(conn_t *c, uint16_t port, int status, const char *fmt, ...)
+{
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* (502, the sandbox is not running, and 503 are both "unavailable" to a Connect client) */
+    const char *code = status == 401   ? "unauthenticated"
+                       : status == 400 ? "invalid_argument"
+                                       : "unavailable";
+    conn_respond_json(c, status,
+                      port == E2B_ENVD_PORT
+                          ? json_pack("{s:s,s:s}", "code", code, "message", msg)
+                          : json_pack("{s:i,s:s}", "code", status, "message", msg));
+}
+
+static bool parse_port(sv_t v, uint16_t *ret)
+{
+    uint64_t p;
+    if (parse_u64(v, 65535, &p) < 0 || p == 0)
+        return false;
+    *ret = (uint16_t)p;
+    return true;
+}
+
+/* "<port>-<id>.<anything>[:port]": the left-most label split at its first '-'. */
+static bool host_route(sv_t host, char id[CAP_ID_MAX], uint16_t *ret_port)
+{
+    const char *dot = memchr(host.p, '.', host.len);
+    if (!dot)
+        return false;
+    sv_t label = sv_make(host.p, (size_t)(dot - host.p));
+    const char *dash = memchr(label.p, '-', label.len);
+    if (!dash || !parse_port(sv_make(label.p, (size_t)(dash - label.p)), ret_port))
+        return false;
+    sv_t sid = sv_make(dash + 1, (size_t)(label.p + label.len - dash - 1));
+    return sv_copy(sid, id, CAP_ID_MAX) && cap_id_valid(id);
+}
+
+bool e2b_traffic_route(control_t *ctl, conn_t *c)
+{
+    char id[CAP_ID_MAX], tok[256];
+    uint16_t port = E2B_ENVD_PORT;
+    sv_t v;
+    if (http_header_get(&c->req, "e2b-sandbox-id", &v)) {
+        sv_t pv;
+        if (http_header_get(&c->req, "e2b-sandbox-port", &pv) && !parse_port(pv, &port)) {
+            refuse(c, E2B_ENVD_PORT, 400, "E2b-Sandbox-Port: a port number (1-65535)");
+            return true;
+        }
+        if (!sv_copy(v, id, sizeof id) || !cap_id_valid(id)) {
+            refuse(c, port, 502, "sandbox not found");
+            return true;
+        }
+    } else if (!http_header_get(&c->req, "host", &v) || !host_route(v, id, &port)) {
+        return false; /* not E2B's sandbox traffic */
+    }
+    if ((!http_header_get(&c->req, "x-access-token", &v) &&
+         !http_header_get(&c->req, "e2b-traffic-access-token", &v)) ||
+        !sv_copy(v, tok, sizeof tok) || !tok[0]) {
+        refuse(c, port, 401,
+               "sandbox %s: its access token is required (X-Access-Token: the envdAccessToken "
+               "of the create answer)",
+               id);
+        return true;
+    }
+    runrec_t rr;
+    int64_t rev;
+    int r = runrec_load(ctl->store, id, &rr, &rev);
+    if (r == -ENOENT || (r >= 0 && rr.state != RR_RUNNING && rr.state != RR_INSTALLING)) {
+        sodium_memzero(tok, sizeof tok);
+        /* E2B's SDKs read 502 (only) as "the sandbox is not running" */
+        refuse(c, port, 502, "sandbox %s is not running", id);
+        return true;
+    }
+    json_t *sec = NULL;
+    if (r >= 0)
+        r = job_secrets_get(ctl->store, &ctl->seal, id, &sec);
+    if (r < 0) {
+        sodium_memzero(tok, sizeof tok);
+        refuse(c, port, 503, "the control plane cannot read its store");
+        return true;
+    }
+    const char *want = json_string_value(json_object_get(sec, "SBX_TOKEN"));
+    bool ok = want && strlen(want) == strlen(tok) && sodium_memcmp(want, tok, strlen(tok)) == 0;
+    sodium_memzero(tok, sizeof tok);
+    char owner[CAP_ID_MAX + 16];
+    (void)snprintf(owner, sizeof owner, "sandbox:%s", id);
+    if (!ok)
+        refuse(c, port, 401, "sandbox %s: wrong access token", id);
+    else if (auth_account(ctl, c, owner)) {
+        /* to the run it has now, with its token for the agent (which also guards the ports) */
+        edge_pin_t pin = { .generation = rr.run.generation, .sandbox = id, .token = want };
+        edge_proxy(ctl, c, rr.ns, id, port, c->req.path, &pin);
+    }
+    pool_json_wipe(sec);
+    return true;
+}
