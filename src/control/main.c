@@ -98,9 +98,8 @@ int main(int argc, char **argv)
     const char *listen = "127.0.0.1:49980", *tokfile = NULL;
     bool rotate_secrets = false;
     int o;
-    const char *lvl = getenv("SBX_LOG_LEVEL");
-    if (lvl && streq(lvl, "debug"))
-        log_set_level(LOG_DEBUG_);
+    if (log_level_from_env() < 0)
+        return 2;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         uint64_t v;
         switch (o) {

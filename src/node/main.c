@@ -300,9 +300,8 @@ int main(int argc, char **argv)
     node_config_t cfg;
     server_config_t scfg;
     static node_t node;
-    const char *lvl = getenv("SBX_LOG_LEVEL");
-    if (lvl && streq(lvl, "debug"))
-        log_set_level(LOG_DEBUG_);
+    if (log_level_from_env() < 0)
+        return 2;
     if (parse_args(argc, argv, &cfg, &scfg) < 0)
         return 2;
     if (geteuid() != 0) {

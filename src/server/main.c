@@ -120,11 +120,6 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
     cfg->host_mode = hm && streq(hm, "1");
     if (parse_pool_knobs(cfg) < 0 || (cfg->host_mode && parse_host_config(cfg) < 0))
         return -EINVAL;
-    const char *lvl = getenv("SBX_LOG");
-    if (lvl && *lvl && !streq(lvl, "debug") && !streq(lvl, "info")) {
-        log_error("SBX_LOG=%s: expected debug or info", lvl);
-        return -EINVAL;
-    }
     const char *tok = getenv("SBX_TOKEN");
     if (tok && *tok) {
         cfg->token = strdup(tok);
@@ -172,10 +167,7 @@ int main(int argc, char **argv)
 {
     server_config_t cfg;
     server_t srv;
-    const char *lvl = getenv("SBX_LOG");
-    if (lvl && streq(lvl, "debug"))
-        log_set_level(LOG_DEBUG_);
-    if (parse_config(argc, argv, &cfg) < 0)
+    if (log_level_from_env() < 0 || parse_config(argc, argv, &cfg) < 0)
         return 2;
     raise_nofile();
     int r = server_init(&srv, &cfg);

@@ -215,7 +215,8 @@ def test_token_not_visible_to_commands(server):
     ("SBX_IDLE_TIMEOUT", "1.5"),
     # pool knobs are checked in dedicated mode too (they are not silently ignored there)
     ("SBX_CAPACITY", "0"), ("SBX_CAPACITY", "lots"), ("SBX_MIN_LANDLOCK_ABI", "x"),
-    ("SBX_HOMES_DIR", "relative/homes"), ("SBX_LOG", "verbose"),
+    ("SBX_HOMES_DIR", "relative/homes"), ("SBX_LOG_LEVEL", "verbose"),
+    ("SBX_LOG", "verbose"),  # the older name, still read
 ])
 def test_bad_numeric_config_refused(var, value):
     env = base_env(SBX_TOKEN="a" * 64)
@@ -229,6 +230,24 @@ def test_good_numeric_config_starts(make_server):
     s = make_server(env={"SBX_MAX_CONNECTIONS": "10", "SBX_IDLE_TIMEOUT": "3600",
                          "SBX_CAPACITY": "45000", "SBX_MIN_LANDLOCK_ABI": "0",
                          "SBX_HOMES_DIR": "/nonexistent/homes", "SBX_LOG": "info"})
+    st, j = s.json("GET", "/health")
+    assert st == 200 and j["status"] == "ok"
+
+
+def test_log_level_variable_is_one_for_every_daemon(tmp_path):
+    """SBX_LOG_LEVEL for sbx-server, sbx-node and sbx-control alike: a bad value refuses to
+    start, naming the variable; a good one starts (positive control: the server)."""
+    from sbxplatform import CONTROL_BIN, NODE_BIN
+    for binary, args in ((CONTROL_BIN, ["--state", str(tmp_path / "c")]),
+                         (NODE_BIN, ["--state", str(tmp_path / "n")])):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
+        env["SBX_LOG_LEVEL"] = "loud"
+        r = subprocess.run([binary] + args, env=env, capture_output=True, text=True, timeout=20)
+        assert r.returncode == 2 and "SBX_LOG_LEVEL=loud" in r.stderr, (binary, r)
+
+
+def test_log_level_warn_starts(make_server):
+    s = make_server(env={"SBX_LOG_LEVEL": "warn"})
     st, j = s.json("GET", "/health")
     assert st == 200 and j["status"] == "ok"
 
