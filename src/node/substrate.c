@@ -598,10 +598,14 @@ static int make_tree(const substrate_spec_t *sp)
 }
 
 /* Inside its user namespace root holds capabilities over the run's own files and processes
- * only; the bounding set narrows even that to what a program running as root ordinarily needs
- * (file ownership, uids, signals). A pool host also keeps what packing sandboxes takes:
+ * only; the bounding set narrows even that to what a program running as root ordinarily needs,
+ * the set container runtimes keep by default: file ownership and modes (CHOWN, DAC_OVERRIDE,
+ * FOWNER, FSETID), uids and gids (SETUID, SETGID), signals (KILL), ports below 1024
+ * (NET_BIND_SERVICE), chroot (SYS_CHROOT) and audit records (AUDIT_WRITE, refused anyway
+ * outside the initial user namespace). A pool host also keeps what packing sandboxes takes:
  * network namespaces per sandbox and their loopback (SYS_ADMIN, NET_ADMIN over namespaces it
- * makes itself), reading its sandboxes' /proc entries (SYS_PTRACE, DAC_READ_SEARCH). */
+ * makes itself), reading its sandboxes' /proc entries (SYS_PTRACE, DAC_READ_SEARCH). Every
+ * other capability leaves the bounding set, so no exec inside the run gets it back. */
 static int drop_caps(bool pool_host)
 {
     uint64_t keep = (1ULL << CAP_CHOWN) | (1ULL << CAP_DAC_OVERRIDE) | (1ULL << CAP_FOWNER) |
