@@ -352,6 +352,10 @@ bool e2b_route(control_t *ctl, conn_t *c);
 /* e2bproxy.c: a request addressed to a sandbox the way E2B's SDKs do (E2b-Sandbox-Id header,
  * or Host <port>-<id>.<domain>) is answered or proxied: true; anything else: false. */
 bool e2b_traffic_route(control_t *ctl, conn_t *c);
+/* A sandbox's traffic token (trafficAccessToken): reaches its ports, not its agent. Derived
+ * from its access token (a keyed BLAKE2b), so nothing more is stored. */
+#define E2B_TRAFFIC_TOKEN_HEX 64
+void e2b_traffic_token(const char *token, char out[E2B_TRAFFIC_TOKEN_HEX + 1]);
 
 /* pools.c */
 void route_pools(control_t *ctl, conn_t *c, sv_t rest); /* rest: after /v1/pools/ */

@@ -130,15 +130,34 @@ static json_t *metadata_of(json_t *job)
 }
 
 /* What create, connect and resume answer (the SDK's Sandbox). */
-/* Its domain is always given: an SDK told none sends port traffic to E2B's own cloud. */
+void e2b_traffic_token(const char *token, char out[E2B_TRAFFIC_TOKEN_HEX + 1])
+{
+    static const char what[] = "sbx e2b traffic token\n";
+    uint8_t h[E2B_TRAFFIC_TOKEN_HEX / 2];
+    crypto_generichash_state st;
+    (void)crypto_generichash_init(&st, NULL, 0, sizeof h);
+    (void)crypto_generichash_update(&st, (const uint8_t *)what, sizeof what - 1);
+    (void)crypto_generichash_update(&st, (const uint8_t *)token, strlen(token));
+    (void)crypto_generichash_final(&st, h, sizeof h);
+    (void)sodium_bin2hex(out, E2B_TRAFFIC_TOKEN_HEX + 1, h, sizeof h);
+    sodium_memzero(&st, sizeof st);
+    sodium_memzero(h, sizeof h);
+}
+
+/* Its domain is always given: an SDK told none sends port traffic to E2B's own cloud. The
+ * traffic token reaches the sandbox's ports only (e2bproxy.c). */
 static json_t *sandbox_json(const control_t *ctl, json_t *job, const char *token)
 {
     const char *tpl = jstr(json_object_get(job, "labels"), TEMPLATE_LABEL);
     json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "sandboxID", jstr(job, "id"), "templateID",
                           tpl, "clientID", "sbx", "envdVersion", E2B_ENVD_VERSION, "domain",
                           ctl->cfg.e2b_domain, "alias", tpl);
-    if (j && token)
+    if (j && token) {
+        char traffic[E2B_TRAFFIC_TOKEN_HEX + 1];
+        e2b_traffic_token(token, traffic);
         json_object_set_new(j, "envdAccessToken", json_string(token));
+        json_object_set_new(j, "trafficAccessToken", json_string(traffic));
+    }
     return j;
 }
 

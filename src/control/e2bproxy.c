@@ -7,8 +7,9 @@
  *   Host: <port>-<id>.<domain>                         otherwise (domain: --e2b-domain)
  *
  * The credential is the sandbox's access token (the job's SBX_TOKEN, envdAccessToken in the
- * create answer) in X-Access-Token, or E2B's e2b-traffic-access-token. It is compared with the
- * job's sealed token here, before anything goes on; then the request takes the edge's path like
+ * create answer) in X-Access-Token, or for its ports (not envd) its traffic token
+ * (trafficAccessToken, derived from the access token) in e2b-traffic-access-token. It is
+ * compared with the job's sealed token here, before anything goes on; then the request takes the edge's path like
  * every other (a capability bound to that run, method and path), and the agent checks the token
  * again. Unlike E2B, a sandbox's ports are never public: port traffic needs the token too. */
 #include <sodium.h>
@@ -81,8 +82,11 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
     } else if (!http_header_get(&c->req, "host", &v) || !host_route(v, id, &port)) {
         return false; /* not E2B's sandbox traffic */
     }
-    if ((!http_header_get(&c->req, "x-access-token", &v) &&
-         !http_header_get(&c->req, "e2b-traffic-access-token", &v)) ||
+    /* the access token reaches everything; the traffic token only the ports, not envd */
+    bool traffic = false;
+    if (!http_header_get(&c->req, "x-access-token", &v))
+        traffic = port != E2B_ENVD_PORT && http_header_get(&c->req, "e2b-traffic-access-token", &v);
+    if ((!traffic && !http_header_get(&c->req, "x-access-token", &v)) ||
         !sv_copy(v, tok, sizeof tok) || !tok[0]) {
         refuse(c, port, 401,
                "sandbox %s: its access token is required (X-Access-Token: the envdAccessToken "
@@ -108,8 +112,13 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
         return true;
     }
     const char *want = json_string_value(json_object_get(sec, "SBX_TOKEN"));
-    bool ok = want && strlen(want) == strlen(tok) && sodium_memcmp(want, tok, strlen(tok)) == 0;
+    char derived[E2B_TRAFFIC_TOKEN_HEX + 1] = "";
+    if (want && traffic)
+        e2b_traffic_token(want, derived);
+    const char *cmp = traffic ? derived : want;
+    bool ok = want && strlen(cmp) == strlen(tok) && sodium_memcmp(cmp, tok, strlen(tok)) == 0;
     sodium_memzero(tok, sizeof tok);
+    sodium_memzero(derived, sizeof derived);
     char owner[CAP_ID_MAX + 16];
     (void)snprintf(owner, sizeof owner, "sandbox:%s", id);
     if (!ok)

@@ -221,7 +221,8 @@ def test_sandbox_traffic_by_header_and_by_host(plat):
     (E2B_SANDBOX_URL) or by the host <port>-<id>.<domain> (getHost); the credential is the
     sandbox's own access token, checked before anything goes on."""
     s = create(plat, allow_internet_access=False)
-    sid, tok = s["sandboxID"], s["envdAccessToken"]
+    sid, tok, traffic = s["sandboxID"], s["envdAccessToken"], s["trafficAccessToken"]
+    assert len(traffic) == 64 and traffic != tok, s
     job = Job(plat, "e2b", plat.request("GET", f"/v1/jobs/e2b/{sid}").json(), tok)
     job.sh("mkdir -p /srv && echo hello-e2b > /srv/index.txt")
     job.start_process("exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv")
@@ -238,28 +239,37 @@ def test_sandbox_traffic_by_header_and_by_host(plat):
             h["X-Access-Token"] = token
         return plat.request(method, path, body, token=None, headers=h)
 
-    assert wait_until(lambda: by_host(tok).status == 200, 15, 0.2), by_host(tok)
-    r = by_host(tok)
+    # a port: by host with the traffic token (e2b-traffic-access-token), by headers with the
+    # access token (X-Access-Token)
+    assert wait_until(lambda: by_host(traffic).status == 200, 15, 0.2), by_host(traffic)
+    r = by_host(traffic)
     assert (r.status, r.body) == (200, b"hello-e2b\n"), r
     r = by_header(tok)
     assert (r.status, r.body) == (200, b"hello-e2b\n"), r
     # refused, and the server inside never sees them: no token, a wrong one, another
     # sandbox's token; an unknown sandbox is 502 (what the SDKs read as "not running")
     other = create(plat, allow_internet_access=False)
-    for t in (None, "0" * 64, other["envdAccessToken"]):
+    for t in (None, "0" * 64, other["envdAccessToken"], other["trafficAccessToken"]):
         r = by_host(t)
         assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: served", t, r)
         r = by_header(t)
         assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: served", t, r)
-    assert by_host(tok, to="f" * 24).status == 502
+    assert by_host(traffic, to="f" * 24).status == 502
     # a port the sandbox does not expose is not reached (with its own token)
-    r = by_host(tok, port=9999)
+    r = by_host(traffic, port=9999)
     assert r.status == 403 and b"hello-e2b" not in r.body, r
-    # envd's port: errors in Connect's shape (a string code)
-    r = by_header("nope", port="49983", path="/process.Process/List", method="POST", body={})
+    # envd's port: errors in Connect's shape (a string code); the traffic token does not
+    # reach it (it is for ports), the access token does (positive control: the agent answers
+    # rather than the edge refusing)
+    r = by_header("nope", port="49983", path="/v1/files/read?path=/srv/index.txt")
     assert r.status == 401 and r.json()["code"] == "unauthenticated", r
+    h = {"E2b-Sandbox-Id": sid, "e2b-traffic-access-token": traffic}
+    r = plat.request("GET", "/v1/files/read?path=/srv/index.txt", token=None, headers=h)
+    assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: traffic token on envd", r)
+    r = by_header(tok, port="49983", path="/v1/files/read?path=/srv/index.txt")
+    assert (r.status, r.body) == (200, b"hello-e2b\n"), r
     # killed: 502 from then on
     assert e2b(plat, "DELETE", f"/sandboxes/{other['sandboxID']}").status == 204
-    assert wait_until(lambda: by_host(other["envdAccessToken"], to=other["sandboxID"]).status
+    assert wait_until(lambda: by_host(other["trafficAccessToken"], to=other["sandboxID"]).status
                       == 502, 15, 0.2)
     assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204
