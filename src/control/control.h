@@ -352,6 +352,8 @@ bool e2b_route(control_t *ctl, conn_t *c);
 /* e2bproxy.c: a request addressed to a sandbox the way E2B's SDKs do (E2b-Sandbox-Id header,
  * or Host <port>-<id>.<domain>) is answered or proxied: true; anything else: false. */
 bool e2b_traffic_route(control_t *ctl, conn_t *c);
+/* Whether a job record is one of E2B's sandboxes (made through E2B's control API). */
+bool e2b_job(json_t *job);
 /* A sandbox's traffic token (trafficAccessToken): reaches its ports, not its agent. Derived
  * from its access token (a keyed BLAKE2b), so nothing more is stored. */
 #define E2B_TRAFFIC_TOKEN_HEX 64

@@ -112,7 +112,7 @@ static bool e2b_auth(control_t *ctl, conn_t *c, role_t need, principal_t *ret)
 
 /* ---- the Sandbox shapes ----------------------------------------------------------------------- */
 
-static bool is_e2b_job(json_t *job)
+bool e2b_job(json_t *job)
 {
     return json_object_get(json_object_get(job, "labels"), TEMPLATE_LABEL) != NULL;
 }
@@ -394,8 +394,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
     for (int attempt = 0; attempt < 8; attempt++) {
         json_t *job;
         int64_t rev;
-        if (job_load(w->st, a->ns, a->id, &job, &rev) < 0 || !is_e2b_job(job) ||
-            !sandbox_state(job)) {
+        if (job_load(w->st, a->ns, a->id, &job, &rev) < 0 || !e2b_job(job) || !sandbox_state(job)) {
             json_decref(job);
             e2b_fail(res, 404, "sandbox %s not found", a->id);
             return;
@@ -471,7 +470,7 @@ static bool query_get(const conn_t *c, const char *name, char *out, size_t cap)
 static bool list_match(json_t *job, const char *meta, const char *states)
 {
     const char *state = sandbox_state(job);
-    if (!state || !is_e2b_job(job))
+    if (!state || !e2b_job(job))
         return false;
     if (states[0]) {
         bool any = false;
@@ -570,7 +569,7 @@ static json_t *load_sandbox(control_t *ctl, conn_t *c, const char *ns, const cha
         e2b_error(c, 404, "sandbox %s not found", id);
         return NULL;
     }
-    if (!is_e2b_job(job) || !sandbox_state(job)) {
+    if (!e2b_job(job) || !sandbox_state(job)) {
         json_decref(job);
         e2b_error(c, 404, "sandbox %s not found", id);
         return NULL;

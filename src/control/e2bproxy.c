@@ -64,6 +64,28 @@ static bool host_route(sv_t host, char id[CAP_ID_MAX], uint16_t *ret_port)
     return sv_copy(sid, id, CAP_ID_MAX) && cap_id_valid(id);
 }
 
+/* The E2B sandbox id names, running, and its secrets: 0; -ESRCH when there is none (no such
+ * job, not one of E2B's, being killed or paused: not running from the moment it was asked to
+ * stop); another -errno when the store cannot be read. */
+static int sandbox_lookup(control_t *ctl, const char *id, runrec_t *rr, json_t **ret_sec)
+{
+    int r = runrec_load(ctl->store, id, rr, NULL);
+    if (r >= 0 && rr->state != RR_RUNNING && rr->state != RR_INSTALLING)
+        r = -ENOENT;
+    json_t *job = NULL;
+    if (r >= 0 && (r = job_load(ctl->store, rr->ns, id, &job, NULL)) >= 0) {
+        job_stage_t st;
+        job_desired_t d;
+        bool running = e2b_job(job) && job_stage_of(job, &st) == 0 && !job_stage_ended(st) &&
+                       job_desired_of(job, &d) == 0 && d == DESIRED_RUNNING;
+        json_decref(job);
+        r = running ? 0 : -ENOENT;
+    }
+    if (r >= 0)
+        r = job_secrets_get(ctl->store, &ctl->seal, id, ret_sec);
+    return r == -ENOENT ? -ESRCH : r;
+}
+
 bool e2b_traffic_route(control_t *ctl, conn_t *c)
 {
     char id[CAP_ID_MAX], tok[256];
@@ -95,20 +117,15 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
         return true;
     }
     runrec_t rr;
-    int64_t rev;
-    int r = runrec_load(ctl->store, id, &rr, &rev);
-    if (r == -ENOENT || (r >= 0 && rr.state != RR_RUNNING && rr.state != RR_INSTALLING)) {
-        sodium_memzero(tok, sizeof tok);
-        /* E2B's SDKs read 502 (only) as "the sandbox is not running" */
-        refuse(c, port, 502, "sandbox %s is not running", id);
-        return true;
-    }
     json_t *sec = NULL;
-    if (r >= 0)
-        r = job_secrets_get(ctl->store, &ctl->seal, id, &sec);
+    int r = sandbox_lookup(ctl, id, &rr, &sec);
     if (r < 0) {
         sodium_memzero(tok, sizeof tok);
-        refuse(c, port, 503, "the control plane cannot read its store");
+        /* E2B's SDKs read 502 (only) as "the sandbox is not running" */
+        if (r == -ESRCH)
+            refuse(c, port, 502, "sandbox %s is not running", id);
+        else
+            refuse(c, port, 503, "the control plane cannot read its store");
         return true;
     }
     const char *want = json_string_value(json_object_get(sec, "SBX_TOKEN"));

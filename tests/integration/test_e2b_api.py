@@ -268,6 +268,14 @@ def test_sandbox_traffic_by_header_and_by_host(plat):
     assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: traffic token on envd", r)
     r = by_header(tok, port="49983", path="/v1/files/read?path=/srv/index.txt")
     assert (r.status, r.body) == (200, b"hello-e2b\n"), r
+    # a job made through the Jobs API is not E2B's: its token alone does not reach it (the Jobs
+    # API's edge wants an API token too); positive control: it serves through that edge
+    plain = plat.create(ns="e2b")
+    plain.sh("mkdir -p /srv && echo hello-plain > /srv/index.txt")
+    r = by_header(plain.token, port="49983", to=plain.id, path="/v1/files/read?path=/srv/index.txt")
+    assert r.status == 502 and b"hello-plain" not in r.body, ("ATTACK: a Jobs API job", r)
+    assert plain.read_file("/srv/index.txt").body == b"hello-plain\n"
+    plain.cancel()
     # killed: 502 from then on
     assert e2b(plat, "DELETE", f"/sandboxes/{other['sandboxID']}").status == 204
     assert wait_until(lambda: by_host(other["trafficAccessToken"], to=other["sandboxID"]).status
