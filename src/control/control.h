@@ -354,10 +354,6 @@ bool e2b_route(control_t *ctl, conn_t *c);
 bool e2b_traffic_route(control_t *ctl, conn_t *c);
 /* Whether a job record is one of E2B's sandboxes (made through E2B's control API). */
 bool e2b_job(json_t *job);
-/* A sandbox's traffic token (trafficAccessToken): reaches its ports, not its agent. Derived
- * from its access token (a keyed BLAKE2b), so nothing more is stored. */
-#define E2B_TRAFFIC_TOKEN_HEX 64
-void e2b_traffic_token(const char *token, char out[E2B_TRAFFIC_TOKEN_HEX + 1]);
 
 /* pools.c */
 void route_pools(control_t *ctl, conn_t *c, sv_t rest); /* rest: after /v1/pools/ */

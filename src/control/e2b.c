@@ -24,11 +24,9 @@
 
 #include "cap/purpose.h"
 #include "common/log.h"
-#include "control.h"
+#include "e2b.h"
 
 #define E2B_NS "e2b"
-#define E2B_ENVD_VERSION "0.5.7"
-#define E2B_DEFAULT_TIMEOUT_S 300
 #define E2B_BODY_MAX (256 * 1024)
 #define E2B_START_WAIT_MS 120000
 #define E2B_LIST_MAX 1000
@@ -146,11 +144,10 @@ void e2b_traffic_token(const char *token, char out[E2B_TRAFFIC_TOKEN_HEX + 1])
 
 /* Its domain is always given: an SDK told none sends port traffic to E2B's own cloud. The
  * traffic token reaches the sandbox's ports only (e2bproxy.c). */
-static json_t *sandbox_json(const control_t *ctl, json_t *job, const char *token)
+json_t *e2b_sandbox_json(const control_t *ctl, const char *id, const char *tpl, const char *token)
 {
-    const char *tpl = jstr(json_object_get(job, "labels"), TEMPLATE_LABEL);
-    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "sandboxID", jstr(job, "id"), "templateID",
-                          tpl, "clientID", "sbx", "envdVersion", E2B_ENVD_VERSION, "domain",
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "sandboxID", id, "templateID", tpl,
+                          "clientID", "sbx", "envdVersion", E2B_ENVD_VERSION, "domain",
                           ctl->cfg.e2b_domain, "alias", tpl);
     if (j && token) {
         char traffic[E2B_TRAFFIC_TOKEN_HEX + 1];
@@ -159,6 +156,12 @@ static json_t *sandbox_json(const control_t *ctl, json_t *job, const char *token
         json_object_set_new(j, "trafficAccessToken", json_string(traffic));
     }
     return j;
+}
+
+static json_t *sandbox_json(const control_t *ctl, json_t *job, const char *token)
+{
+    return e2b_sandbox_json(ctl, jstr(job, "id"),
+                            jstr(json_object_get(job, "labels"), TEMPLATE_LABEL), token);
 }
 
 /* running | paused, or NULL for a job that is no sandbox any more. */
@@ -172,28 +175,40 @@ static const char *sandbox_state(json_t *job)
     return st == STAGE_PAUSED || d == DESIRED_PAUSED ? "paused" : "running";
 }
 
-/* The list and detail shape (ListedSandbox / SandboxDetail). */
-static json_t *listed_json(json_t *job, bool detail)
+/* The list and detail shape (ListedSandbox / SandboxDetail); steals meta. */
+json_t *e2b_listed_json(const control_t *ctl, const e2b_listed_t *l, json_t *meta, bool detail)
+{
+    char at[80], end[80];
+    rfc3339(l->started_ms, at);
+    rfc3339(l->end_ms, end);
+    json_t *j =
+        json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:I,s:I,s:s,s:o}", "sandboxID", l->id,
+                  "templateID", l->tpl, "clientID", "sbx", "alias", l->tpl, "startedAt", at,
+                  "endAt", end, "state", l->state, "cpuCount", (json_int_t)l->cpus, "memoryMB",
+                  (json_int_t)l->memory_mb, "diskSizeMB", (json_int_t)l->disk_mb, "envdVersion",
+                  E2B_ENVD_VERSION, "metadata", meta ? meta : json_object());
+    if (j && detail) {
+        json_object_set_new(j, "domain", json_string(ctl->cfg.e2b_domain));
+        json_object_set_new(j, "allowInternetAccess", json_boolean(l->internet));
+    }
+    return j;
+}
+
+static json_t *listed_json(const control_t *ctl, json_t *job, bool detail)
 {
     const char *state = sandbox_state(job);
     json_t *fl = json_object_get(job, "flavor");
     int64_t started = jint(job, "started_ms") ?: jint(job, "created_ms");
-    char at[80], end[80];
-    rfc3339(started, at);
-    rfc3339(started + jint(job, "timeout") * 1000, end);
-    const char *tpl = jstr(json_object_get(job, "labels"), TEMPLATE_LABEL);
-    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:I,s:I,s:I,s:s,s:o}", "sandboxID",
-                          jstr(job, "id"), "templateID", tpl, "clientID", "sbx", "alias", tpl,
-                          "startedAt", at, "endAt", end, "state", state ? state : "killed",
-                          "cpuCount", (json_int_t)MAX(1, jint(fl, "cpu_millis") / 1000), "memoryMB",
-                          jint(fl, "memory_mb"), "diskSizeMB", jint(fl, "disk_mb"), "envdVersion",
-                          E2B_ENVD_VERSION, "metadata", metadata_of(job));
-    if (j && detail) {
-        json_object_set_new(j, "domain", json_null());
-        json_object_set_new(j, "allowInternetAccess",
-                            json_boolean(streq(jstr(job, "network"), "egress")));
-    }
-    return j;
+    e2b_listed_t l = { .id = jstr(job, "id"),
+                       .tpl = jstr(json_object_get(job, "labels"), TEMPLATE_LABEL),
+                       .state = state ? state : "killed",
+                       .started_ms = started,
+                       .end_ms = started + jint(job, "timeout") * 1000,
+                       .cpus = MAX(1, jint(fl, "cpu_millis") / 1000),
+                       .memory_mb = jint(fl, "memory_mb"),
+                       .disk_mb = jint(fl, "disk_mb"),
+                       .internet = streq(jstr(job, "network"), "egress") };
+    return e2b_listed_json(ctl, &l, metadata_of(job), detail);
 }
 
 /* ---- waiting for a run (workers) -------------------------------------------------------------- */
@@ -306,7 +321,18 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
     control_t *ctl = w->ctl;
     json_t *b = json_loadb(a->body ? a->body : "{}", a->body ? a->body_len : 2, 0, NULL);
     json_t *req = NULL, *job = NULL, *sec = NULL;
-    const char *tpl = NULL;
+    const char *tpl = json_string_value(json_object_get(b, "templateID"));
+    /* a template that names a pool of the namespace: a pooled sandbox (e2bpool.c) */
+    int pooled = json_is_object(b) && tpl ? e2b_pool_exists(w->st, a->ns, tpl) : 0;
+    if (pooled != 0) {
+        if (pooled < 0)
+            e2b_fail(res, 503, "create: the control plane cannot read its store");
+        else
+            e2b_pool_create(w, a->ns, tpl, b, res);
+        json_decref(b);
+        return;
+    }
+    tpl = NULL;
     const char *e = create_body(ctl, b, &req, &tpl);
     if (!e)
         e = job_from_request(req, ctl->cfg.default_image, &job, &sec);
@@ -467,10 +493,9 @@ static bool query_get(const conn_t *c, const char *name, char *out, size_t cap)
 }
 
 /* Whether job matches the v2 list's filters: metadata "k=v&k2=v2" (URL-encoded), state list. */
-static bool list_match(json_t *job, const char *meta, const char *states)
+bool e2b_list_match(const char *state, json_t *metadata, const char *meta, const char *states)
 {
-    const char *state = sandbox_state(job);
-    if (!state || !e2b_job(job))
+    if (!state)
         return false;
     if (states[0]) {
         bool any = false;
@@ -482,11 +507,10 @@ static bool list_match(json_t *job, const char *meta, const char *states)
             return false;
     }
     if (meta[0]) {
-        json_t *labels = json_object_get(job, "labels");
         char buf[1024];
         (void)snprintf(buf, sizeof buf, "%s", meta);
         for (char *save = NULL, *t = strtok_r(buf, "&", &save); t; t = strtok_r(NULL, "&", &save)) {
-            char key[160], dk[128], dv[512];
+            char dk[128], dv[512];
             char *eq = strchr(t, '=');
             int kn =
                 url_decode(sv_make(t, eq ? (size_t)(eq - t) : strlen(t)), dk, sizeof dk - 1, true);
@@ -495,13 +519,18 @@ static bool list_match(json_t *job, const char *meta, const char *states)
                 return false;
             dk[kn] = 0;
             dv[vn] = 0;
-            (void)snprintf(key, sizeof key, META_PREFIX "%s", dk);
-            json_t *v = json_object_get(labels, key);
+            json_t *v = json_object_get(metadata, dk);
             if (!v || (eq && !streq(json_string_value(v), dv)))
                 return false;
         }
     }
     return true;
+}
+
+static int by_sandbox_id(const void *a, const void *b)
+{
+    return strcmp(json_string_value(json_object_get(*(json_t *const *)a, "sandboxID")),
+                  json_string_value(json_object_get(*(json_t *const *)b, "sandboxID")));
 }
 
 static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
@@ -520,40 +549,56 @@ static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
         e2b_error(c, 400, "limit: 1..%d", E2B_LIST_MAX);
         return;
     }
+    /* dedicated sandboxes (jobs) and pooled ones (e2bpool.c), in one id order: nextToken is the
+     * last id of the previous page */
     char prefix[96];
     (void)snprintf(prefix, sizeof prefix, "jobs/%s/", ns);
     store_kv_t *kvs;
     size_t n;
+    json_t *all = json_array();
     int r = store_list(ctl->store, prefix, &kvs, &n);
+    if (r >= 0) {
+        for (size_t i = 0; all && i < n; i++) {
+            json_t *job = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
+            json_t *md = job ? metadata_of(job) : NULL;
+            if (job && e2b_job(job) && (!next[0] || strcmp(jstr(job, "id"), next) > 0) &&
+                e2b_list_match(sandbox_state(job), md, meta, states))
+                json_array_append_new(all, listed_json(ctl, job, false));
+            json_decref(md);
+            json_decref(job);
+        }
+        store_kv_free(kvs, n);
+        r = e2b_pool_list(ctl, ns, next, meta, states, all);
+    }
     if (r < 0) {
+        json_decref(all);
         e2b_error(c, 503, "list: the control plane cannot read its store");
         return;
     }
+    size_t total = json_array_size(all);
+    json_t **items = calloc(total ? total : 1, sizeof *items);
     json_t *arr = json_array();
-    char last[32] = "";
-    bool more = false;
-    for (size_t i = 0; arr && i < n; i++) {
-        json_t *job = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
-        const char *id = jstr(job, "id");
-        /* pages in id order: nextToken is the last id of the previous page */
-        if (job && (!next[0] || strcmp(id, next) > 0) && list_match(job, meta, states)) {
-            if (json_array_size(arr) == limit) {
-                more = true;
-            } else {
-                json_array_append_new(arr, listed_json(job, false));
-                (void)snprintf(last, sizeof last, "%s", id);
-            }
-        }
-        json_decref(job);
-        if (more)
-            break;
+    if (!items || !arr) {
+        free(items);
+        json_decref(all);
+        json_decref(arr);
+        conn_respond_errno(c, -ENOMEM, "list");
+        return;
     }
-    store_kv_free(kvs, n);
+    for (size_t i = 0; i < total; i++)
+        items[i] = json_array_get(all, i);
+    qsort(items, total, sizeof *items, by_sandbox_id);
+    size_t take = MIN(total, (size_t)limit);
+    for (size_t i = 0; i < take; i++)
+        json_array_append(arr, items[i]);
+    char extra[96] = "";
+    if (total > take)
+        (void)snprintf(extra, sizeof extra, "x-next-token: %s\r\n",
+                       json_string_value(json_object_get(items[take - 1], "sandboxID")));
+    free(items);
+    json_decref(all);
     _cleanup_free_ char *body = json_dumps(arr, JSON_COMPACT);
     json_decref(arr);
-    char extra[96] = "";
-    if (more)
-        (void)snprintf(extra, sizeof extra, "x-next-token: %s\r\n", last);
     if (!body)
         conn_respond_errno(c, -ENOMEM, "list");
     else
@@ -702,6 +747,42 @@ static void submit_arg_close(conn_t *c, bool aborted)
 }
 static const handler_ops_t submit_ops = { .on_close = submit_arg_close };
 
+/* /sandboxes/{id}[/op] of a pooled sandbox (e2bpool.c): it has no lifetime to move and cannot
+ * pause; detail, kill and connect work as for a dedicated one. */
+static bool pooled_route(control_t *ctl, conn_t *c, const char *id, const char *op)
+{
+    sv_t m = c->req.method;
+    bool get = sv_eq(m, SV("GET")), post = sv_eq(m, SV("POST")), del = sv_eq(m, SV("DELETE"));
+    principal_t pr;
+    if (!e2b_auth(ctl, c, get ? ROLE_READ : ROLE_WRITE, &pr))
+        return true;
+    if (!op[0] && get) {
+        e2b_pool_detail(ctl, c, caller_ns(&pr), id);
+        return true;
+    }
+    bool kill = !op[0] && del, connect = post && streq(op, "connect");
+    if (kill || connect) {
+        e2b_pool_arg_t *a = calloc(1, sizeof *a);
+        if (!a) {
+            e2b_error(c, 500, "out of memory");
+            return true;
+        }
+        (void)snprintf(a->ns, sizeof a->ns, "%s", caller_ns(&pr));
+        (void)snprintf(a->id, sizeof a->id, "%s", id);
+        work_submit(ctl, c, kill ? e2b_pool_kill_fn : e2b_pool_connect_fn, a, free);
+        return true;
+    }
+    if (post && (streq(op, "timeout") || streq(op, "pause") || streq(op, "resume"))) {
+        e2b_error(c, 400,
+                  "sandbox %s is pooled: it ends after its idle timeout (the create's timeout) "
+                  "and cannot pause or resume",
+                  id);
+        return true;
+    }
+    e2b_error(c, op[0] ? 404 : 405, op[0] ? "no such route" : "method not allowed");
+    return true;
+}
+
 /* Whether path is one of the E2B control API's: /sandboxes[/...] or /v2/sandboxes[/...]. */
 bool e2b_route(control_t *ctl, conn_t *c)
 {
@@ -753,6 +834,8 @@ bool e2b_route(control_t *ctl, conn_t *c)
         e2b_error(c, 405, "method not allowed");
         return true;
     }
+    if (e2b_pooled_id(id))
+        return pooled_route(ctl, c, id, op);
     if (!op[0] && (get || del)) {
         if (!e2b_auth(ctl, c, get ? ROLE_READ : ROLE_WRITE, &pr))
             return true;
@@ -762,7 +845,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
         }
         json_t *job = load_sandbox(ctl, c, caller_ns(&pr), id, NULL);
         if (job) {
-            conn_respond_json(c, 200, listed_json(job, true));
+            conn_respond_json(c, 200, listed_json(ctl, job, true));
             json_decref(job);
         }
         return true;

@@ -18,7 +18,7 @@
 
 #include "cap/purpose.h"
 #include "common/log.h"
-#include "control.h"
+#include "e2b.h"
 #include "pools.h"
 
 #define E2B_ENVD_PORT CAP_AGENT_PORT /* 49983 both */
@@ -64,16 +64,38 @@ static bool host_route(sv_t host, char id[CAP_ID_MAX], uint16_t *ret_port)
     return sv_copy(sid, id, CAP_ID_MAX) && cap_id_valid(id);
 }
 
-/* The E2B sandbox id names, running, and its secrets: 0; -ESRCH when there is none (no such
- * job, not one of E2B's, being killed or paused: not running from the moment it was asked to
- * stop); another -errno when the store cannot be read. */
-static int sandbox_lookup(control_t *ctl, const char *id, runrec_t *rr, json_t **ret_sec)
+/* Where a sandbox's traffic goes: the job whose run serves it (a dedicated sandbox's own, or a
+ * pooled one's host), the generation it lives in, its namespace and token, and for a pooled
+ * sandbox the agent's path prefix for it. */
+typedef struct {
+    char ns[64], job[CAP_ID_MAX], token[128];
+    uint64_t generation;
+    bool pooled;
+} target_t;
+
+/* The E2B sandbox id names, running: 0; -ESRCH when there is none (no such job, not one of
+ * E2B's, being killed or paused: not running from the moment it was asked to stop; a pooled
+ * one gone); another -errno when the store cannot be read. */
+static int sandbox_lookup(control_t *ctl, const char *id, target_t *ret)
 {
-    int r = runrec_load(ctl->store, id, rr, NULL);
-    if (r >= 0 && rr->state != RR_RUNNING && rr->state != RR_INSTALLING)
+    if (e2b_pooled_id(id)) {
+        e2b_pool_target_t t;
+        int r = e2b_pool_target(ctl->store, &ctl->seal, id, &t);
+        if (r >= 0) {
+            *ret = (target_t){ .generation = t.generation, .pooled = true };
+            memcpy(ret->ns, t.ns, sizeof ret->ns);
+            (void)snprintf(ret->job, sizeof ret->job, "%s", t.host);
+            memcpy(ret->token, t.token, sizeof ret->token);
+        }
+        sodium_memzero(&t, sizeof t);
+        return r;
+    }
+    runrec_t rr;
+    int r = runrec_load(ctl->store, id, &rr, NULL);
+    if (r >= 0 && rr.state != RR_RUNNING && rr.state != RR_INSTALLING)
         r = -ENOENT;
-    json_t *job = NULL;
-    if (r >= 0 && (r = job_load(ctl->store, rr->ns, id, &job, NULL)) >= 0) {
+    json_t *job = NULL, *sec = NULL;
+    if (r >= 0 && (r = job_load(ctl->store, rr.ns, id, &job, NULL)) >= 0) {
         job_stage_t st;
         job_desired_t d;
         bool running = e2b_job(job) && job_stage_of(job, &st) == 0 && !job_stage_ended(st) &&
@@ -82,8 +104,26 @@ static int sandbox_lookup(control_t *ctl, const char *id, runrec_t *rr, json_t *
         r = running ? 0 : -ENOENT;
     }
     if (r >= 0)
-        r = job_secrets_get(ctl->store, &ctl->seal, id, ret_sec);
+        r = job_secrets_get(ctl->store, &ctl->seal, id, &sec);
+    const char *tok = json_string_value(json_object_get(sec, "SBX_TOKEN"));
+    if (r >= 0 && (!tok || strlen(tok) >= sizeof ret->token))
+        r = -EBADMSG;
+    if (r >= 0) {
+        *ret = (target_t){ .generation = rr.run.generation };
+        memcpy(ret->ns, rr.ns, sizeof ret->ns);
+        (void)snprintf(ret->job, sizeof ret->job, "%s", id);
+        memcpy(ret->token, tok, strlen(tok) + 1);
+    }
+    pool_json_wipe(sec);
     return r == -ENOENT ? -ESRCH : r;
+}
+
+static bool port_exposed(const control_t *ctl, uint16_t port)
+{
+    for (int i = 0; i < ctl->cfg.n_e2b_ports; i++)
+        if (ctl->cfg.e2b_ports[i] == port)
+            return true;
+    return port == E2B_ENVD_PORT;
 }
 
 bool e2b_traffic_route(control_t *ctl, conn_t *c)
@@ -116,9 +156,8 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
                id);
         return true;
     }
-    runrec_t rr;
-    json_t *sec = NULL;
-    int r = sandbox_lookup(ctl, id, &rr, &sec);
+    target_t t;
+    int r = sandbox_lookup(ctl, id, &t);
     if (r < 0) {
         sodium_memzero(tok, sizeof tok);
         /* E2B's SDKs read 502 (only) as "the sandbox is not running" */
@@ -128,23 +167,35 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
             refuse(c, port, 503, "the control plane cannot read its store");
         return true;
     }
-    const char *want = json_string_value(json_object_get(sec, "SBX_TOKEN"));
     char derived[E2B_TRAFFIC_TOKEN_HEX + 1] = "";
-    if (want && traffic)
-        e2b_traffic_token(want, derived);
-    const char *cmp = traffic ? derived : want;
-    bool ok = want && strlen(cmp) == strlen(tok) && sodium_memcmp(cmp, tok, strlen(tok)) == 0;
+    if (traffic)
+        e2b_traffic_token(t.token, derived);
+    const char *cmp = traffic ? derived : t.token;
+    bool ok = strlen(cmp) == strlen(tok) && sodium_memcmp(cmp, tok, strlen(tok)) == 0;
     sodium_memzero(tok, sizeof tok);
     sodium_memzero(derived, sizeof derived);
-    char owner[CAP_ID_MAX + 16];
+    char owner[CAP_ID_MAX + 16], path[HTTP_MAX_HEAD];
     (void)snprintf(owner, sizeof owner, "sandbox:%s", id);
+    /* a pooled sandbox: its routes on its host's agent, its ports through that agent's proxy
+     * (where a dedicated run's node refuses a port the job does not expose, this does) */
+    int n = !t.pooled ? snprintf(path, sizeof path, SV_FMT, SV_ARG(c->req.path))
+            : port == E2B_ENVD_PORT
+                ? snprintf(path, sizeof path, "/v1/sandboxes/%s" SV_FMT, id, SV_ARG(c->req.path))
+                : snprintf(path, sizeof path, "/v1/sandboxes/%s/proxy/%u" SV_FMT, id,
+                           (unsigned)port, SV_ARG(c->req.path));
     if (!ok)
         refuse(c, port, 401, "sandbox %s: wrong access token", id);
+    else if (n < 0 || (size_t)n >= sizeof path)
+        refuse(c, port, 400, "path too long");
+    else if (t.pooled && !port_exposed(ctl, port))
+        refuse(c, port, 403, "port %u of sandbox %s is not exposed (sbx-control --e2b-ports)",
+               (unsigned)port, id);
     else if (auth_account(ctl, c, owner)) {
         /* to the run it has now, with its token for the agent (which also guards the ports) */
-        edge_pin_t pin = { .generation = rr.run.generation, .sandbox = id, .token = want };
-        edge_proxy(ctl, c, rr.ns, id, port, c->req.path, &pin);
+        edge_pin_t pin = { .generation = t.generation, .sandbox = id, .token = t.token };
+        edge_proxy(ctl, c, t.ns, t.job, t.pooled ? E2B_ENVD_PORT : port, sv_make(path, (size_t)n),
+                   &pin);
     }
-    pool_json_wipe(sec);
+    sodium_memzero(&t, sizeof t);
     return true;
 }

@@ -281,3 +281,84 @@ def test_sandbox_traffic_by_header_and_by_host(plat):
     assert wait_until(lambda: by_host(other["trafficAccessToken"], to=other["sandboxID"]).status
                       == 502, 15, 0.2)
     assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204
+
+
+# An HTTP server of the files under ./www on the unix socket $SBX_PROXY_DIR/<port>.sock.
+UNIX_HTTP_SERVER = """
+import http.server, os, socketserver, sys
+os.chdir("www")
+class H(http.server.SimpleHTTPRequestHandler):
+    def address_string(self):
+        return "unix"
+class S(socketserver.UnixStreamServer):
+    def get_request(self):
+        return self.socket.accept()[0], ("unix", 0)
+S(os.path.join(os.environ["SBX_PROXY_DIR"], sys.argv[1] + ".sock"), H).serve_forever()
+"""
+
+
+def test_a_template_that_names_a_pool_makes_pooled_sandboxes(plat):
+    """templateID = a pool of the key's namespace: a pooled sandbox (fast create), reached,
+    listed, inspected, connected and killed through E2B's API; no lifetime to move, no pause."""
+    r = plat.request("POST", "/v1/pools/e2b", {"name": "fast", "per_host": 4})
+    assert r.status == 201, r
+    s = create(plat, templateID="fast", metadata={"kind": "pooled"}, timeout=120)
+    sid, tok, traffic = s["sandboxID"], s["envdAccessToken"], s["trafficAccessToken"]
+    assert len(sid) == 16 and s["templateID"] == "fast" and tok and traffic != tok, s
+    d = e2b(plat, "GET", f"/sandboxes/{sid}").json()
+    assert d["state"] == "running" and d["metadata"] == {"kind": "pooled"}, d
+    assert d["templateID"] == "fast" and d["domain"] == s["domain"], d
+    listed = e2b(plat, "GET", "/v2/sandboxes?metadata=kind%3Dpooled").json()
+    assert [x["sandboxID"] for x in listed] == [sid], listed
+    # it is the pool's sandbox: a server started through the pools API is reached by host (a
+    # pooled sandbox cannot bind TCP: its service listens on $SBX_PROXY_DIR/<port>.sock)
+    pool_sb = f"/v1/pools/e2b/fast/sandboxes/{sid}"
+    r = plat.request("PUT", pool_sb + "/files/write?path=srv.py", UNIX_HTTP_SERVER.encode())
+    assert r.status == 200, r
+    r = plat.request("POST", pool_sb + "/processes", {
+        "cmd": "mkdir -p www && echo hello-pooled > www/index.txt && exec python3 srv.py 8000"})
+    assert r.status == 200, r
+
+    def by_host(token, port=8000):
+        h = {"Host": f"{port}-{sid}.localhost:{plat.control.port}",
+             "e2b-traffic-access-token": token}
+        return plat.request("GET", "/index.txt", token=None, headers=h)
+
+    assert wait_until(lambda: by_host(traffic).status == 200, 15, 0.2), by_host(traffic)
+    assert by_host(traffic).body == b"hello-pooled\n"
+    for t in ("0" * 64, tok[:-1] + ("0" if tok[-1] != "0" else "1")):
+        r = by_host(t)
+        assert r.status == 401 and b"hello-pooled" not in r.body, ("ATTACK: pooled served", r)
+    assert by_host(traffic, port=9999).status == 403  # not an --e2b-ports port
+    # envd's port: the host agent's routes for that sandbox, below /v1/sandboxes/{id} (positive
+    # control: its files through our own route there)
+    h = {"E2b-Sandbox-Id": sid, "X-Access-Token": tok}
+    r = plat.request("GET", "/files/read?path=www/index.txt", token=None, headers=h)
+    assert (r.status, r.body) == (200, b"hello-pooled\n"), r
+    h = {"E2b-Sandbox-Id": sid, "e2b-traffic-access-token": traffic}
+    r = plat.request("GET", "/files/read?path=www/index.txt", token=None, headers=h)
+    assert r.status == 401, ("ATTACK: the traffic token reaches a pooled sandbox's agent", r)
+    # no lifetime to move, no pause: said, not pretended
+    for op in ("timeout", "pause"):
+        r = e2b(plat, "POST", f"/sandboxes/{sid}/{op}", {"timeout": 30})
+        assert r.status == 400 and "pooled" in r.json()["message"], r
+    r = e2b(plat, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 60})
+    assert r.status == 200 and r.json()["envdAccessToken"] == tok, r
+    # another namespace's key does not see it
+    other = plat.request("POST", "/v1/tokens", {"principal": "e2b-other", "namespace": "elsewhere",
+                                                "role": "write"}).json()["token"]
+    r = e2b(plat, "GET", f"/sandboxes/{sid}", key=other)
+    assert r.status == 404, ("ATTACK: another namespace's key sees it", r)
+    r = e2b(plat, "DELETE", f"/sandboxes/{sid}", key=other)
+    assert r.status == 404, ("ATTACK: another namespace's key kills it", r)
+    assert by_host(traffic).status == 200  # (still there)
+    # kill: 204, then gone everywhere
+    assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204
+    assert e2b(plat, "GET", f"/sandboxes/{sid}").status == 404
+    r = e2b(plat, "DELETE", f"/sandboxes/{sid}")
+    assert r.status == 404 and r.json()["code"] == 404, r
+    assert by_host(traffic).status == 502
+    assert plat.request("GET", pool_sb).status == 404
+    # an unknown pool name is an image name: one no node has is refused
+    r = e2b(plat, "POST", "/v2/sandboxes", {"templateID": "no-such-pool-or-image"})
+    assert r.status in (400, 404) and r.json()["code"] == r.status, r

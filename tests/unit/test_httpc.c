@@ -813,8 +813,10 @@ static _noreturn_ void ka_conn(int c, unsigned conn_no, ka_mode_t mode, int logf
         }
         size_t used = (size_t)(end - req) + 4;
         const char *h = memmem(req, used, "\r\nContent-Length: ", 18);
-        if (h)
-            used += strtoul(h + 18, NULL, 10);
+        uint64_t cl = 0;
+        if (h && parse_u64(sv_make(h + 18, strcspn(h + 18, "\r")), sizeof req, &cl) < 0)
+            _exit(1);
+        used += (size_t)cl;
         while (len < used) { /* the body (small in these tests) */
             ssize_t k = read(c, req + len, sizeof req - len);
             if (k <= 0)
