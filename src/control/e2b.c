@@ -53,7 +53,7 @@ _printf_(3, 4) static void e2b_error(conn_t *c, int status, const char *fmt, ...
     conn_respond_json(c, status, json_pack("{s:i,s:s}", "code", status, "message", msg));
 }
 
-_printf_(3, 4) static void e2b_fail(work_result_t *res, int status, const char *fmt, ...)
+void e2b_fail(work_result_t *res, int status, const char *fmt, ...)
 {
     char msg[400];
     va_list ap;

@@ -9,7 +9,6 @@
  * timeout (the pool host ends it after that long without a request), it cannot pause, and its
  * network is its pool host's (a namespace of its own, loopback only). */
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 
 #include "common/log.h"
@@ -41,16 +40,6 @@ int e2b_pool_exists(store_t *st, const char *ns, const char *name)
     return 1;
 }
 
-_printf_(3, 4) static void fail(work_result_t *res, int status, const char *fmt, ...)
-{
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    (void)vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    work_answer(res, status, json_pack("{s:i,s:s}", "code", status, "message", msg));
-}
-
 /* The message of a pool API answer (its "error", or "reason"). */
 static const char *answer_why(json_t *j)
 {
@@ -65,18 +54,18 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
     if (json_object_get(b, "timeout") && json_unpack(b, "{s:I}", "timeout", &timeout) < 0)
         timeout = -1;
     if (timeout < 1 || timeout > 7 * 86400) {
-        fail(res, 400, "create: timeout: 1..604800 seconds");
+        e2b_fail(res, 400, "create: timeout: 1..604800 seconds");
         return;
     }
     const char *k;
     json_t *v;
     if (meta && !json_is_object(meta)) {
-        fail(res, 400, "create: metadata: an object of strings");
+        e2b_fail(res, 400, "create: metadata: an object of strings");
         return;
     }
     json_object_foreach(meta, k, v) {
         if (!json_is_string(v) || strlen(k) > 54 || json_string_length(v) > 512) {
-            fail(res, 400, "create: metadata: string values, keys of at most 54 bytes");
+            e2b_fail(res, 400, "create: metadata: string values, keys of at most 54 bytes");
             return;
         }
     }
@@ -91,7 +80,7 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
     in.body_len = in.body ? strlen(in.body) : 0;
     json_decref(req);
     if (!in.body) {
-        fail(res, 500, "create: out of memory");
+        e2b_fail(res, 500, "create: out of memory");
         return;
     }
     work_result_t made = { 0 };
@@ -101,7 +90,7 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
     if (made.status != 200 || !s) {
         /* the pool's own refusal: 400 (bad env), 429 (at max_hosts), 503 (try again) */
         int status = made.status == 200 ? 503 : made.status;
-        fail(res, status, "create in pool %s: %s", pool, answer_why(made.json));
+        e2b_fail(res, status, "create in pool %s: %s", pool, answer_why(made.json));
         if (status == 503 || status == 429)
             (void)snprintf(res->headers, sizeof res->headers, "Retry-After: 1\r\n");
         pool_json_wipe(made.json);
@@ -125,7 +114,7 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
         work_result_t gone = { 0 };
         pool_delete_fn(w, &del, &gone);
         json_decref(gone.json);
-        fail(res, 503, "create: the control plane cannot write its store");
+        e2b_fail(res, 503, "create: the control plane cannot write its store");
         pool_json_wipe(made.json);
         return;
     }
@@ -218,18 +207,24 @@ void e2b_pool_detail(control_t *ctl, conn_t *c, const char *ns, const char *id)
     json_decref(ix);
 }
 
+/* A worker's index record of a->id in a->ns, or NULL with res answered (404 or 503). */
+static json_t *load_or_fail(worker_t *w, const e2b_pool_arg_t *a, work_result_t *res)
+{
+    json_t *ix;
+    int r = load(w->st, a->ns, a->id, &ix, NULL);
+    if (r == -ESRCH)
+        e2b_fail(res, 404, "sandbox %s not found", a->id);
+    else if (r < 0)
+        e2b_fail(res, 503, "the control plane cannot read its store");
+    return r < 0 ? NULL : ix;
+}
+
 void e2b_pool_kill_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_pool_arg_t *a = arg;
-    json_t *ix;
-    int r = load(w->st, a->ns, a->id, &ix, NULL);
-    if (r < 0) {
-        if (r == -ESRCH)
-            fail(res, 404, "sandbox %s not found", a->id);
-        else
-            fail(res, 503, "kill: the control plane cannot read its store");
+    json_t *ix = load_or_fail(w, a, res);
+    if (!ix)
         return;
-    }
     pool_del_arg_t del = { 0 };
     (void)snprintf(del.ns, sizeof del.ns, "%s", a->ns);
     (void)snprintf(del.pool, sizeof del.pool, "%s", jstr(ix, "pool"));
@@ -238,7 +233,7 @@ void e2b_pool_kill_fn(worker_t *w, void *arg, work_result_t *res)
     work_result_t done = { 0 };
     pool_delete_fn(w, &del, &done);
     if (done.status != 200 && done.status != 404) {
-        fail(res, done.status, "kill: %s", answer_why(done.json));
+        e2b_fail(res, done.status, "kill: %s", answer_why(done.json));
         json_decref(done.json);
         return;
     }
@@ -256,21 +251,15 @@ void e2b_pool_kill_fn(worker_t *w, void *arg, work_result_t *res)
 void e2b_pool_connect_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_pool_arg_t *a = arg;
-    json_t *ix;
-    int r = load(w->st, a->ns, a->id, &ix, NULL);
-    if (r < 0) {
-        if (r == -ESRCH)
-            fail(res, 404, "sandbox %s not found", a->id);
-        else
-            fail(res, 503, "connect: the control plane cannot read its store");
+    json_t *ix = load_or_fail(w, a, res);
+    if (!ix)
         return;
-    }
     char tkey[200];
     json_t *sec = NULL;
     pool_token_key(tkey, sizeof tkey, a->ns, jstr(ix, "pool"), a->id);
-    r = sealed_get(w->st, &w->ctl->seal, tkey, &sec);
+    int r = sealed_get(w->st, &w->ctl->seal, tkey, &sec);
     if (r < 0)
-        fail(res, r == -ENOENT ? 404 : 503, "sandbox %s: its token cannot be read", a->id);
+        e2b_fail(res, r == -ENOENT ? 404 : 503, "sandbox %s: its token cannot be read", a->id);
     else
         work_answer(res, 200,
                     e2b_sandbox_json(w->ctl, a->id, jstr(ix, "pool"), jstr(sec, "token")));
