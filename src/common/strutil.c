@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <string.h>
 
@@ -232,4 +233,36 @@ bool addr_is_loopback(const char *s)
     if (inet_pton(AF_INET, s, a) == 1)
         return a[0] == 127;
     return inet_pton(AF_INET6, s, a) == 1 && memcmp(a, in6addr_loopback.s6_addr, 16) == 0;
+}
+
+int parse_hostport(const char *s, char *host, size_t hcap, uint16_t *ret_port)
+{
+    const char *colon = strrchr(s, ':');
+    uint64_t p;
+    if (!colon || colon == s || (size_t)(colon - s) >= hcap ||
+        parse_u64_str(colon + 1, 65535, &p) < 0 || p == 0)
+        return -EINVAL;
+    size_t hl = (size_t)(colon - s);
+    if (s[0] == '[' && hl >= 2 && s[hl - 1] == ']') { /* [::1]:port */
+        memcpy(host, s + 1, hl - 2);
+        host[hl - 2] = 0;
+    } else {
+        memcpy(host, s, hl);
+        host[hl] = 0;
+    }
+    unsigned char a[16];
+    if (inet_pton(AF_INET, host, a) != 1 && inet_pton(AF_INET6, host, a) != 1)
+        return -EINVAL;
+    *ret_port = (uint16_t)p;
+    return 0;
+}
+
+bool env_name_valid(const char *k)
+{
+    if (!*k || !(isalpha((unsigned char)*k) || *k == '_') || strlen(k) > ENV_NAME_MAX)
+        return false;
+    for (; *k; k++)
+        if (!(isalnum((unsigned char)*k) || *k == '_'))
+            return false;
+    return true;
 }

@@ -44,3 +44,13 @@ bool utf8_valid(const unsigned char *buf, size_t len);
 
 /* Whether s is a numeric loopback address (127.0.0.0/8 or ::1). */
 bool addr_is_loopback(const char *s);
+
+/* "IP:PORT" or "[IPv6]:PORT" with a numeric address and a port 1..65535: the address (without
+ * brackets, NUL-terminated, at most hcap - 1 bytes) and the port; -EINVAL otherwise. The one
+ * address parser of the daemons' flags and of node registration. */
+int parse_hostport(const char *s, char *host, size_t hcap, uint16_t *ret_port);
+
+/* An environment variable name jobs and runs accept: [A-Za-z_][A-Za-z0-9_]*, at most 128
+ * bytes (the control plane checks it at create, the node again before a run starts). */
+#define ENV_NAME_MAX 128
+bool env_name_valid(const char *k);

@@ -22,16 +22,6 @@
 #define LABELS_MAX 64
 #define EXPOSE_MAX 16
 
-static bool env_name_ok(const char *k)
-{
-    if (!*k || !(isalpha((unsigned char)*k) || *k == '_') || strlen(k) > 128)
-        return false;
-    for (; *k; k++)
-        if (!(isalnum((unsigned char)*k) || *k == '_'))
-            return false;
-    return true;
-}
-
 static bool str_clean(json_t *v, size_t max)
 {
     if (!json_is_string(v) || json_string_length(v) > max)
@@ -49,7 +39,7 @@ const char *check_env(json_t *o, const char *what)
     if (!json_is_object(o) || json_object_size(o) > 256)
         return what;
     json_object_foreach(o, k, v) {
-        if (!env_name_ok(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE") ||
+        if (!env_name_valid(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE") ||
             !str_clean(v, 64 * 1024))
             return what;
     }

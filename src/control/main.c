@@ -217,16 +217,12 @@ int main(int argc, char **argv)
     }
     if (rotate_secrets)
         return secrets_rotate(&cfg) < 0 ? 1 : 0;
-    const char *colon = strrchr(listen, ':');
-    uint64_t port;
-    if (!colon || (size_t)(colon - listen) >= sizeof scfg.bind ||
-        parse_u64_str(colon + 1, 65535, &port) < 0 || port == 0) {
-        log_error("--listen takes IP:PORT");
+    uint16_t port;
+    if (parse_hostport(listen, scfg.bind, sizeof scfg.bind, &port) < 0) {
+        log_error("--listen takes IP:PORT (a numeric address; [IPv6]:PORT)");
         return 2;
     }
-    memcpy(scfg.bind, listen, (size_t)(colon - listen));
-    scfg.bind[colon - listen] = 0;
-    scfg.port = (uint16_t)port;
+    scfg.port = port;
     (void)snprintf(cfg.listen_ip, sizeof cfg.listen_ip, "%s", scfg.bind);
     if (!cfg.e2b_domain[0])
         (void)snprintf(cfg.e2b_domain, sizeof cfg.e2b_domain, "localhost:%u", (unsigned)port);

@@ -149,15 +149,13 @@ static void register_done(conn_t *c)
     const char *name, *url;
     json_int_t capacity = 64;
     char host[64];
-    uint64_t port;
-    const char *colon;
+    uint16_t port;
     json_t *images = NULL;
     const char *tls_pub = NULL;
     if (json_unpack(b, "{s:s,s:s,s?I,s?o,s?s}", "name", &name, "url", &url, "capacity", &capacity,
                     "images", &images, "tls_pubkey", &tls_pub) < 0 ||
         (images && !(images = images_from_report(images))) || !cap_id_valid(name) ||
-        !(colon = strrchr(url, ':')) || (size_t)(colon - url) >= sizeof host ||
-        parse_u64_str(colon + 1, 65535, &port) < 0 || capacity < 1) {
+        parse_hostport(url, host, sizeof host, &port) < 0 || capacity < 1) {
         json_decref(images);
         json_decref(b);
         conn_respond_error(c, 400,
@@ -165,8 +163,6 @@ static void register_done(conn_t *c)
                            "[{name, digest, size}], tls_pubkey}");
         return;
     }
-    memcpy(host, url, (size_t)(colon - url));
-    host[colon - url] = 0;
     /* TLS: the node's key is certified for its address and pinned in its record */
     _cleanup_free_ char *cert = NULL;
     char pin_b64[48] = "";

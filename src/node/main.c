@@ -41,28 +41,6 @@ static void usage(FILE *f)
                "--max-connections unauthenticated, each with 5000 ms to send a request head.\n");
 }
 
-static int parse_hostport(const char *s, char *host, size_t hcap, uint16_t *port)
-{
-    const char *colon = strrchr(s, ':');
-    uint64_t p;
-    if (!colon || colon == s || (size_t)(colon - s) >= hcap ||
-        parse_u64_str(colon + 1, 65535, &p) < 0 || p == 0)
-        return -EINVAL;
-    size_t hl = (size_t)(colon - s);
-    if (s[0] == '[' && hl >= 2 && s[hl - 1] == ']') { /* [::1]:port */
-        memcpy(host, s + 1, hl - 2);
-        host[hl - 2] = 0;
-    } else {
-        memcpy(host, s, hl);
-        host[hl] = 0;
-    }
-    unsigned char a[16];
-    if (inet_pton(AF_INET, host, a) != 1 && inet_pton(AF_INET6, host, a) != 1)
-        return -EINVAL;
-    *port = (uint16_t)p;
-    return 0;
-}
-
 static int read_token_file(const char *path, char *out, size_t cap)
 {
     FILE *f = fopen(path, "re");

@@ -228,16 +228,6 @@ static int parse_expose(json_t *ex, run_t *r)
 
 /* ---- starting a run ------------------------------------------------------------------------ */
 
-static bool env_name_ok(const char *k)
-{
-    if (!*k || !(isalpha((unsigned char)*k) || *k == '_'))
-        return false;
-    for (; *k; k++)
-        if (!(isalnum((unsigned char)*k) || *k == '_'))
-            return false;
-    return true;
-}
-
 typedef struct {
     char *v[ENV_MAX + 1];
     size_t n;
@@ -285,7 +275,7 @@ static int build_env(json_t *spec, bool pool_host, strv_t *env, const char **err
         }
         json_object_foreach(o, k, val) {
             if (!json_is_string(val) || strlen(json_string_value(val)) != json_string_length(val) ||
-                !env_name_ok(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE")) {
+                !env_name_valid(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE")) {
                 *err = "env and secrets: names [A-Za-z_][A-Za-z0-9_]*, string values without NUL "
                        "(SBX_LISTEN and SBX_HOST_MODE are the node's)";
                 return -EINVAL;
