@@ -1,0 +1,596 @@
+# SPDX-License-Identifier: MIT
+"""E2B's envd on sbx-server: the Connect protocol (JSON codec) spoken straight to a server the
+test starts, in dedicated mode and in pool mode (docs/e2b.md, "envd on the agent")."""
+import base64
+import gzip
+import http.client
+import json
+import os
+import struct
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+
+import pytest
+
+from conftest import wait_until
+
+STREAM_CT = "application/connect+json"
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+class Envd:
+    """A Connect client for one sbx-server (prefix: a pool sandbox's /v1/sandboxes/<id>)."""
+
+    def __init__(self, server, token, prefix=""):
+        self.server = server
+        self.token = token
+        self.prefix = prefix
+
+    def headers(self, extra=None, token=None):
+        h = {"Connect-Protocol-Version": "1"}
+        tok = self.token if token is None else token
+        if tok:
+            h["X-Access-Token"] = tok
+        h.update(extra or {})
+        return h
+
+    def conn(self, timeout=30):
+        return http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=timeout)
+
+    def unary(self, method, body, token=None, headers=None, raw=None):
+        """POST /<service>/<Method> as application/json: (status, json)."""
+        c = self.conn()
+        data = raw if raw is not None else json.dumps(body).encode()
+        h = self.headers({"Content-Type": "application/json"}, token)
+        h.update(headers or {})
+        c.request("POST", self.prefix + "/" + method, body=data, headers=h)
+        r = c.getresponse()
+        out = r.read()
+        c.close()
+        try:
+            return r.status, json.loads(out) if out else None
+        except ValueError:
+            return r.status, out
+
+    def open_stream(self, method, body, token=None, headers=None, timeout=30):
+        """Start a server stream; return the response (read it with read_message)."""
+        c = self.conn(timeout)
+        payload = json.dumps(body).encode()
+        h = self.headers({"Content-Type": STREAM_CT, "Keepalive-Ping-Interval": "50"}, token)
+        h.update(headers or {})
+        c.request("POST", self.prefix + "/" + method, body=struct.pack(">BI", 0, len(payload)) +
+                  payload, headers=h)
+        r = c.getresponse()
+        r._sbx_conn = c
+        return r
+
+    @staticmethod
+    def read_message(r):
+        """(flags, json) of the next envelope, or None at the end of the body."""
+        head = r.read(5)
+        if not head:
+            return None
+        assert len(head) == 5, head
+        flags, n = struct.unpack(">BI", head)
+        data = r.read(n)
+        assert len(data) == n
+        return flags, json.loads(data)
+
+    def stream(self, method, body, **kw):
+        """Run a stream to its end: (status, [messages], end-stream json)."""
+        r = self.open_stream(method, body, **kw)
+        msgs, end = [], None
+        if r.status != 200:
+            return r.status, r.read(), None
+        assert r.getheader("Content-Type") == STREAM_CT
+        while True:
+            m = self.read_message(r)
+            if m is None:
+                break
+            flags, j = m
+            if flags & 2:
+                end = j
+                break
+            msgs.append(j)
+        assert r.read() == b""  # nothing after the end-stream envelope
+        r._sbx_conn.close()
+        return r.status, msgs, end
+
+    def run(self, cmd, args=(), **kw):
+        """Start a command and collect its stream: (events, end-stream)."""
+        body = {"process": {"cmd": cmd, "args": list(args)}, "stdin": False}
+        for k in ("envs", "cwd"):
+            if k in kw:
+                body["process"][k] = kw.pop(k)
+        body.update(kw.pop("body", {}))
+        st, msgs, end = self.stream("process.Process/Start", body, **kw)
+        assert st == 200, (st, msgs)
+        return [m["event"] for m in msgs], end
+
+
+def output(events, stream="stdout"):
+    return b"".join(base64.b64decode(e["data"][stream]) for e in events
+                    if "data" in e and stream in e["data"])
+
+
+def the_end(events):
+    ends = [e["end"] for e in events if "end" in e]
+    assert len(ends) == 1, events
+    return ends[0]
+
+
+@pytest.fixture
+def envd(server):
+    return Envd(server, server.token)
+
+
+# ---- Connect framing and auth ----------------------------------------------------------------
+
+def test_start_streams_output_and_exit(envd):
+    ev, end = envd.run("/bin/sh", ["-c", "printf hello; printf oops >&2; exit 3"])
+    assert set(ev[0]) == {"start"} and isinstance(ev[0]["start"]["pid"], int)
+    assert output(ev) == b"hello"
+    assert output(ev, "stderr") == b"oops"
+    assert the_end(ev) == {"exitCode": 3, "exited": True, "status": "exit status 3",
+                           "error": "exit status 3"}
+    assert "end" in ev[-1]
+    assert end == {}
+
+
+def test_start_success_has_no_error_and_binary_output_is_exact(envd):
+    ev, end = envd.run("/bin/sh", ["-c", r"printf '\377\000\001'"])
+    assert output(ev) == b"\xff\x00\x01"
+    assert the_end(ev) == {"exitCode": 0, "exited": True, "status": "exit status 0"}
+    assert end == {}
+
+
+def test_start_envs_and_cwd(envd):
+    d = tempfile.mkdtemp(prefix="sbx-envd-")
+    try:
+        ev, _ = envd.run("/bin/sh", ["-c", 'printf "%s|" "$FOO"; pwd'], envs={"FOO": "bar baz"},
+                         cwd=d)
+        assert output(ev) == f"bar baz|{d}\n".encode()
+    finally:
+        os.rmdir(d)
+
+
+def test_start_of_a_missing_command_ends_the_stream_with_an_error(envd):
+    st, msgs, end = envd.stream("process.Process/Start",
+                                {"process": {"cmd": "/nonexistent/cmd"}, "stdin": False})
+    assert st == 200  # a stream's error travels in its end envelope
+    assert msgs == []
+    assert end["error"]["code"] == "invalid_argument"
+    assert "/nonexistent/cmd" in end["error"]["message"]
+
+
+def test_wrong_access_token_is_401(envd):
+    for tok in ("0" * 64, "wrong"):
+        st, j = envd.unary("process.Process/List", {}, token=tok)
+        assert st == 401 and j["code"] == "unauthenticated"
+    c = envd.conn()
+    c.request("POST", "/process.Process/List", body=b"{}",
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 401 and json.loads(r.read())["code"] == "unauthenticated"
+    st, _, _ = envd.stream("process.Process/Start", {"process": {"cmd": "/bin/true"}},
+                           token="0" * 64)
+    assert st == 401
+    # positive control: the right token, and our own header, are accepted
+    assert envd.unary("process.Process/List", {})[0] == 200
+    st, j = envd.unary("process.Process/List", {}, token="",
+                       headers={"X-Sandbox-Token": envd.token})
+    assert st == 200 and j == {"processes": []}
+
+
+def test_files_need_the_token(envd, server):
+    path = tempfile.mktemp(prefix="sbx-envd-")
+    c = envd.conn()
+    c.request("POST", "/files?path=" + urllib.parse.quote(path), body=b"x",
+              headers={"X-Access-Token": "0" * 64, "Content-Type": "application/octet-stream"})
+    r = c.getresponse()
+    assert r.status == 401 and json.loads(r.read())["code"] == 401
+    assert not os.path.exists(path)
+    c.request("POST", "/files?path=" + urllib.parse.quote(path), body=b"x",
+              headers={"X-Access-Token": envd.token, "Content-Type": "application/octet-stream"})
+    r = c.getresponse()
+    assert r.status == 200, r.read()
+    r.read()
+    try:
+        with open(path, "rb") as f:
+            assert f.read() == b"x"
+    finally:
+        os.unlink(path)
+
+
+def test_protocol_errors(envd):
+    st, j = envd.unary("process.Process/NoSuchMethod", {})
+    assert st == 404
+    st, j = envd.unary("process.Process/List", None, raw=b"{not json")
+    assert st == 400 and j["code"] == "invalid_argument"
+    st, j = envd.unary("process.Process/List", None, raw=b"{}",
+                       headers={"Content-Type": "application/proto"})
+    assert st == 415
+    # a stream method called as unary, and the other way round
+    st, _ = envd.unary("process.Process/Start", {"process": {"cmd": "/bin/true"}})
+    assert st == 415
+    st, _, _ = envd.stream("process.Process/List", {})
+    assert st == 415
+    # a stream body that is not one envelope
+    c = envd.conn()
+    c.request("POST", "/process.Process/Start", body=b"\x00\x00\x00\x00\x09{}",
+              headers=envd.headers({"Content-Type": STREAM_CT}))
+    r = c.getresponse()
+    body = r.read()
+    assert r.status == 200
+    flags, n = struct.unpack(">BI", body[:5])
+    assert flags == 2 and json.loads(body[5:5 + n])["error"]["code"] == "invalid_argument"
+
+
+def test_unary_chunked_body(envd, server):
+    """E2B's JS SDK sends bodies chunked: decoded, answered, the connection goes on."""
+    c = envd.conn()
+    body = json.dumps({"path": "/"}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    c.putrequest("POST", "/filesystem.Filesystem/Stat")
+    for k, v in envd.headers({"Content-Type": "application/json",
+                              "Transfer-Encoding": "chunked"}).items():
+        c.putheader(k, v)
+    c.endheaders(chunked)
+    r = c.getresponse()
+    j = json.loads(r.read())
+    assert r.status == 200 and j["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    c.request("POST", "/filesystem.Filesystem/Stat", body=body,
+              headers=envd.headers({"Content-Type": "application/json"}))
+    r = c.getresponse()
+    assert r.status == 200 and json.loads(r.read())["entry"]["path"] == "/"
+
+
+def test_keepalive_events(envd):
+    ev, end = envd.run("/bin/sh", ["-c", "sleep 2.3; echo done"],
+                       headers={"Keepalive-Ping-Interval": "1"})
+    assert sum(1 for e in ev if "keepalive" in e) >= 2
+    assert output(ev) == b"done\n" and the_end(ev)["exitCode"] == 0
+
+
+def test_connect_timeout_kills_the_command(envd):
+    t0 = time.monotonic()
+    ev, end = envd.run("/bin/sleep", ["30"], headers={"Connect-Timeout-Ms": "300"})
+    assert time.monotonic() - t0 < 10
+    assert the_end(ev) == {"exitCode": -1, "exited": False, "status": "signal: killed",
+                           "error": "signal: killed"}
+    assert end["error"]["code"] == "deadline_exceeded"
+
+
+# ---- processes: stdin, list, connect, signals ------------------------------------------------
+
+class Reader(threading.Thread):
+    """Reads a stream's messages in the background."""
+
+    def __init__(self, r):
+        super().__init__(daemon=True)
+        self.r = r
+        self.msgs = []
+        self.end = None
+        self.start()
+
+    def run(self):
+        while True:
+            m = Envd.read_message(self.r)
+            if m is None:
+                return
+            if m[0] & 2:
+                self.end = m[1]
+                return
+            self.msgs.append(m[1])
+
+    def events(self):
+        return [m["event"] for m in list(self.msgs)]
+
+    def pid(self):
+        ev = wait_until(lambda: self.events(), 5)
+        assert ev and "start" in ev[0], ev
+        return ev[0]["start"]["pid"]
+
+
+def test_send_input_and_close_stdin(envd):
+    r = envd.open_stream("process.Process/Start", {"process": {"cmd": "/bin/cat"}, "stdin": True})
+    rd = Reader(r)
+    pid = rd.pid()
+    st, j = envd.unary("process.Process/SendInput",
+                       {"process": {"pid": pid}, "input": {"stdin": b64(b"hi\x00there\n")}})
+    assert (st, j) == (200, {})
+    assert wait_until(lambda: output(rd.events()) == b"hi\x00there\n", 5)
+    assert envd.unary("process.Process/CloseStdin", {"process": {"pid": pid}}) == (200, {})
+    rd.join(10)
+    assert the_end(rd.events())["exitCode"] == 0 and rd.end == {}
+
+
+def test_large_input_waits_for_the_reader(envd):
+    """More than a pipe holds: the answer comes once the command has read it all."""
+    data = os.urandom(300 * 1024)
+    r = envd.open_stream("process.Process/Start", {
+        "process": {"cmd": "/bin/sh", "args": ["-c", "sleep 0.5; wc -c"]}, "stdin": True})
+    rd = Reader(r)
+    pid = rd.pid()
+    st, j = envd.unary("process.Process/SendInput",
+                       {"process": {"pid": pid}, "input": {"stdin": b64(data)}})
+    assert (st, j) == (200, {})
+    envd.unary("process.Process/CloseStdin", {"process": {"pid": pid}})
+    rd.join(10)
+    assert output(rd.events()).strip() == str(len(data)).encode()
+
+
+def test_list_connect_by_tag_and_kill(envd):
+    r = envd.open_stream("process.Process/Start", {
+        "process": {"cmd": "/bin/sh", "args": ["-c", "echo up; sleep 30"],
+                    "envs": {"A": "1"}, "cwd": "/"}, "tag": "svc", "stdin": False})
+    rd = Reader(r)
+    pid = rd.pid()
+    st, j = envd.unary("process.Process/List", {})
+    assert st == 200
+    assert j["processes"] == [{"pid": pid, "tag": "svc", "config": {
+        "cmd": "/bin/sh", "args": ["-c", "echo up; sleep 30"], "envs": {"A": "1"}, "cwd": "/"}}]
+    # re-attach by tag: the start event names the same pid
+    r2 = envd.open_stream("process.Process/Connect", {"process": {"tag": "svc"}})
+    rd2 = Reader(r2)
+    assert rd2.pid() == pid
+    assert envd.unary("process.Process/SendSignal",
+                      {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}) == (200, {})
+    rd.join(10)
+    rd2.join(10)
+    for x in (rd, rd2):
+        assert the_end(x.events())["status"] == "signal: killed"
+        assert x.end == {}
+    assert output(rd.events()) == b"up\n"
+    assert wait_until(lambda: envd.unary("process.Process/List", {})[1] == {"processes": []})
+
+
+def test_disconnect_leaves_the_process_running_and_connect_by_pid(envd):
+    r = envd.open_stream("process.Process/Start", {
+        "process": {"cmd": "/bin/sh", "args": ["-c", "read x; echo got $x"]}, "stdin": True})
+    pid = Envd.read_message(r)[1]["event"]["start"]["pid"]
+    r._sbx_conn.close()  # the SDK's disconnect()
+    time.sleep(0.2)
+    assert [p["pid"] for p in envd.unary("process.Process/List", {})[1]["processes"]] == [pid]
+    rd = Reader(envd.open_stream("process.Process/Connect", {"process": {"pid": pid}}))
+    assert rd.pid() == pid
+    envd.unary("process.Process/SendInput", {"process": {"pid": pid},
+                                             "input": {"stdin": b64(b"it\n")}})
+    rd.join(10)
+    assert output(rd.events()) == b"got it\n" and the_end(rd.events())["exitCode"] == 0
+
+
+def test_unknown_pid_is_not_found(envd):
+    for m, extra in (("SendSignal", {"signal": "SIGNAL_SIGKILL"}), ("CloseStdin", {}),
+                     ("SendInput", {"input": {"stdin": "eA=="}})):
+        st, j = envd.unary("process.Process/" + m, dict({"process": {"pid": 999999}}, **extra))
+        assert st == 404 and j["code"] == "not_found", (m, st, j)
+    st, msgs, end = envd.stream("process.Process/Connect", {"process": {"tag": "nope"}})
+    assert st == 200 and msgs == [] and end["error"]["code"] == "not_found"
+
+
+def test_sigterm(envd):
+    rd = Reader(envd.open_stream("process.Process/Start",
+                                 {"process": {"cmd": "/bin/sleep", "args": ["30"]}, "stdin": False}))
+    pid = rd.pid()
+    assert envd.unary("process.Process/SendSignal",
+                      {"process": {"pid": pid}, "signal": "SIGNAL_SIGTERM"}) == (200, {})
+    rd.join(10)
+    assert the_end(rd.events()) == {"exitCode": -1, "exited": False,
+                                    "status": "signal: terminated", "error": "signal: terminated"}
+
+
+# ---- filesystem ------------------------------------------------------------------------------
+
+def fs(envd, method, body):
+    return envd.unary("filesystem.Filesystem/" + method, body)
+
+
+def test_filesystem_rpcs(envd):
+    d = tempfile.mkdtemp(prefix="sbx-envd-")
+    try:
+        st, j = fs(envd, "MakeDir", {"path": d + "/a/b"})
+        assert st == 200
+        e = j["entry"]
+        assert (e["name"], e["type"], e["path"]) == ("b", "FILE_TYPE_DIRECTORY", d + "/a/b")
+        assert e["permissions"].startswith("d") and e["mode"] == 0o755 & ~0o022 | 0o755 & 0o755
+        st, j = fs(envd, "MakeDir", {"path": d + "/a/b"})
+        assert st == 409 and j["code"] == "already_exists"
+        with open(d + "/a/f.txt", "wb") as f:
+            f.write(b"12345")
+        st, j = fs(envd, "Stat", {"path": d + "/a/f.txt"})
+        e = j["entry"]
+        assert st == 200 and e["type"] == "FILE_TYPE_FILE" and e["size"] == "5"
+        assert e["permissions"] == "-rw-r--r--" or e["permissions"].startswith("-rw")
+        assert e["modifiedTime"].endswith("Z") and e["owner"] == "0"
+        st, j = fs(envd, "ListDir", {"path": d + "/a", "depth": 1})
+        assert st == 200
+        assert sorted((x["name"], x["path"]) for x in j["entries"]) == [
+            ("b", d + "/a/b"), ("f.txt", d + "/a/f.txt")]
+        with open(d + "/a/b/deep", "wb"):
+            pass
+        st, j = fs(envd, "ListDir", {"path": d, "depth": 3})
+        assert sorted(x["path"] for x in j["entries"]) == [
+            d + "/a", d + "/a/b", d + "/a/b/deep", d + "/a/f.txt"]
+        st, j = fs(envd, "Move", {"source": d + "/a/f.txt", "destination": d + "/g.txt"})
+        assert st == 200 and j["entry"]["path"] == d + "/g.txt" and j["entry"]["size"] == "5"
+        assert not os.path.exists(d + "/a/f.txt")
+        assert fs(envd, "Remove", {"path": d + "/a"}) == (200, {})
+        assert not os.path.exists(d + "/a")
+        st, j = fs(envd, "Stat", {"path": d + "/a"})
+        assert st == 404 and j["code"] == "not_found"
+        st, j = fs(envd, "ListDir", {"path": d + "/g.txt"})
+        assert st == 400 and j["code"] == "failed_precondition"
+        st, j = fs(envd, "Stat", {})
+        assert st == 400 and j["code"] == "invalid_argument"
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- /files ----------------------------------------------------------------------------------
+
+def multipart(parts, boundary="----sbxboundary"):
+    out = b""
+    for name, filename, data in parts:
+        out += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; "
+                f"filename=\"{filename}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+                ).encode() + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def files_request(envd, method, query, body=None, headers=None, chunked=False, prefix=None):
+    c = envd.conn()
+    h = envd.headers(headers)
+    path = (envd.prefix if prefix is None else prefix) + "/files" + query
+    if chunked:
+        c.putrequest(method, path)
+        for k, v in dict(h, **{"Transfer-Encoding": "chunked"}).items():
+            c.putheader(k, v)
+        pieces = [body[i:i + 1000] for i in range(0, len(body), 1000)]
+        c.endheaders(b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")
+    else:
+        c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict((k.lower(), v) for k, v in r.getheaders()), data
+
+
+def test_files_multipart_several_parts_chunked_and_download(envd):
+    d = tempfile.mkdtemp(prefix="sbx-envd-")
+    try:
+        big = os.urandom(200 * 1024)
+        body, ct = multipart([("file", d + "/one.txt", b"first"),
+                              ("file", d + "/sub/two.bin", big)])
+        st, _, data = files_request(envd, "POST", "", body, {"Content-Type": ct}, chunked=True)
+        assert st == 200, data
+        assert json.loads(data) == [
+            {"name": "one.txt", "type": "file", "path": d + "/one.txt"},
+            {"name": "two.bin", "type": "file", "path": d + "/sub/two.bin"}]
+        st, h, data = files_request(envd, "GET", "?path=" + urllib.parse.quote(d + "/sub/two.bin"))
+        assert st == 200 and data == big and h["content-type"] == "application/octet-stream"
+        # one part, its destination in ?path=
+        body, ct = multipart([("file", "ignored-name", b"by query")])
+        st, _, data = files_request(envd, "POST", "?path=" + urllib.parse.quote(d + "/q.txt") +
+                                    "&username=user", body, {"Content-Type": ct})
+        assert st == 200 and json.loads(data)[0]["path"] == d + "/q.txt"
+        with open(d + "/q.txt", "rb") as f:
+            assert f.read() == b"by query"
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_files_octet_stream_gzip_and_errors(envd):
+    d = tempfile.mkdtemp(prefix="sbx-envd-")
+    try:
+        q = "?path=" + urllib.parse.quote(d + "/raw.bin")
+        st, _, data = files_request(envd, "POST", q, b"\x00raw\xff",
+                                    {"Content-Type": "application/octet-stream"}, chunked=True)
+        assert st == 200 and json.loads(data)[0]["name"] == "raw.bin"
+        assert files_request(envd, "GET", q)[2] == b"\x00raw\xff"
+        payload = b"compressed " * 1000
+        st, _, data = files_request(envd, "POST", q, gzip.compress(payload),
+                                    {"Content-Type": "application/octet-stream",
+                                     "Content-Encoding": "gzip"})
+        assert st == 200, data
+        assert files_request(envd, "GET", q)[2] == payload
+        st, _, data = files_request(envd, "POST", q, b"x", {"Content-Encoding": "br"})
+        assert st == 406
+        st, _, data = files_request(envd, "GET", "?path=" + urllib.parse.quote(d + "/missing"))
+        assert st == 404 and json.loads(data)["code"] == 404
+        st, _, data = files_request(envd, "GET", "?path=" + urllib.parse.quote(d))
+        assert st == 400
+        st, _, data = files_request(envd, "POST", "", b"x",
+                                    {"Content-Type": "application/octet-stream"})
+        assert st == 400
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_health_unauthenticated(server):
+    st, _, data = server.request("GET", "/health", token=False)
+    assert st == 200 and json.loads(data)["status"] == "ok"
+
+
+# ---- pool mode: the same routes per sandbox, confined ----------------------------------------
+
+def sandbox_envd(sb):
+    return Envd(sb.server, sb.token, prefix=f"/v1/sandboxes/{sb.id}")
+
+
+def test_pool_start_runs_as_the_sandbox(make_host_server):
+    host = make_host_server()
+    a, b = host.create(2)
+    ea, eb = sandbox_envd(a), sandbox_envd(b)
+    ev, end = ea.run("/bin/sh", ["-c", "id -u; pwd"])
+    assert output(ev) == f"{a.uid}\n{a.home}\n".encode() and end == {}
+    # another sandbox's token, the host token, no token: 401; positive control above
+    for tok in (b.token, host.token, "0" * 64):
+        st, j = ea.unary("process.Process/List", {}, token=tok)
+        assert st == 401 and j["code"] == "unauthenticated", tok
+    st, _, _ = files_request(ea, "GET", "?path=/x", headers={"X-Access-Token": b.token})
+    assert st == 401
+    # processes are per sandbox: b neither lists nor signals a's process
+    rd = Reader(ea.open_stream("process.Process/Start",
+                               {"process": {"cmd": "/bin/sleep", "args": ["30"]}, "tag": "t"}))
+    pid = rd.pid()
+    assert eb.unary("process.Process/List", {}) == (200, {"processes": []})
+    st, j = eb.unary("process.Process/SendSignal",
+                     {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+    assert st == 404 and j["code"] == "not_found"
+    assert [p["pid"] for p in ea.unary("process.Process/List", {})[1]["processes"]] == [pid]
+    assert ea.unary("process.Process/SendSignal",
+                    {"process": {"tag": "t"}, "signal": "SIGNAL_SIGKILL"}) == (200, {})
+    rd.join(10)
+    assert the_end(rd.events())["status"] == "signal: killed"
+    st, _, _ = host.request("GET", a.path("/health"), token=False,
+                            headers={"X-Access-Token": a.token})
+    assert st == 204
+    st, _, _ = host.request("GET", a.path("/health"), token=False,
+                            headers={"X-Access-Token": b.token})
+    assert st == 401
+
+
+def test_pool_files_confined_to_the_home(make_host_server):
+    host = make_host_server()
+    sb = host.sandbox()
+    e = sandbox_envd(sb)
+    body, ct = multipart([("file", "/docs/a.txt", b"in home")])
+    st, _, data = files_request(e, "POST", "", body, {"Content-Type": ct})
+    assert st == 200, data
+    st_ = os.stat(os.path.join(sb.home, "docs/a.txt"))
+    assert st_.st_uid == sb.uid
+    with open(os.path.join(sb.home, "docs/a.txt"), "rb") as f:
+        assert f.read() == b"in home"
+    assert files_request(e, "GET", "?path=/docs/a.txt")[2] == b"in home"
+    # a symlink the sandbox made to a host file: never followed (positive control: the
+    # regular file above reads; the host file exists and is readable to the server)
+    ev, _ = e.run("/bin/ln", ["-s", "/etc", "etc-link"])
+    assert the_end(ev)["exitCode"] == 0 and os.path.islink(os.path.join(sb.home, "etc-link"))
+    assert os.path.exists("/etc/hostname") or os.path.exists("/etc/passwd")
+    st, _, data = files_request(e, "GET", "?path=/etc-link/passwd")
+    assert st != 200 and b"root:" not in data
+    st, j = fs(e, "ListDir", {"path": "/etc-link"})
+    assert st != 200
+    st, _, data = files_request(e, "POST", "?path=/etc-link/sbx-envd-" + uuid.uuid4().hex,
+                                b"x", {"Content-Type": "application/octet-stream"})
+    assert st != 200
+    # ".." stays in the home
+    st, j = fs(e, "Stat", {"path": "/../../.."})
+    assert st == 200 and j["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+    st, j = fs(e, "ListDir", {"path": "/../.."})
+    assert st == 200 and {x["name"] for x in j["entries"]} >= {"docs", "etc-link"}
+    # Filesystem RPCs and Remove work in the home
+    st, j = fs(e, "MakeDir", {"path": "/made/deep"})
+    assert st == 200 and os.stat(os.path.join(sb.home, "made/deep")).st_uid == sb.uid
+    assert fs(e, "Remove", {"path": "/made"}) == (200, {})
+    assert not os.path.exists(os.path.join(sb.home, "made"))
