@@ -274,6 +274,18 @@ static json_t *exec_request(json_t *req, const char **err)
     return o;
 }
 
+/* {"cols": N, "rows": N} */
+static int pty_size(json_t *size, unsigned short *rows, unsigned short *cols)
+{
+    json_t *c = json_object_get(size, "cols"), *r = json_object_get(size, "rows");
+    if (!json_is_integer(c) || !json_is_integer(r) || json_integer_value(c) < 1 ||
+        json_integer_value(c) > 65535 || json_integer_value(r) < 1 || json_integer_value(r) > 65535)
+        return -EINVAL;
+    *cols = (unsigned short)json_integer_value(c);
+    *rows = (unsigned short)json_integer_value(r);
+    return 0;
+}
+
 static void rpc_start(envd_call_t *call, json_t *req)
 {
     conn_t *c = call->c;
@@ -298,10 +310,13 @@ static void rpc_start(envd_call_t *call, json_t *req)
     }
     json_t *pty = json_object_get(req, "pty");
     if (pty && !json_is_null(pty)) {
-        exec_spec_done(&spec);
-        free(sp);
-        envd_fail(call, CONNECT_UNIMPLEMENTED, "pty is not served yet");
-        return;
+        if (pty_size(json_object_get(pty, "size"), &spec.pty_rows, &spec.pty_cols) < 0) {
+            exec_spec_done(&spec);
+            free(sp);
+            envd_fail(call, CONNECT_INVALID_ARGUMENT, "pty.size needs cols and rows (1..65535)");
+            return;
+        }
+        spec.pty = true; /* input always open: it is the terminal's */
     }
     spec.timeout_ms = call->timeout_ms; /* Connect-Timeout-Ms is the command's timeout */
     /* what List answers: the config as sent, and the tag */
@@ -550,12 +565,25 @@ static void rpc_send_input(envd_call_t *call, json_t *req)
     input_answer(call, r == 0 ? -EIO : r);
 }
 
+/* Update: the pty's size (the only thing ProcessConfig lets a client change). */
 static void rpc_update(envd_call_t *call, json_t *req)
 {
+    unsigned short rows = 0, cols = 0;
+    json_t *pty = json_object_get(req, "pty");
+    if (pty && pty_size(json_object_get(pty, "size"), &rows, &cols) < 0) {
+        envd_fail(call, CONNECT_INVALID_ARGUMENT, "pty.size needs cols and rows (1..65535)");
+        return;
+    }
     proc_t *p = select_process(call, req);
     if (!p)
         return;
-    envd_fail(call, CONNECT_FAILED_PRECONDITION, "the process has no pty");
+    int r = pty ? proc_pty_resize(p, rows, cols) : 0;
+    if (r == -ENOTTY)
+        envd_fail(call, CONNECT_FAILED_PRECONDITION, "the process has no pty");
+    else if (r < 0)
+        envd_fail(call, CONNECT_FAILED_PRECONDITION, "cannot resize: %s", strerror(-r));
+    else
+        envd_reply(call, json_object());
 }
 
 void envd_process_call(envd_call_t *call, sv_t method, json_t *req)

@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -487,7 +488,10 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
     outpipe_init(&p->out, sp->out_fd, "stdout", proc_on_pipe, p);
     outpipe_init(&p->err, sp->err_fd, "stderr", proc_on_pipe, p);
     (void)loop_watch(s->loop, &p->out.w, EPOLLIN);
-    (void)loop_watch(s->loop, &p->err.w, EPOLLIN);
+    if (sp->err_fd >= 0)
+        (void)loop_watch(s->loop, &p->err.w, EPOLLIN);
+    else
+        p->err.eof = true; /* on a pty: one stream, read from the master */
     if (pp->timeout_ms)
         timer_arm(s->loop, &p->timeout_t, pp->timeout_ms);
     if (sp->in_fd >= 0 && pp->has_stdin) {
@@ -547,6 +551,7 @@ static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pendin
         p->oneshot = TAKE_PTR(spec->stdin_data);
         p->oneshot_len = spec->stdin_len;
     }
+    p->pty = spec->pty;
     pp->p = p;
     pp->has_stdin = spec->has_stdin;
     pp->timeout_ms = spec->timeout_ms;
@@ -984,4 +989,14 @@ int proc_stdin_close(proc_t *p)
         return -EBUSY; /* a POST .../stdin is writing */
     p->stdin_fd = safe_close(p->stdin_fd);
     return 0;
+}
+
+int proc_pty_resize(proc_t *p, unsigned short rows, unsigned short cols)
+{
+    if (!p->pty)
+        return -ENOTTY;
+    if (p->out.w.fd < 0)
+        return -EBADF; /* the terminal is gone */
+    struct winsize ws = { .ws_row = rows, .ws_col = cols };
+    return ioctl(p->out.w.fd, TIOCSWINSZ, &ws) < 0 ? negative_errno() : 0;
 }

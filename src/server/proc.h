@@ -66,3 +66,5 @@ bool proc_send_signal(proc_t *p, int sig);
 int proc_stdin_fd(const proc_t *p);
 /* -EBADF: already closed; -EBUSY: a POST .../stdin is writing. */
 int proc_stdin_close(proc_t *p);
+/* A process on a pty: its window size (-ENOTTY: not on a pty). */
+int proc_pty_resize(proc_t *p, unsigned short rows, unsigned short cols);

@@ -399,7 +399,7 @@ def test_filesystem_rpcs(envd):
         assert st == 200
         e = j["entry"]
         assert (e["name"], e["type"], e["path"]) == ("b", "FILE_TYPE_DIRECTORY", d + "/a/b")
-        assert e["permissions"].startswith("d") and e["mode"] == 0o755 & ~0o022 | 0o755 & 0o755
+        assert e["permissions"] == "drwxr-xr-x" and e["mode"] == 0o755
         st, j = fs(envd, "MakeDir", {"path": d + "/a/b"})
         assert st == 409 and j["code"] == "already_exists"
         with open(d + "/a/f.txt", "wb") as f:
@@ -407,7 +407,10 @@ def test_filesystem_rpcs(envd):
         st, j = fs(envd, "Stat", {"path": d + "/a/f.txt"})
         e = j["entry"]
         assert st == 200 and e["type"] == "FILE_TYPE_FILE" and e["size"] == "5"
-        assert e["permissions"] == "-rw-r--r--" or e["permissions"].startswith("-rw")
+        os.chmod(d + "/a/f.txt", 0o640)
+        st, j = fs(envd, "Stat", {"path": d + "/a/f.txt"})
+        e = j["entry"]
+        assert e["permissions"] == "-rw-r-----" and e["mode"] == 0o640
         assert e["modifiedTime"].endswith("Z") and e["owner"] == "0"
         st, j = fs(envd, "ListDir", {"path": d + "/a", "depth": 1})
         assert st == 200
@@ -594,3 +597,62 @@ def test_pool_files_confined_to_the_home(make_host_server):
     assert st == 200 and os.stat(os.path.join(sb.home, "made/deep")).st_uid == sb.uid
     assert fs(e, "Remove", {"path": "/made"}) == (200, {})
     assert not os.path.exists(os.path.join(sb.home, "made"))
+
+
+# ---- PTY -------------------------------------------------------------------------------------
+
+PTY_SCRIPT = ("printf 'tty=%s\\n' $(cut -d' ' -f7 /proc/$$/stat); stty size; read x; "
+              "echo \"got $x\"; stty size")
+
+
+def test_pty_start_input_and_resize(envd):
+    rd = Reader(envd.open_stream("process.Process/Start", {
+        "process": {"cmd": "/bin/sh", "args": ["-c", PTY_SCRIPT]},
+        "pty": {"size": {"cols": 100, "rows": 30}}}))
+    pid = rd.pid()
+    assert wait_until(lambda: b"30 100" in output(rd.events(), "pty"), 5), rd.events()
+    out = output(rd.events(), "pty")
+    tty_nr = int(out.split(b"tty=")[1].split(b"\r\n")[0])
+    assert tty_nr != 0  # the pty is the session's controlling terminal
+    assert envd.unary("process.Process/Update", {
+        "process": {"pid": pid}, "pty": {"size": {"cols": 120, "rows": 40}}}) == (200, {})
+    assert envd.unary("process.Process/SendInput",
+                      {"process": {"pid": pid}, "input": {"pty": b64(b"hello\n")}}) == (200, {})
+    rd.join(10)
+    ev = rd.events()
+    out = output(ev, "pty")
+    assert b"hello\r\n" in out  # the terminal echoes, and turns \n into \r\n
+    assert b"got hello\r\n" in out and out.endswith(b"40 120\r\n")
+    assert not any("stdout" in e.get("data", {}) or "stderr" in e.get("data", {}) for e in ev)
+    assert the_end(ev)["exitCode"] == 0 and rd.end == {}
+
+
+def test_update_of_a_process_without_pty(envd):
+    rd = Reader(envd.open_stream("process.Process/Start",
+                                 {"process": {"cmd": "/bin/sleep", "args": ["30"]}}))
+    pid = rd.pid()
+    st, j = envd.unary("process.Process/Update",
+                       {"process": {"pid": pid}, "pty": {"size": {"cols": 1, "rows": 1}}})
+    assert st == 400 and j["code"] == "failed_precondition"
+    st, j = envd.unary("process.Process/Update",
+                       {"process": {"pid": pid}, "pty": {"size": {"cols": 0, "rows": 1}}})
+    assert st == 400 and j["code"] == "invalid_argument"
+    envd.unary("process.Process/SendSignal", {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+    rd.join(10)
+
+
+def test_pool_pty_runs_confined(make_host_server):
+    host = make_host_server()
+    sb = host.sandbox()
+    e = sandbox_envd(sb)
+    rd = Reader(e.open_stream("process.Process/Start", {
+        "process": {"cmd": "/bin/sh", "args": ["-c", "id -u; " + PTY_SCRIPT]},
+        "pty": {"size": {"cols": 90, "rows": 20}}}))
+    pid = rd.pid()
+    assert wait_until(lambda: b"20 90" in output(rd.events(), "pty"), 5), rd.events()
+    e.unary("process.Process/SendInput", {"process": {"pid": pid}, "input": {"pty": b64(b"x\n")}})
+    rd.join(10)
+    out = output(rd.events(), "pty")
+    assert out.startswith(f"{sb.uid}\r\n".encode()) and b"got x\r\n" in out
+    assert int(out.split(b"tty=")[1].split(b"\r\n")[0]) != 0
+    assert the_end(rd.events())["exitCode"] == 0
