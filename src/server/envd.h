@@ -121,3 +121,14 @@ void envd_fs_call(envd_call_t *call, sv_t method, json_t *req);
 bool envd_fs_streams(sv_t method, bool *ret_known);
 void envd_files_get(conn_t *c);
 void envd_files_post(conn_t *c);
+/* EntryInfo of a stat (name and path as the client sees them); NULL if not UTF-8. */
+json_t *envd_entry_json(const char *name, const char *path, const struct stat *st);
+
+/* Directory watches (inotify): WatchDir's stream, and the polled watchers, which the server
+ * keeps (server_t.envd_watches) until removed, their sandbox deleted, or the server ends. */
+typedef struct envd_watch envd_watch_t;
+void envd_watch_dir(envd_call_t *call, json_t *req);
+void envd_create_watcher(envd_call_t *call, json_t *req);
+void envd_get_watcher_events(envd_call_t *call, json_t *req);
+void envd_remove_watcher(envd_call_t *call, json_t *req);
+void envd_watches_free(server_t *s);

@@ -12,8 +12,13 @@
 
 bool envd_fs_streams(sv_t method, bool *ret_known)
 {
-    static const char *const unary[] = { "Stat", "MakeDir", "Move", "ListDir", "Remove" };
+    static const char *const unary[] = {
+        "Stat",          "MakeDir",          "Move",         "ListDir", "Remove",
+        "CreateWatcher", "GetWatcherEvents", "RemoveWatcher"
+    };
     *ret_known = true;
+    if (sv_eq(method, SV("WatchDir")))
+        return true;
     for (size_t i = 0; i < ELEMENTSOF(unary); i++)
         if (method.len == strlen(unary[i]) && memcmp(method.p, unary[i], method.len) == 0)
             return false;
@@ -39,7 +44,7 @@ static void permissions_text(mode_t m, char out[11])
 
 /* Names on disk are bytes: ones that are not UTF-8 are rendered with U+FFFD by jansson's
  * refusal (NULL), so such an entry is skipped by the caller. */
-static json_t *entry_json(const char *name, const char *path, const struct stat *st)
+json_t *envd_entry_json(const char *name, const char *path, const struct stat *st)
 {
     char perms[11], when[64], uid[16], gid[16];
     struct tm tm;
@@ -111,7 +116,7 @@ static json_t *entry_of(const fs_root_t *root, const char *path, int *ret_err)
         *ret_err = r;
         return NULL;
     }
-    json_t *e = entry_json(base_name(path, name, sizeof name), path, &st);
+    json_t *e = envd_entry_json(base_name(path, name, sizeof name), path, &st);
     if (!e)
         *ret_err = -ENOMEM;
     return e;
@@ -205,7 +210,7 @@ static int list_into(const fs_root_t *root, const char *dir, unsigned depth, jso
                          dl == 1 && dir[0] == '/' ? "" : "/", l.entries[i].name);
         if (n < 0 || (size_t)n >= sizeof path)
             continue;
-        json_t *e = entry_json(l.entries[i].name, path, &l.entries[i].st);
+        json_t *e = envd_entry_json(l.entries[i].name, path, &l.entries[i].st);
         if (!e)
             continue; /* a name that is not UTF-8: no JSON string can carry it */
         json_array_append_new(arr, e);
@@ -268,6 +273,14 @@ void envd_fs_call(envd_call_t *call, sv_t method, json_t *req)
         rpc_move(call, req);
     else if (sv_eq(method, SV("Remove")))
         rpc_remove(call, req);
+    else if (sv_eq(method, SV("WatchDir")))
+        envd_watch_dir(call, req);
+    else if (sv_eq(method, SV("CreateWatcher")))
+        envd_create_watcher(call, req);
+    else if (sv_eq(method, SV("GetWatcherEvents")))
+        envd_get_watcher_events(call, req);
+    else if (sv_eq(method, SV("RemoveWatcher")))
+        envd_remove_watcher(call, req);
     else
         envd_fail(call, CONNECT_UNIMPLEMENTED, "method not served");
 }

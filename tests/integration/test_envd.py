@@ -114,6 +114,16 @@ class Envd:
         return [m["event"] for m in msgs], end
 
 
+def hangup(r):
+    """Drop a stream's connection (the SDK's disconnect): the server sees it closed."""
+    import socket
+    try:
+        r._sbx_conn.sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    r._sbx_conn.close()
+
+
 def output(events, stream="stdout"):
     return b"".join(base64.b64decode(e["data"][stream]) for e in events
                     if "data" in e and stream in e["data"])
@@ -281,7 +291,11 @@ class Reader(threading.Thread):
 
     def run(self):
         while True:
-            m = Envd.read_message(self.r)
+            try:
+                m = Envd.read_message(self.r)
+            except Exception as e:  # the test hung up: the stream is over
+                self.error = e
+                return
             if m is None:
                 return
             if m[0] & 2:
@@ -355,7 +369,7 @@ def test_disconnect_leaves_the_process_running_and_connect_by_pid(envd):
     r = envd.open_stream("process.Process/Start", {
         "process": {"cmd": "/bin/sh", "args": ["-c", "read x; echo got $x"]}, "stdin": True})
     pid = Envd.read_message(r)[1]["event"]["start"]["pid"]
-    r._sbx_conn.close()  # the SDK's disconnect()
+    hangup(r)  # the SDK's disconnect()
     time.sleep(0.2)
     assert [p["pid"] for p in envd.unary("process.Process/List", {})[1]["processes"]] == [pid]
     rd = Reader(envd.open_stream("process.Process/Connect", {"process": {"pid": pid}}))
@@ -656,3 +670,99 @@ def test_pool_pty_runs_confined(make_host_server):
     assert out.startswith(f"{sb.uid}\r\n".encode()) and b"got x\r\n" in out
     assert int(out.split(b"tty=")[1].split(b"\r\n")[0]) != 0
     assert the_end(rd.events())["exitCode"] == 0
+
+
+# ---- directory watches -----------------------------------------------------------------------
+
+def fs_events(msgs):
+    return [(m["filesystem"]["name"], m["filesystem"]["type"]) for m in msgs if "filesystem" in m]
+
+
+def test_watch_dir_stream(envd):
+    d = tempfile.mkdtemp(prefix="sbx-envd-")
+    try:
+        os.mkdir(d + "/sub")
+        r = envd.open_stream("filesystem.Filesystem/WatchDir",
+                             {"path": d, "recursive": True, "includeEntry": True})
+        assert r.status == 200
+        assert Envd.read_message(r) == (0, {"start": {}})
+        rd = Reader(r)
+        with open(d + "/a.txt", "wb") as f:
+            f.write(b"1")
+        os.mkdir(d + "/sub/new")
+        time.sleep(0.2)  # the new directory is watched once its create event is read
+        with open(d + "/sub/new/deep.txt", "wb"):
+            pass
+        os.chmod(d + "/a.txt", 0o600)
+        os.rename(d + "/a.txt", d + "/b.txt")
+        os.unlink(d + "/b.txt")
+        want = [("a.txt", "EVENT_TYPE_CREATE"), ("a.txt", "EVENT_TYPE_WRITE"),
+                ("sub/new", "EVENT_TYPE_CREATE"), ("sub/new/deep.txt", "EVENT_TYPE_CREATE"),
+                ("a.txt", "EVENT_TYPE_CHMOD"), ("a.txt", "EVENT_TYPE_RENAME"),
+                ("b.txt", "EVENT_TYPE_CREATE"), ("b.txt", "EVENT_TYPE_REMOVE")]
+        assert wait_until(lambda: all(x in fs_events(rd.msgs) for x in want), 5), rd.msgs
+        ev = fs_events(rd.msgs)
+        assert ev.index(("a.txt", "EVENT_TYPE_CREATE")) < ev.index(("b.txt", "EVENT_TYPE_REMOVE"))
+        created = [m["filesystem"] for m in rd.msgs if "filesystem" in m and
+                   m["filesystem"]["name"] == "sub/new"][0]
+        assert created["entry"]["type"] == "FILE_TYPE_DIRECTORY"
+        assert created["entry"]["path"] == d + "/sub/new"
+        hangup(r)
+        rd.join(5)
+        assert not rd.is_alive()
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_watch_dir_errors(envd):
+    st, msgs, end = envd.stream("filesystem.Filesystem/WatchDir", {"path": "/nonexistent/dir"})
+    assert st == 200 and msgs == [] and end["error"]["code"] == "not_found"
+    st, msgs, end = envd.stream("filesystem.Filesystem/WatchDir", {"path": "/etc/passwd"})
+    assert end["error"]["code"] == "failed_precondition"
+
+
+def test_polled_watcher(envd):
+    d = tempfile.mkdtemp(prefix="sbx-envd-")
+    try:
+        st, j = fs(envd, "CreateWatcher", {"path": d, "recursive": False})
+        assert st == 200 and len(j["watcherId"]) == 32
+        wid = j["watcherId"]
+        assert fs(envd, "GetWatcherEvents", {"watcherId": wid}) == (200, {"events": []})
+        os.mkdir(d + "/x")
+        with open(d + "/x/inner", "wb"):
+            pass  # not recursive: not seen
+        st, j = fs(envd, "GetWatcherEvents", {"watcherId": wid})
+        assert st == 200 and j["events"] == [{"name": "x", "type": "EVENT_TYPE_CREATE"}]
+        assert fs(envd, "GetWatcherEvents", {"watcherId": wid}) == (200, {"events": []})
+        assert fs(envd, "RemoveWatcher", {"watcherId": wid}) == (200, {})
+        st, j = fs(envd, "GetWatcherEvents", {"watcherId": wid})
+        assert st == 404 and j["code"] == "not_found"
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_pool_watchers_are_per_sandbox_and_confined(make_host_server):
+    host = make_host_server()
+    a, b = host.create(2)
+    ea, eb = sandbox_envd(a), sandbox_envd(b)
+    st, j = fs(ea, "CreateWatcher", {"path": "/", "recursive": True})
+    assert st == 200
+    wid = j["watcherId"]
+    st, j = fs(eb, "GetWatcherEvents", {"watcherId": wid})
+    assert st == 404 and j["code"] == "not_found"  # another sandbox's watcher does not exist
+    ea.run("/bin/sh", ["-c", "mkdir d && touch d/f"])
+    st, j = fs(ea, "GetWatcherEvents", {"watcherId": wid})
+    names = {(e["name"], e["type"]) for e in j["events"]}
+    assert ("d", "EVENT_TYPE_CREATE") in names
+    # a symlink out of the home is not followed: watching through it is refused
+    ea.run("/bin/ln", ["-s", "/etc", "etc-link"])
+    st, j = fs(ea, "CreateWatcher", {"path": "/etc-link"})
+    assert st != 200
+    st, msgs, end = ea.stream("filesystem.Filesystem/WatchDir", {"path": "/etc-link"})
+    assert msgs == [] and end["error"]["code"] in ("failed_precondition", "invalid_argument",
+                                                   "permission_denied")
+    # positive control: a real directory of the home is watched
+    st, j = fs(ea, "CreateWatcher", {"path": "/d"})
+    assert st == 200
