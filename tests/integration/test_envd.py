@@ -766,3 +766,42 @@ def test_pool_watchers_are_per_sandbox_and_confined(make_host_server):
     # positive control: a real directory of the home is watched
     st, j = fs(ea, "CreateWatcher", {"path": "/d"})
     assert st == 200
+
+
+# ---- E2B's own SDK against the agent ---------------------------------------------------------
+
+E2B_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2b")
+
+
+def run_sdk(url, token, workdir, pwd):
+    import shutil
+    import subprocess
+    if not os.path.exists(os.path.join(E2B_DIR, "node_modules", "e2b", "package.json")):
+        pytest.skip("E2B's SDK is not installed (scripts/setup.sh installs it)")
+    env = dict(os.environ, E2B_SANDBOX_URL=url, SBX_ENVD_TOKEN=token, SBX_ENVD_DIR=workdir,
+               SBX_ENVD_PWD=pwd)
+    r = subprocess.run([shutil.which("node") or "node", "envd_agent.mjs"], cwd=E2B_DIR, env=env,
+                       capture_output=True, text=True, timeout=120)
+    steps = [json.loads(line)["step"] for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert steps[-1] == "done" and "pty" in steps and "watchDir" in steps, steps
+
+
+@pytest.mark.skip_ok("a compatibility check with a client library; the protocol is tested above")
+def test_e2b_sdk_against_the_dedicated_agent(server):
+    d = tempfile.mkdtemp(prefix="sbx-envd-sdk-")
+    try:
+        run_sdk(f"http://127.0.0.1:{server.port}", server.token, d, d)
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skip_ok("a compatibility check with a client library; the protocol is tested above")
+def test_e2b_sdk_against_a_pool_sandbox(make_host_server):
+    host = make_host_server()
+    sb = host.sandbox()
+    assert sb.run("mkdir work").code == 0
+    run_sdk(f"http://127.0.0.1:{host.port}/v1/sandboxes/{sb.id}", sb.token, "/work",
+            sb.home + "/work")
+    assert os.stat(os.path.join(sb.home, "work/made/moved.txt")).st_uid == sb.uid
