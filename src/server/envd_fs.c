@@ -64,10 +64,22 @@ json_t *envd_entry_json(const char *name, const char *path, const struct stat *s
         json_decref(jpath);
         return NULL;
     }
-    return json_pack("{s:o,s:s,s:o,s:s,s:i,s:s,s:s,s:s,s:s}", "name", jname, "type",
-                     S_ISDIR(st->st_mode) ? "FILE_TYPE_DIRECTORY" : "FILE_TYPE_FILE", "path", jpath,
-                     "size", size, "mode", (int)(st->st_mode & 07777), "permissions", perms,
+    const char *type = S_ISDIR(st->st_mode)   ? "FILE_TYPE_DIRECTORY"
+                       : S_ISLNK(st->st_mode) ? "FILE_TYPE_SYMLINK"
+                                              : "FILE_TYPE_FILE";
+    return json_pack("{s:o,s:s,s:o,s:s,s:i,s:s,s:s,s:s,s:s}", "name", jname, "type", type, "path",
+                     jpath, "size", size, "mode", (int)(st->st_mode & 07777), "permissions", perms,
                      "owner", uid, "group", gid, "modifiedTime", when);
+}
+
+/* A symlink's entry also says where it points (its text; it is never followed). */
+static json_t *with_target(json_t *e, const fs_root_t *root, const char *path,
+                           const struct stat *st)
+{
+    char target[FS_PATH_MAX];
+    if (e && S_ISLNK(st->st_mode) && fs_readlink(root, path, target, sizeof target) >= 0)
+        json_object_set_new(e, "symlinkTarget", json_string(target)); /* NULL: not UTF-8 */
+    return e;
 }
 
 /* The last component of path ("/" for the root). */
@@ -116,7 +128,8 @@ static json_t *entry_of(const fs_root_t *root, const char *path, int *ret_err)
         *ret_err = r;
         return NULL;
     }
-    json_t *e = envd_entry_json(base_name(path, name, sizeof name), path, &st);
+    json_t *e = with_target(envd_entry_json(base_name(path, name, sizeof name), path, &st), root,
+                            path, &st);
     if (!e)
         *ret_err = -ENOMEM;
     return e;
@@ -210,7 +223,8 @@ static int list_into(const fs_root_t *root, const char *dir, unsigned depth, jso
                          dl == 1 && dir[0] == '/' ? "" : "/", l.entries[i].name);
         if (n < 0 || (size_t)n >= sizeof path)
             continue;
-        json_t *e = envd_entry_json(l.entries[i].name, path, &l.entries[i].st);
+        json_t *e = with_target(envd_entry_json(l.entries[i].name, path, &l.entries[i].st), root,
+                                path, &l.entries[i].st);
         if (!e)
             continue; /* a name that is not UTF-8: no JSON string can carry it */
         json_array_append_new(arr, e);

@@ -438,6 +438,11 @@ def test_filesystem_rpcs(envd):
         st, j = fs(envd, "Move", {"source": d + "/a/f.txt", "destination": d + "/g.txt"})
         assert st == 200 and j["entry"]["path"] == d + "/g.txt" and j["entry"]["size"] == "5"
         assert not os.path.exists(d + "/a/f.txt")
+        os.symlink("g.txt", d + "/ln")
+        st, j = fs(envd, "Stat", {"path": d + "/ln"})
+        assert j["entry"]["type"] == "FILE_TYPE_SYMLINK" and j["entry"]["symlinkTarget"] == "g.txt"
+        st, j = fs(envd, "ListDir", {"path": d})
+        assert {x["name"]: x.get("symlinkTarget") for x in j["entries"]}["ln"] == "g.txt"
         assert fs(envd, "Remove", {"path": d + "/a"}) == (200, {})
         assert not os.path.exists(d + "/a")
         st, j = fs(envd, "Stat", {"path": d + "/a"})
@@ -598,6 +603,9 @@ def test_pool_files_confined_to_the_home(make_host_server):
     assert st != 200 and b"root:" not in data
     st, j = fs(e, "ListDir", {"path": "/etc-link"})
     assert st != 200
+    st, j = fs(e, "Stat", {"path": "/etc-link"})  # reported as what it is, not followed
+    assert st == 200 and j["entry"]["type"] == "FILE_TYPE_SYMLINK"
+    assert j["entry"]["symlinkTarget"] == "/etc"
     st, _, data = files_request(e, "POST", "?path=/etc-link/sbx-envd-" + uuid.uuid4().hex,
                                 b"x", {"Content-Type": "application/octet-stream"})
     assert st != 200
