@@ -435,7 +435,7 @@ static void envd_rpc(conn_t *c, sv_t path)
 void envd_dispatch(conn_t *c, sv_t path)
 {
     if (sv_eq(path, SV("/files"))) {
-        if (method_is(c, "GET") || method_is(c, "HEAD"))
+        if (method_is(c, "GET"))
             envd_files_get(c);
         else if (method_is(c, "POST"))
             envd_files_post(c);

@@ -346,6 +346,7 @@ def test_list_connect_by_tag_and_kill(envd):
                     "envs": {"A": "1"}, "cwd": "/"}, "tag": "svc", "stdin": False})
     rd = Reader(r)
     pid = rd.pid()
+    assert wait_until(lambda: output(rd.events()) == b"up\n", 5)
     st, j = envd.unary("process.Process/List", {})
     assert st == 200
     assert j["processes"] == [{"pid": pid, "tag": "svc", "config": {
@@ -533,6 +534,8 @@ def test_files_octet_stream_gzip_and_errors(envd):
         st, _, data = files_request(envd, "POST", "", b"x",
                                     {"Content-Type": "application/octet-stream"})
         assert st == 400
+        st, h, data = files_request(envd, "PUT", q, b"x")
+        assert st == 405 and h["allow"] == "GET, POST"
     finally:
         import shutil
         shutil.rmtree(d, ignore_errors=True)
@@ -698,7 +701,8 @@ def test_watch_dir_stream(envd):
         with open(d + "/a.txt", "wb") as f:
             f.write(b"1")
         os.mkdir(d + "/sub/new")
-        time.sleep(0.2)  # the new directory is watched once its create event is read
+        # the server watches a new directory before it reports its creation
+        assert wait_until(lambda: ("sub/new", "EVENT_TYPE_CREATE") in fs_events(rd.msgs), 5)
         with open(d + "/sub/new/deep.txt", "wb"):
             pass
         os.chmod(d + "/a.txt", 0o600)
