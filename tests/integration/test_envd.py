@@ -817,3 +817,26 @@ def test_e2b_sdk_against_a_pool_sandbox(make_host_server):
     run_sdk(f"http://127.0.0.1:{host.port}/v1/sandboxes/{sb.id}", sb.token, "/work",
             sb.home + "/work")
     assert os.stat(os.path.join(sb.home, "work/made/moved.txt")).st_uid == sb.uid
+
+
+def test_pool_sandbox_deleted_under_a_stream(make_host_server):
+    host = make_host_server()
+    sb = host.sandbox()
+    e = sandbox_envd(sb)
+    rd = Reader(e.open_stream("process.Process/Start",
+                              {"process": {"cmd": "/bin/sleep", "args": ["60"]}}))
+    pid = rd.pid()
+    r = e.open_stream("filesystem.Filesystem/WatchDir", {"path": "/"})
+    assert Envd.read_message(r) == (0, {"start": {}})
+    wd = Reader(r)
+    st, j = sb.delete()
+    assert st == 200, j
+    rd.join(10)
+    assert not rd.is_alive()
+    # the process went with its sandbox: its stream ends with an error that says so
+    assert rd.end["error"]["code"] == "aborted", (rd.end, rd.events())
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    hangup(r)
+    wd.join(5)
+    st, j = e.unary("process.Process/List", {})
+    assert st == 401  # the sandbox and its token are gone
