@@ -119,6 +119,8 @@ void envd_process_call(envd_call_t *call, sv_t method, json_t *req);
 bool envd_process_streams(sv_t method, bool *ret_known);
 void envd_fs_call(envd_call_t *call, sv_t method, json_t *req);
 bool envd_fs_streams(sv_t method, bool *ret_known);
+/* A /files request carrying E2B's presigned-URL signature made with token (docs/e2b.md). */
+bool envd_files_signed(const conn_t *c, const char *token, uint64_t now_s);
 void envd_files_get(conn_t *c);
 void envd_files_post(conn_t *c);
 /* EntryInfo of a stat (name and path as the client sees them); NULL if not UTF-8. */

@@ -5,6 +5,7 @@
  * through fsops.c against the request's root, as /v1/files/... do; parents are created, and in
  * a pool sandbox what is created belongs to its uid. The body is collected (capped) before
  * anything is written. */
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <strings.h>
@@ -53,6 +54,50 @@ static int path_query(conn_t *c, char *out, size_t cap)
     if (r < 0)
         files_error(c, 400, "path is not a valid encoded path (max %d bytes)", FS_PATH_MAX - 1);
     return r;
+}
+
+/* ---- presigned URLs ---------------------------------------------------------------------- */
+
+/* "v1_" + base64(sha256("<path>:<read|write>:<username>:<token>[:<expiration>]")) without
+ * its '=' padding, as E2B's SDK signs downloadUrl()/uploadUrl(); an expiration (unix seconds)
+ * in the past refuses. */
+bool envd_files_signed(const conn_t *c, const char *token, uint64_t now_s)
+{
+    char path[FS_PATH_MAX] = "", user[256] = "", sig[128], exp[24];
+    bool has_exp = false;
+    uint64_t until = 0;
+    if (query_param(c, "signature", sig, sizeof sig) <= 0 ||
+        query_param(c, "path", path, sizeof path) < 0 ||
+        query_param(c, "username", user, sizeof user) < 0)
+        return false;
+    int r = query_param(c, "signature_expiration", exp, sizeof exp);
+    if (r < 0)
+        return false;
+    if (r > 0) {
+        if (parse_u64_str(exp, UINT64_MAX, &until) < 0 || until < now_s)
+            return false;
+        has_exp = true;
+    }
+    const char *op =
+        c->req.method.len == 4 && memcmp(c->req.method.p, "POST", 4) == 0 ? "write" : "read";
+    crypto_hash_sha256_state st;
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256_init(&st);
+    const char *parts[] = {
+        path, ":", op, ":", user, ":", token, has_exp ? ":" : "", has_exp ? exp : ""
+    };
+    for (size_t i = 0; i < ELEMENTSOF(parts); i++)
+        crypto_hash_sha256_update(&st, (const unsigned char *)parts[i], strlen(parts[i]));
+    crypto_hash_sha256_final(&st, h);
+    char want[3 +
+              sodium_base64_ENCODED_LEN(crypto_hash_sha256_BYTES, sodium_base64_VARIANT_ORIGINAL)];
+    memcpy(want, "v1_", 3);
+    sodium_bin2base64(want + 3, sizeof want - 3, h, sizeof h, sodium_base64_VARIANT_ORIGINAL);
+    size_t wl = strlen(want);
+    while (wl > 3 && want[wl - 1] == '=')
+        wl--;
+    size_t sl = strlen(sig);
+    return sl == wl && sodium_memcmp(sig, want, wl) == 0;
 }
 
 /* ---- GET --------------------------------------------------------------------------------- */

@@ -5,6 +5,7 @@
  * nothing about which routes exist. */
 #include <sodium.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "envd.h"
@@ -52,13 +53,16 @@ static bool token_matches(const conn_t *c, const char *token)
 
 /* E2B's envd routes carry the same token in X-Access-Token (checked the same way); our own
  * header is accepted there too. */
-static bool envd_token_matches(const conn_t *c, const char *token)
+static bool envd_token_matches(const conn_t *c, const char *token, sv_t route)
 {
     sv_t v;
     size_t tlen = strlen(token);
     if (http_header_get(&c->req, "x-access-token", &v))
         return v.len == tlen && tlen > 0 && sodium_memcmp(v.p, token, tlen) == 0;
-    return token_matches(c, token);
+    if (token_matches(c, token))
+        return true;
+    /* /files also takes the presigned URLs E2B's SDK makes with the token (no header) */
+    return sv_eq(route, SV("/files")) && envd_files_signed(c, token, (uint64_t)time(NULL));
 }
 
 static bool token_ok(const server_t *s, const conn_t *c)
@@ -174,7 +178,7 @@ static bool refuse_transfer_encoding(conn_t *c, sv_t path)
  * The handlers run scoped to the sandbox, like the dedicated table's. */
 static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
 {
-    if (!sb || !envd_token_matches(c, sb->token)) {
+    if (!sb || !envd_token_matches(c, sb->token, rest)) {
         envd_refuse(c, rest);
         return;
     }
@@ -289,7 +293,7 @@ void router_dispatch(conn_t *c)
     }
     if (envd_is_route(path)) {
         /* E2B's envd: X-Access-Token, 401 as envd answers; chunked bodies are collected */
-        if (s->cfg.token && !envd_token_matches(c, s->cfg.token)) {
+        if (s->cfg.token && !envd_token_matches(c, s->cfg.token, path)) {
             envd_refuse(c, path);
             return;
         }

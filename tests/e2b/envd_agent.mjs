@@ -96,6 +96,26 @@ check(moved.path === `${dir}/made/moved.txt`, "rename");
 await sbx.files.remove(`${dir}/multi`);
 check((await sbx.files.exists(`${dir}/multi`)) === false, "remove");
 
+// presigned URLs: fetched with no header at all. The SDK builds them as new URL("/files",
+// base): a path prefix of E2B_SANDBOX_URL is dropped, so SBX_ENVD_PRESIGNED=0 skips them when
+// the agent is reached through one (a pool sandbox's /v1/sandboxes/<id>).
+if (process.env.SBX_ENVD_PRESIGNED !== "0") {
+  const dl = await sbx.downloadUrl(`${dir}/made/moved.txt`);
+  const got = await (await fetch(dl)).text();
+  out("downloadUrl", { ok: got === "hi from the sdk\n" });
+  check(got === "hi from the sdk\n", "downloadUrl");
+  const ul = await sbx.uploadUrl(`${dir}/uploaded.txt`, { useSignatureExpiration: 60 });
+  const form = new FormData();
+  form.append("file", new Blob(["via url"]), `${dir}/uploaded.txt`);
+  const up = await fetch(ul, { method: "POST", body: form });
+  check(up.status === 200, `uploadUrl: ${up.status}`);
+  check((await sbx.files.read(`${dir}/uploaded.txt`)) === "via url", "uploadUrl wrote it");
+  const forged = new URL(dl);
+  forged.searchParams.set("path", `${dir}/uploaded.txt`);
+  check((await fetch(forged)).status === 401, "a signature is for its own path only");
+  out("uploadUrl", {});
+}
+
 // watchDir
 const seen = [];
 const handle = await sbx.files.watchDir(dir, (ev) => seen.push(ev));

@@ -785,18 +785,19 @@ def test_pool_watchers_are_per_sandbox_and_confined(make_host_server):
 E2B_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2b")
 
 
-def run_sdk(url, token, workdir, pwd):
+def run_sdk(url, token, workdir, pwd, presigned=True):
     import shutil
     import subprocess
     if not os.path.exists(os.path.join(E2B_DIR, "node_modules", "e2b", "package.json")):
         pytest.skip("E2B's SDK is not installed (scripts/setup.sh installs it)")
     env = dict(os.environ, E2B_SANDBOX_URL=url, SBX_ENVD_TOKEN=token, SBX_ENVD_DIR=workdir,
-               SBX_ENVD_PWD=pwd)
+               SBX_ENVD_PWD=pwd, SBX_ENVD_PRESIGNED="1" if presigned else "0")
     r = subprocess.run([shutil.which("node") or "node", "envd_agent.mjs"], cwd=E2B_DIR, env=env,
                        capture_output=True, text=True, timeout=120)
     steps = [json.loads(line)["step"] for line in r.stdout.splitlines() if line.startswith("{")]
     assert r.returncode == 0, r.stdout + r.stderr
     assert steps[-1] == "done" and "pty" in steps and "watchDir" in steps, steps
+    assert ("uploadUrl" in steps) == presigned, steps
 
 
 @pytest.mark.skip_ok("a compatibility check with a client library; the protocol is tested above")
@@ -814,8 +815,10 @@ def test_e2b_sdk_against_a_pool_sandbox(make_host_server):
     host = make_host_server()
     sb = host.sandbox()
     assert sb.run("mkdir work").code == 0
+    # presigned URLs drop a base path (the SDK's new URL("/files", base)): the edge maps them
+    # by host name; test_pool_presigned_urls_use_the_sandbox_token checks them here
     run_sdk(f"http://127.0.0.1:{host.port}/v1/sandboxes/{sb.id}", sb.token, "/work",
-            sb.home + "/work")
+            sb.home + "/work", presigned=False)
     assert os.stat(os.path.join(sb.home, "work/made/moved.txt")).st_uid == sb.uid
 
 
@@ -840,3 +843,80 @@ def test_pool_sandbox_deleted_under_a_stream(make_host_server):
     wd.join(5)
     st, j = e.unary("process.Process/List", {})
     assert st == 401  # the sandbox and its token are gone
+
+
+# ---- presigned /files URLs -------------------------------------------------------------------
+
+def signed_query(path, op, token, user=None, exp=None):
+    import hashlib
+    raw = f"{path}:{op}:{user or ''}:{token}" + (f":{exp}" if exp is not None else "")
+    sig = "v1_" + base64.b64encode(hashlib.sha256(raw.encode()).digest()).decode().rstrip("=")
+    q = {"path": path, "signature": sig}
+    if user is not None:
+        q["username"] = user
+    if exp is not None:
+        q["signature_expiration"] = str(exp)
+    return "?" + urllib.parse.urlencode(q)
+
+
+def test_presigned_files_urls(envd):
+    d = tempfile.mkdtemp(prefix="sbx-envd-")
+    try:
+        p = d + "/signed file.txt"
+        with open(p, "wb") as f:
+            f.write(b"signed")
+        tok = envd.token
+
+        def get(q):
+            c = envd.conn()
+            c.request("GET", "/files" + q)  # no token header at all
+            r = c.getresponse()
+            return r.status, r.read()
+
+        assert get(signed_query(p, "read", tok)) == (200, b"signed")
+        assert get(signed_query(p, "read", tok, user="user")) == (200, b"signed")
+        assert get(signed_query(p, "read", tok, exp=int(time.time()) + 60)) == (200, b"signed")
+        # refused: expired, another operation, another path, user or token, no signature
+        assert get(signed_query(p, "read", tok, exp=int(time.time()) - 5))[0] == 401
+        assert get(signed_query(p, "write", tok))[0] == 401
+        assert get(signed_query(d + "/other", "read", tok).replace(
+            urllib.parse.quote_plus(d + "/other"), urllib.parse.quote_plus(p)))[0] == 401
+        q = signed_query(p, "read", tok, user="user").replace("username=user", "username=root")
+        assert get(q)[0] == 401
+        assert get(signed_query(p, "read", "0" * 64))[0] == 401
+        assert get("?" + urllib.parse.urlencode({"path": p}))[0] == 401
+        # a signed upload
+        body, ct = multipart([("file", "x", b"uploaded")])
+        q = signed_query(d + "/up.txt", "write", tok, exp=int(time.time()) + 60)
+        c = envd.conn()
+        c.request("POST", "/files" + q, body=body, headers={"Content-Type": ct})
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read())[0]["path"] == d + "/up.txt"
+        with open(d + "/up.txt", "rb") as f:
+            assert f.read() == b"uploaded"
+        # a read signature does not upload
+        c.request("POST", "/files" + signed_query(d + "/up2.txt", "read", tok), body=body,
+                  headers={"Content-Type": ct})
+        r = c.getresponse()
+        r.read()
+        assert r.status == 401 and not os.path.exists(d + "/up2.txt")
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_pool_presigned_urls_use_the_sandbox_token(make_host_server):
+    host = make_host_server()
+    a, b = host.create(2)
+    assert a.run("echo -n mine > f").code == 0
+
+    def get(sb, q):
+        c = http.client.HTTPConnection("127.0.0.1", host.port, timeout=10)
+        c.request("GET", sb.path("/files") + q)
+        r = c.getresponse()
+        return r.status, r.read()
+
+    assert get(a, signed_query("/f", "read", a.token)) == (200, b"mine")
+    assert get(a, signed_query("/f", "read", b.token))[0] == 401
+    assert get(a, signed_query("/f", "read", host.token))[0] == 401
+    assert get(b, signed_query("/f", "read", a.token))[0] == 401
