@@ -186,7 +186,7 @@ static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
     sb->last_activity_ms = loop_now_ms(c->srv->loop);
     if (sv_eq(rest, SV("/health"))) {
         if (method_is(c, "GET") || method_is(c, "HEAD"))
-            conn_respond(c, 204, NULL, NULL, 0, NULL);
+            conn_respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
         else
             conn_respond_error(c, 405, "method not allowed");
         return;

@@ -182,15 +182,16 @@ def test_start_of_a_missing_command_ends_the_stream_with_an_error(envd):
 def test_wrong_access_token_is_401(envd):
     for tok in ("0" * 64, "wrong"):
         st, j = envd.unary("process.Process/List", {}, token=tok)
-        assert st == 401 and j["code"] == "unauthenticated"
+        assert st == 401 and j["code"] == "unauthenticated", ("envd access token check", tok, j)
     c = envd.conn()
     c.request("POST", "/process.Process/List", body=b"{}",
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
-    assert r.status == 401 and json.loads(r.read())["code"] == "unauthenticated"
+    assert r.status == 401 and json.loads(r.read())["code"] == "unauthenticated", \
+        "envd access token check: no token"
     st, _, _ = envd.stream("process.Process/Start", {"process": {"cmd": "/bin/true"}},
                            token="0" * 64)
-    assert st == 401
+    assert st == 401, "envd access token check: a stream"
     # positive control: the right token, and our own header, are accepted
     assert envd.unary("process.Process/List", {})[0] == 200
     st, j = envd.unary("process.Process/List", {}, token="",
@@ -561,25 +562,26 @@ def test_pool_start_runs_as_the_sandbox(make_host_server):
     # another sandbox's token, the host token, no token: 401; positive control above
     for tok in (b.token, host.token, "0" * 64):
         st, j = ea.unary("process.Process/List", {}, token=tok)
-        assert st == 401 and j["code"] == "unauthenticated", tok
+        assert st == 401 and j["code"] == "unauthenticated", ("envd sandbox token check", tok)
     st, _, _ = files_request(ea, "GET", "?path=/x", headers={"X-Access-Token": b.token})
     assert st == 401
     # processes are per sandbox: b neither lists nor signals a's process
     rd = Reader(ea.open_stream("process.Process/Start",
                                {"process": {"cmd": "/bin/sleep", "args": ["30"]}, "tag": "t"}))
     pid = rd.pid()
-    assert eb.unary("process.Process/List", {}) == (200, {"processes": []})
+    assert eb.unary("process.Process/List", {}) == (200, {"processes": []}), \
+        "envd process scoping: a sibling lists it"
     st, j = eb.unary("process.Process/SendSignal",
                      {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
-    assert st == 404 and j["code"] == "not_found"
+    assert st == 404 and j["code"] == "not_found", "envd process scoping: a sibling signals it"
     assert [p["pid"] for p in ea.unary("process.Process/List", {})[1]["processes"]] == [pid]
     assert ea.unary("process.Process/SendSignal",
                     {"process": {"tag": "t"}, "signal": "SIGNAL_SIGKILL"}) == (200, {})
     rd.join(10)
     assert the_end(rd.events())["status"] == "signal: killed"
-    st, _, _ = host.request("GET", a.path("/health"), token=False,
-                            headers={"X-Access-Token": a.token})
-    assert st == 204
+    st, _, data = host.request("GET", a.path("/health"), token=False,
+                               headers={"X-Access-Token": a.token})
+    assert st == 200 and json.loads(data) == {"status": "ok"}
     st, _, _ = host.request("GET", a.path("/health"), token=False,
                             headers={"X-Access-Token": b.token})
     assert st == 401
@@ -763,7 +765,7 @@ def test_pool_watchers_are_per_sandbox_and_confined(make_host_server):
     assert st == 200
     wid = j["watcherId"]
     st, j = fs(eb, "GetWatcherEvents", {"watcherId": wid})
-    assert st == 404 and j["code"] == "not_found"  # another sandbox's watcher does not exist
+    assert st == 404 and j["code"] == "not_found", "envd watcher scoping: a sibling reads it"
     ea.run("/bin/sh", ["-c", "mkdir d && touch d/f"])
     st, j = fs(ea, "GetWatcherEvents", {"watcherId": wid})
     names = {(e["name"], e["type"]) for e in j["events"]}
@@ -877,29 +879,31 @@ def test_presigned_files_urls(envd):
         assert get(signed_query(p, "read", tok, user="user")) == (200, b"signed")
         assert get(signed_query(p, "read", tok, exp=int(time.time()) + 60)) == (200, b"signed")
         # refused: expired, another operation, another path, user or token, no signature
-        assert get(signed_query(p, "read", tok, exp=int(time.time()) - 5))[0] == 401
-        assert get(signed_query(p, "write", tok))[0] == 401
+        assert get(signed_query(p, "read", tok, exp=int(time.time()) - 5))[0] == 401, \
+            "presigned expiry check"
+        assert get(signed_query(p, "write", tok))[0] == 401, "presigned operation check"
         assert get(signed_query(d + "/other", "read", tok).replace(
             urllib.parse.quote_plus(d + "/other"), urllib.parse.quote_plus(p)))[0] == 401
         q = signed_query(p, "read", tok, user="user").replace("username=user", "username=root")
-        assert get(q)[0] == 401
-        assert get(signed_query(p, "read", "0" * 64))[0] == 401
-        assert get("?" + urllib.parse.urlencode({"path": p}))[0] == 401
-        # a signed upload
+        assert get(q)[0] == 401, "presigned user check"
+        assert get(signed_query(p, "read", "0" * 64))[0] == 401, "presigned signature check"
+        assert get("?" + urllib.parse.urlencode({"path": p}))[0] == 401, "presigned: none"
         body, ct = multipart([("file", "x", b"uploaded")])
-        q = signed_query(d + "/up.txt", "write", tok, exp=int(time.time()) + 60)
         c = envd.conn()
-        c.request("POST", "/files" + q, body=body, headers={"Content-Type": ct})
-        r = c.getresponse()
-        assert r.status == 200 and json.loads(r.read())[0]["path"] == d + "/up.txt"
-        with open(d + "/up.txt", "rb") as f:
-            assert f.read() == b"uploaded"
         # a read signature does not upload
         c.request("POST", "/files" + signed_query(d + "/up2.txt", "read", tok), body=body,
                   headers={"Content-Type": ct})
         r = c.getresponse()
         r.read()
-        assert r.status == 401 and not os.path.exists(d + "/up2.txt")
+        assert r.status == 401 and not os.path.exists(d + "/up2.txt"), \
+            "presigned operation check: a read signature uploads"
+        # a signed upload
+        q = signed_query(d + "/up.txt", "write", tok, exp=int(time.time()) + 60)
+        c.request("POST", "/files" + q, body=body, headers={"Content-Type": ct})
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read())[0]["path"] == d + "/up.txt"
+        with open(d + "/up.txt", "rb") as f:
+            assert f.read() == b"uploaded"
     finally:
         import shutil
         shutil.rmtree(d, ignore_errors=True)
@@ -917,6 +921,8 @@ def test_pool_presigned_urls_use_the_sandbox_token(make_host_server):
         return r.status, r.read()
 
     assert get(a, signed_query("/f", "read", a.token)) == (200, b"mine")
-    assert get(a, signed_query("/f", "read", b.token))[0] == 401
-    assert get(a, signed_query("/f", "read", host.token))[0] == 401
-    assert get(b, signed_query("/f", "read", a.token))[0] == 401
+    assert get(a, signed_query("/f", "read", b.token))[0] == 401, "presigned sandbox token check"
+    assert get(a, signed_query("/f", "read", host.token))[0] == 401, \
+        "presigned sandbox token check: the host token"
+    assert get(b, signed_query("/f", "read", a.token))[0] == 401, \
+        "presigned sandbox token check: a sibling's path"
