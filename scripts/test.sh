@@ -19,7 +19,8 @@ cd "$(dirname "$SELF")/.." || exit 1
 PY=/usr/bin/python3
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 LOG_DIR=build-logs
-FUZZERS=(http_head request_decode cap_decode httpc_response relay_response libsbx_response)
+FUZZERS=(http_head request_decode cap_decode httpc_response relay_response libsbx_response
+    envd_body)
 
 # ---- stage bodies (each runs as `scripts/test.sh --stage NAME` under timeout) ---------------
 

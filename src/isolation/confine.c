@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -115,11 +116,15 @@ static int confine_child(void *arg)
     for (int i = 0; i < CONFINE_MAX_CGROUPS && spec->cgroup_procs_fds[i] >= 0; i++)
         if (syscall(SYS_write, spec->cgroup_procs_fds[i], "0", 1) != 1)
             FAIL(STEP_CGROUP);
-    /* Own process group, so process-group kills reach the command's pipeline. */
-    if (syscall(SYS_setpgid, 0, 0) < 0)
+    /* Own process group, so process-group kills reach the command's pipeline (on a pty: own
+     * session, whose group has the same id). */
+    if (spec->new_session ? syscall(SYS_setsid) < 0 : syscall(SYS_setpgid, 0, 0) < 0)
         FAIL(STEP_SETPGID);
     if (syscall(SYS_dup2, spec->stdin_fd, 0) < 0 || syscall(SYS_dup2, spec->stdout_fd, 1) < 0 ||
         syscall(SYS_dup2, spec->stderr_fd, 2) < 0)
+        FAIL(STEP_STDIO);
+    /* The pty as controlling terminal of the new session (0: never taken from another one). */
+    if (spec->new_session && syscall(SYS_ioctl, 0, TIOCSCTTY, 0) < 0)
         FAIL(STEP_STDIO);
     /* Drop root: no supplementary groups, then gid, then uid (uid last, since changing gid
      * needs the privilege that changing uid gives up). */

@@ -41,6 +41,10 @@ typedef struct {
     char *const *argv;
     char *const *envp;
     int stdin_fd, stdout_fd, stderr_fd;
+    /* A session of its own with stdin (a pseudo-terminal's slave) as its controlling terminal,
+     * instead of a process group of its own: a command on a pty (envd's PTY). Its pid is still
+     * its process group's id, so group kills reach it the same way. */
+    bool new_session;
     /* Start the child as a sibling (CLONE_PARENT): a spawn helper starts it, the server is its
      * parent, reaps it and signals its process group as if it had started it itself. */
     bool clone_parent;

@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdio.h>
 
+#include "envd.h"
 #include "fsops.h"
 #include "pool.h"
 #include "routes.h"
@@ -21,7 +22,7 @@
 
 /* Dedicated mode: the whole filesystem. Host mode: the sandbox home, resolved by descriptor
  * beneath it, following no symlink, and what is created belongs to the sandbox uid. */
-static fs_root_t files_root(const conn_t *c)
+fs_root_t files_root(const conn_t *c)
 {
     if (!c->sb)
         return fs_root_dedicated();

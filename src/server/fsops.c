@@ -349,6 +349,23 @@ int fs_stat(const fs_root_t *r, const char *path, struct stat *ret_st)
     return 0;
 }
 
+int fs_readlink(const fs_root_t *r, const char *path, char *out, size_t cap)
+{
+    char buf[FS_PATH_MAX];
+    _cleanup_close_ int pfd = -EBADF;
+    const char *name;
+    if (cap == 0)
+        return -EINVAL;
+    int k = fs_open_parent(r, path, buf, sizeof buf, &pfd, &name);
+    if (k < 0)
+        return k;
+    ssize_t n = readlinkat(pfd, name, out, cap - 1);
+    if (n < 0)
+        return negative_errno();
+    out[n] = '\0';
+    return (int)n;
+}
+
 static void closedirp(DIR **d)
 {
     if (*d)

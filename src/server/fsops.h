@@ -68,6 +68,8 @@ int fs_pwrite_all(int fd, const void *p, size_t n, uint64_t off);
 
 /* lstat semantics: a final symlink is reported, not followed. */
 int fs_stat(const fs_root_t *r, const char *path, struct stat *ret_st);
+/* The text of the symlink at path (never followed), NUL-terminated in out: its length. */
+int fs_readlink(const fs_root_t *r, const char *path, char *out, size_t cap);
 
 typedef struct {
     char *name;

@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -27,6 +28,8 @@ typedef struct attach {
     conn_t *c;
     uint64_t next_seq;
     bool follow, base64, ended;
+    const proc_sink_ops_t *sink; /* another protocol's encoding (envd); NULL: NDJSON */
+    void *sink_ctx;
     struct attach *next;
 } attach_t;
 
@@ -58,6 +61,8 @@ struct proc {
     uint64_t first_seq, next_seq;
     attach_t *attachers;
     sandbox_t *sb; /* host mode: the sandbox it runs as (a reference); NULL in dedicated mode */
+    json_t *extra; /* what another protocol keeps about it (envd: the config it was started with) */
+    bool pty;      /* output and input go through a pseudo-terminal (out.w is its master) */
 };
 
 size_t server_running_procs(const server_t *s)
@@ -185,7 +190,10 @@ static void attach_end(attach_t *a)
     if (a->ended)
         return;
     a->ended = true;
-    conn_stream_end(a->c);
+    if (a->sink)
+        a->sink->end(a->sink_ctx, a->p); /* p is NULL when the entry went away */
+    else
+        conn_stream_end(a->c);
 }
 
 static void attach_pump(attach_t *a)
@@ -193,7 +201,9 @@ static void attach_pump(attach_t *a)
     proc_t *p = a->p;
     if (a->ended)
         return;
-    if (a->next_seq < p->first_seq) {
+    if (a->next_seq < p->first_seq && a->sink) {
+        a->next_seq = p->first_seq; /* the reader fell behind the log: that output is lost */
+    } else if (a->next_seq < p->first_seq) {
         char line[96];
         int n = snprintf(line, sizeof line, "{\"event\":\"dropped\",\"events\":%llu}\n",
                          (unsigned long long)(p->first_seq - a->next_seq));
@@ -213,13 +223,15 @@ static void attach_pump(attach_t *a)
                 return; /* on_drain pumps again */
         }
         struct blob_ctx bc = { b, a->base64 };
-        if (conn_stream_chunk_fill(a->c, event_output_max(b->n), blob_fill, &bc) < 0)
+        if (a->sink && a->sink->output(a->sink_ctx, b->is_err, b->data, b->n) < 0)
+            return;
+        if (!a->sink && conn_stream_chunk_fill(a->c, event_output_max(b->n), blob_fill, &bc) < 0)
             return;
         a->next_seq = b->seq + 1;
         b = b->next;
     }
     if (a->next_seq == p->next_seq && (proc_output_done(p) || !a->follow)) {
-        if (p->exited) {
+        if (p->exited && !a->sink) {
             char line[256];
             int n = event_encode_exit(line, sizeof line, p->wstatus, p->timed_out,
                                       p->exit_mono - p->start_mono);
@@ -292,6 +304,7 @@ static void proc_free(proc_t *p)
         free(b);
     }
     json_decref(p->cmd);
+    json_decref(p->extra);
     sandbox_cmd_done(&p->cg);
     sandbox_unref(p->sb);
     free(p->tag);
@@ -421,6 +434,8 @@ typedef struct {
     bool from_exec, has_stdin;
     uint64_t timeout_ms;
     char *argv0;
+    proc_launch_cb cb; /* proc_launch(): told instead of answering conn */
+    void *cb_data;
 } proc_pending_t;
 
 static void proc_pending_close(conn_t *c, bool aborted)
@@ -442,6 +457,15 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
     s->procs_starting--;
     if (c)
         conn_set_handler(c, NULL, NULL);
+    if (r < 0 && pp->cb) {
+        char msg[256];
+        (void)snprintf(msg, sizeof msg, "failed to start %s: %s", pp->argv0, why);
+        pp->cb(pp->cb_data, r, NULL, r == -ESRCH ? why : msg);
+        proc_free(p);
+        free(pp->argv0);
+        free(pp);
+        return;
+    }
     if (r < 0) {
         if (c && r == -ESRCH)
             conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
@@ -464,7 +488,10 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
     outpipe_init(&p->out, sp->out_fd, "stdout", proc_on_pipe, p);
     outpipe_init(&p->err, sp->err_fd, "stderr", proc_on_pipe, p);
     (void)loop_watch(s->loop, &p->out.w, EPOLLIN);
-    (void)loop_watch(s->loop, &p->err.w, EPOLLIN);
+    if (sp->err_fd >= 0)
+        (void)loop_watch(s->loop, &p->err.w, EPOLLIN);
+    else
+        p->err.eof = true; /* on a pty: one stream, read from the master */
     if (pp->timeout_ms)
         timer_arm(s->loop, &p->timeout_t, pp->timeout_ms);
     if (sp->in_fd >= 0 && pp->has_stdin) {
@@ -477,7 +504,9 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
     p->next = s->procs;
     s->procs = p;
     s->n_procs++;
-    if (c) {
+    if (pp->cb)
+        pp->cb(pp->cb_data, 0, p, "");
+    else if (c) {
         json_t *j = proc_json(p, false);
         if (pp->from_exec && j)
             json_object_del(j, "cmd");
@@ -487,20 +516,22 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
     free(pp);
 }
 
-void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
+/* The shared start of proc_start() and proc_launch(): pp->conn or pp->cb hears the answer.
+ * Returns < 0 (nothing started; why says it, pp is freed) or 0 (the answer follows). */
+static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pending_t *pp, char *why,
+                      size_t whylen)
 {
-    server_t *s = c->srv;
     if (server_running_procs(s) + s->procs_starting >= PROC_MAX_RUNNING) {
-        conn_respond_error(c, 503, "too many running processes (max %d)", PROC_MAX_RUNNING);
-        return;
+        (void)snprintf(why, whylen, "too many running processes (max %d)", PROC_MAX_RUNNING);
+        free(pp);
+        return -EAGAIN;
     }
     proc_t *p = calloc(1, sizeof *p);
-    proc_pending_t *pp = calloc(1, sizeof *pp);
-    if (!p || !pp || !(pp->argv0 = strdup(spec->argv[0]))) {
+    if (!p || !(pp->argv0 = strdup(spec->argv[0]))) {
         free(p);
         free(pp);
-        conn_respond_error(c, 503, "out of memory");
-        return;
+        (void)snprintf(why, whylen, "out of memory");
+        return -ENOMEM;
     }
     struct timespec ts;
     (void)clock_gettime(CLOCK_REALTIME, &ts);
@@ -520,26 +551,59 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
         p->oneshot = TAKE_PTR(spec->stdin_data);
         p->oneshot_len = spec->stdin_len;
     }
+    p->pty = spec->pty;
     pp->p = p;
-    pp->conn = c;
-    pp->from_exec = from_exec;
     pp->has_stdin = spec->has_stdin;
     pp->timeout_ms = spec->timeout_ms;
-    char why[160];
-    int r = spawn_command(s, spec, c->sb, proc_started, pp, why, sizeof why);
+    char err[160];
+    int r = spawn_command(s, spec, sb, proc_started, pp, err, sizeof err);
     if (r < 0) {
         if (r == -ESRCH)
-            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+            (void)snprintf(why, whylen, "%s", err); /* the sandbox was deleted */
         else
-            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
+            (void)snprintf(why, whylen, "failed to start %s: %s", spec->argv[0], err);
         proc_free(p);
         free(pp->argv0);
         free(pp);
+        return r;
+    }
+    p->sb = sandbox_ref(sb);
+    s->procs_starting++;
+    return 0;
+}
+
+void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
+{
+    proc_pending_t *pp = calloc(1, sizeof *pp);
+    if (!pp) {
+        conn_respond_error(c, 503, "out of memory");
         return;
     }
-    p->sb = sandbox_ref(c->sb);
-    s->procs_starting++;
+    pp->conn = c;
+    pp->from_exec = from_exec;
+    char why[256];
+    int r = proc_begin(c->srv, c->sb, spec, pp, why, sizeof why);
+    if (r < 0) {
+        conn_respond_error(c, r == -EAGAIN || r == -ENOMEM ? 503 : 400, "%s", why);
+        return;
+    }
     conn_set_handler(c, &proc_pending_ops, pp);
+}
+
+int proc_launch(server_t *s, sandbox_t *sb, exec_spec_t *spec, json_t *extra, proc_launch_cb cb,
+                void *data, char *why, size_t whylen)
+{
+    proc_pending_t *pp = calloc(1, sizeof *pp);
+    if (!pp) {
+        (void)snprintf(why, whylen, "out of memory");
+        return -ENOMEM;
+    }
+    pp->cb = cb;
+    pp->cb_data = data;
+    int r = proc_begin(s, sb, spec, pp, why, whylen);
+    if (r >= 0)
+        pp->p->extra = json_incref(extra);
+    return r;
 }
 
 void procs_kill_all(server_t *s)
@@ -843,4 +907,96 @@ void route_proc_output(conn_t *c, const route_params_t *rp)
     (void)conn_stream_chunk(c, line, (size_t)n);
     attach_pump(a);
     conn_flush(c);
+}
+
+/* ---- for other protocols (envd.c) -------------------------------------------------------- */
+
+proc_t *proc_find_pid(server_t *s, sandbox_t *sb, pid_t pid)
+{
+    for (proc_t *p = s->procs; p; p = p->next)
+        if (p->sb == sb && p->pid == pid && !p->exited)
+            return p;
+    return NULL;
+}
+
+proc_t *proc_find_tag(server_t *s, sandbox_t *sb, const char *tag)
+{
+    for (proc_t *p = s->procs; p; p = p->next)
+        if (p->sb == sb && p->tag && streq(p->tag, tag) && !p->exited)
+            return p;
+    return NULL;
+}
+
+proc_t *proc_next(server_t *s, sandbox_t *sb, proc_t *after)
+{
+    for (proc_t *p = after ? after->next : s->procs; p; p = p->next)
+        if (p->sb == sb)
+            return p;
+    return NULL;
+}
+
+pid_t proc_pid(const proc_t *p) { return p->pid; }
+const char *proc_tag(const proc_t *p) { return p->tag; }
+json_t *proc_extra(const proc_t *p) { return p->extra; }
+json_t *proc_cmd(const proc_t *p) { return p->cmd; }
+bool proc_exited(const proc_t *p) { return p->exited; }
+int proc_wstatus(const proc_t *p) { return p->wstatus; }
+bool proc_timed_out(const proc_t *p) { return p->timed_out; }
+bool proc_is_pty(const proc_t *p) { return p->pty; }
+
+attach_t *proc_attach_sink(proc_t *p, conn_t *c, bool from_start, const proc_sink_ops_t *ops,
+                           void *ctx)
+{
+    attach_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    *a = (attach_t){ .p = p,
+                     .c = c,
+                     .follow = true,
+                     .next_seq = from_start ? 0 : p->next_seq,
+                     .sink = ops,
+                     .sink_ctx = ctx,
+                     .next = p->attachers };
+    p->attachers = a;
+    return a;
+}
+
+void proc_attach_pump(attach_t *a) { attach_pump(a); }
+
+void proc_attach_free(attach_t *a)
+{
+    if (!a)
+        return;
+    if (a->p) {
+        for (attach_t **pp = &a->p->attachers; *pp; pp = &(*pp)->next)
+            if (*pp == a) {
+                *pp = a->next;
+                break;
+            }
+    }
+    free(a);
+}
+
+bool proc_send_signal(proc_t *p, int sig) { return proc_signal_with_grace(p, sig, 0); }
+
+int proc_stdin_fd(const proc_t *p) { return p->stdin_fd; }
+
+int proc_stdin_close(proc_t *p)
+{
+    if (p->stdin_fd < 0)
+        return -EBADF;
+    if (p->stdin_conn)
+        return -EBUSY; /* a POST .../stdin is writing */
+    p->stdin_fd = safe_close(p->stdin_fd);
+    return 0;
+}
+
+int proc_pty_resize(proc_t *p, unsigned short rows, unsigned short cols)
+{
+    if (!p->pty)
+        return -ENOTTY;
+    if (p->out.w.fd < 0)
+        return -EBADF; /* the terminal is gone */
+    struct winsize ws = { .ws_row = rows, .ws_col = cols };
+    return ioctl(p->out.w.fd, TIOCSWINSZ, &ws) < 0 ? negative_errno() : 0;
 }

@@ -5,8 +5,10 @@
  * nothing about which routes exist. */
 #include <sodium.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "common/log.h"
+#include "envd.h"
 #include "pool.h"
 #include "routes.h"
 #include "server.h"
@@ -47,6 +49,20 @@ static bool token_matches(const conn_t *c, const char *token)
     if (!http_header_get(&c->req, "x-sandbox-token", &v) || v.len != tlen || tlen == 0)
         return false;
     return sodium_memcmp(v.p, token, tlen) == 0;
+}
+
+/* E2B's envd routes carry the same token in X-Access-Token (checked the same way); our own
+ * header is accepted there too. */
+static bool envd_token_matches(const conn_t *c, const char *token, sv_t route)
+{
+    sv_t v;
+    size_t tlen = strlen(token);
+    if (http_header_get(&c->req, "x-access-token", &v))
+        return v.len == tlen && tlen > 0 && sodium_memcmp(v.p, token, tlen) == 0;
+    if (token_matches(c, token))
+        return true;
+    /* /files also takes the presigned URLs E2B's SDK makes with the token (no header) */
+    return sv_eq(route, SV("/files")) && envd_files_signed(c, token, (uint64_t)time(NULL));
 }
 
 static bool token_ok(const server_t *s, const conn_t *c)
@@ -157,6 +173,30 @@ static bool refuse_transfer_encoding(conn_t *c, sv_t path)
     return true;
 }
 
+/* envd (E2B) on a pool sandbox: /v1/sandboxes/<id>/{process.Process/..., filesystem.Filesystem/
+ * ..., files, health}, with that sandbox's token in X-Access-Token; 401 otherwise (as envd).
+ * The handlers run scoped to the sandbox, like the dedicated table's. */
+static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
+{
+    if (!sb || !envd_token_matches(c, sb->token, rest)) {
+        envd_refuse(c, rest);
+        return;
+    }
+    server_touch(c->srv);
+    sb->last_activity_ms = loop_now_ms(c->srv->loop);
+    if (sv_eq(rest, SV("/health"))) {
+        if (method_is(c, "GET") || method_is(c, "HEAD"))
+            conn_respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
+        else
+            conn_respond_error(c, 405, "method not allowed");
+        return;
+    }
+    c->sb = sandbox_hold(sb); /* released when the request ends (conn.c) */
+    /* the route as the dedicated agent sees it: the prefix is dropped from the path view */
+    c->req.path = rest;
+    envd_dispatch(c, rest);
+}
+
 /* Host (pool) mode. The host token only manages (/v1/sandboxes, .../token); every route scoped
  * to a sandbox needs that sandbox's own token, and an unknown id is 403 (no entry, so no
  * token to match). A scoped route runs the dedicated handler with c->sb set, after its path
@@ -205,6 +245,10 @@ static void dispatch_host(conn_t *c, sv_t path)
         route_sandbox_token(c, sb);
         return;
     }
+    if (envd_is_route(rest) || sv_eq(rest, SV("/health"))) {
+        dispatch_envd_scoped(c, sb, rest);
+        return;
+    }
     if ((!sb || !token_matches(c, sb->token)) && refuse_unauthorized(c))
         return;
     if (refuse_transfer_encoding(c, rest))
@@ -245,6 +289,16 @@ void router_dispatch(conn_t *c)
     }
     if (s->pool) {
         dispatch_host(c, path);
+        return;
+    }
+    if (envd_is_route(path)) {
+        /* E2B's envd: X-Access-Token, 401 as envd answers; chunked bodies are collected */
+        if (s->cfg.token && !envd_token_matches(c, s->cfg.token, path)) {
+            envd_refuse(c, path);
+            return;
+        }
+        server_touch(s);
+        envd_dispatch(c, path);
         return;
     }
     if (!token_ok(s, c)) {

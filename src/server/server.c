@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "envd.h"
 #include "pool.h"
 #include "proc.h"
 #include "proxy.h"
@@ -321,6 +322,7 @@ void server_done(server_t *s)
     s->spawner = spawner_free(s->spawner); /* what is in flight fails; the helpers exit */
     s->pool = pool_free(s->pool);          /* deletes every sandbox: kills, removes homes */
     procs_kill_all(s);
+    envd_watches_free(s);
     conn_free_all(s);
     proxy_free_all(s);
     if (s->loop) {

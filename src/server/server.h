@@ -83,6 +83,7 @@ struct server {
     void *app;
     bool reap_registered_only; /* waitpid() only the children in `children` */
     uint64_t pool_empty_since_ms;
+    struct envd_watch *envd_watches; /* envd's polled directory watchers (envd_watch.c) */
 };
 
 /* Called by handlers: a request was authorized / an operation starts or ends. */

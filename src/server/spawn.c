@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 
 #include "common/macro.h"
@@ -333,12 +335,50 @@ static int plain_candidates(confine_spec_t *c, const char *argv0, char *buf, siz
     return confine_resolve_candidates(c, argv0, path ? path : "/bin:/usr/bin", buf, cap);
 }
 
+/* A pseudo-terminal: p[0] the master (ours, non-blocking), p[1] its slave (the child's), got
+ * from the master itself (TIOCGPTPEER), never by a path name. */
+static int make_pty(int p[2], unsigned short rows, unsigned short cols)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (m < 0)
+        return negative_errno();
+    struct winsize ws = { .ws_row = rows ? rows : 24, .ws_col = cols ? cols : 80 };
+    if (unlockpt(m) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0) {
+        int r = negative_errno();
+        close(m);
+        return r;
+    }
+    int sl = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (sl < 0) {
+        int r = negative_errno();
+        close(m);
+        return r;
+    }
+    (void)fcntl(m, F_SETFL, O_NONBLOCK);
+    p[0] = m;
+    p[1] = sl;
+    return 0;
+}
+
+/* The pty's stdio: the slave thrice for the child; the master for output, a second descriptor
+ * of it for input. */
+static int pty_stdio(const exec_spec_t *spec, int out[2], int errp[2], int in[2])
+{
+    int r = make_pty(out, spec->pty_rows, spec->pty_cols);
+    if (r < 0)
+        return r;
+    in[0] = errp[1] = -1; /* the child's stdin and stderr are out[1] too (below) */
+    errp[0] = -1;
+    in[1] = fcntl(out[0], F_DUPFD_CLOEXEC, 3);
+    return in[1] < 0 ? negative_errno() : 0;
+}
+
 int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_done_cb done,
                   void *data, char *err, size_t errlen)
 {
     int out[2] = { -1, -1 }, errp[2] = { -1, -1 }, in[2] = { -1, -1 };
     int r;
-    bool want_in = spec->has_stdin || spec->stdin_stream;
+    bool want_in = spec->has_stdin || spec->stdin_stream || spec->pty;
 
     (void)snprintf(err, errlen, "%s", strerror(ENOMEM));
     if (!s->spawner && (r = spawner_new(s, &s->spawner)) < 0) {
@@ -348,31 +388,41 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
     spawn_req_t *q = calloc(1, sizeof *q);
     if (!q)
         return -ENOMEM;
-    if ((r = make_pipe(out, true)) < 0)
-        goto fail;
-    if ((r = make_pipe(errp, true)) < 0)
-        goto fail;
-    /* Without stdin data the command reads EOF from an empty pipe; no /dev/null is needed, so
-     * the server also works in a root filesystem that has no /dev. */
-    if ((r = make_pipe(in, false)) < 0)
-        goto fail;
-    if (!want_in)
-        in[1] = safe_close(in[1]);
+    if (spec->pty) {
+        if ((r = pty_stdio(spec, out, errp, in)) < 0) {
+            (void)snprintf(err, errlen, "cannot make a pseudo-terminal: %s", strerror(-r));
+            goto fail;
+        }
+    } else {
+        if ((r = make_pipe(out, true)) < 0)
+            goto fail;
+        if ((r = make_pipe(errp, true)) < 0)
+            goto fail;
+        /* Without stdin data the command reads EOF from an empty pipe; no /dev/null is needed,
+         * so the server also works in a root filesystem that has no /dev. */
+        if ((r = make_pipe(in, false)) < 0)
+            goto fail;
+        if (!want_in)
+            in[1] = safe_close(in[1]);
+    }
+    /* the child's ends (on a pty, its slave for all three) */
+    int child_in = spec->pty ? out[1] : in[0], child_err = spec->pty ? out[1] : errp[1];
     confine_spec_t c = { 0 };
     char cands[8192];
-    int owned[3] = { in[0], out[1], errp[1] };
+    int owned[3] = { out[1], in[0], errp[1] };
+    int n_owned = spec->pty ? 1 : 3;
     cmdcg_t cg = { .kill_fd = -1 };
     cmdcg_req_t cgq = { .root = NULL };
     if (sb) {
-        r = sandbox_exec_prepare(sb, spec->argv, spec->envp, spec->cwd, in[0], out[1], errp[1], &c,
-                                 cands, sizeof cands, &cgq, &cg, err, errlen);
+        r = sandbox_exec_prepare(sb, spec->argv, spec->envp, spec->cwd, child_in, out[1], child_err,
+                                 &c, cands, sizeof cands, &cgq, &cg, err, errlen);
     } else {
         c = (confine_spec_t){ .argv = spec->argv,
                               .envp = spec->envp,
                               .home_path = spec->cwd, /* the cwd (NULL: the server's) */
-                              .stdin_fd = in[0],
+                              .stdin_fd = child_in,
                               .stdout_fd = out[1],
-                              .stderr_fd = errp[1],
+                              .stderr_fd = child_err,
                               .mntns_fd = -1,
                               .netns_fd = -1,
                               .ruleset_fd = -1 };
@@ -382,6 +432,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
     }
     if (r < 0)
         goto fail;
+    c.new_session = spec->pty;
     *q = (spawn_req_t){ .done = done,
                         .data = data,
                         .sb = sandbox_ref(sb),
@@ -391,7 +442,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
                                 .err_fd = errp[0],
                                 .cg = cg } };
     /* the child's ends go to the helper (and are closed here once sent) */
-    r = spawner_submit(s->spawner, sb ? SPAWN_CONFINED : SPAWN_PLAIN, &c, &cgq, owned, 3, sb,
+    r = spawner_submit(s->spawner, sb ? SPAWN_CONFINED : SPAWN_PLAIN, &c, &cgq, owned, n_owned, sb,
                        spawn_answered, q);
     if (r < 0) {
         (void)snprintf(err, errlen, "cannot hand the command to a spawn helper: %s", strerror(-r));

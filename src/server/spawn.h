@@ -27,6 +27,11 @@ typedef struct {
     bool background;
     char *tag;
     bool base64; /* "encoding":"base64" */
+    /* On a pseudo-terminal (envd's PTY): stdin, stdout and stderr are its slave, the command
+     * leads a session of its own with it as controlling terminal; output and input go through
+     * the master (spawned_t: out_fd the master, in_fd a second descriptor of it, err_fd -1). */
+    bool pty;
+    unsigned short pty_rows, pty_cols;
 } exec_spec_t;
 
 /* Parse and validate; on -EINVAL *ret_err names the problem (static string). */

@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -31,7 +32,7 @@
 typedef struct {
     uint32_t kind;
     uint32_t uid, gid;
-    uint8_t has_mntns, has_netns, has_ruleset, n_cg, in_memfd, has_cwd, has_cmdcg;
+    uint8_t has_mntns, has_netns, has_ruleset, n_cg, in_memfd, has_cwd, has_cmdcg, new_session;
     uint16_t n_limits;
     confine_limit_t limits[CONFINE_MAX_LIMITS];
     uint32_t argc, envc, ncand, seccomp_len;
@@ -63,8 +64,10 @@ static int plain_child(void *arg)
 {
     plain_arg_t *a = arg;
     const confine_spec_t *spec = a->spec;
-    if (syscall(SYS_setpgid, 0, 0) < 0 || syscall(SYS_dup2, spec->stdin_fd, 0) < 0 ||
-        syscall(SYS_dup2, spec->stdout_fd, 1) < 0 || syscall(SYS_dup2, spec->stderr_fd, 2) < 0 ||
+    if ((spec->new_session ? syscall(SYS_setsid) < 0 : syscall(SYS_setpgid, 0, 0) < 0) ||
+        syscall(SYS_dup2, spec->stdin_fd, 0) < 0 || syscall(SYS_dup2, spec->stdout_fd, 1) < 0 ||
+        syscall(SYS_dup2, spec->stderr_fd, 2) < 0 ||
+        (spec->new_session && syscall(SYS_ioctl, 0, TIOCSCTTY, 0) < 0) ||
         (a->cwd && syscall(SYS_chdir, a->cwd) < 0))
         goto fail;
     /* the one disposition the helper keeps from the server (confined children inherit it) */
@@ -145,6 +148,7 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
         q->ncand == 0 || q->ncand > CONFINE_MAX_CANDIDATES || q->argc == 0 ||
         (uint64_t)q->seccomp_len * sizeof(struct sock_filter) > q->blob_len)
         return -EINVAL;
+    spec.new_session = q->new_session != 0;
     spec.stdin_fd = fds[0];
     spec.stdout_fd = fds[1];
     spec.stderr_fd = fds[2];
@@ -755,6 +759,7 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg
     q.uid = spec->uid;
     q.gid = spec->gid;
     q.has_cwd = spec->home_path != NULL;
+    q.new_session = spec->new_session;
     q.n_limits = (uint16_t)spec->n_limits;
     memcpy(q.limits, spec->limits, sizeof q.limits);
     q.argc = argc;

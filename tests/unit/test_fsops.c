@@ -230,7 +230,27 @@ TEST(recursive_delete_depth_is_bounded)
     ASSERT_EQ(fs_delete(&d, base, true), 0);
 }
 
+TEST(confined_readlink_reads_the_link_itself)
+{
+    layout_t l;
+    ASSERT_EQ(layout_make(&l), 0);
+    fs_root_t r = { .dirfd = l.home, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    char t[FS_PATH_MAX];
+    ASSERT_EQ(fs_readlink(&r, "/inlink", t, sizeof t), 3);
+    ASSERT_STREQ(t, "sub");
+    char want[112];
+    snprintf(want, sizeof want, "%s/out", l.base);
+    ASSERT_EQ(fs_readlink(&r, "esc", t, sizeof t), (int)strlen(want)); /* read, not followed */
+    ASSERT_STREQ(t, want);
+    ASSERT_EQ(fs_readlink(&r, "esc/s", t, sizeof t), -ELOOP);  /* nor walked through */
+    ASSERT_EQ(fs_readlink(&r, "sub/f", t, sizeof t), -EINVAL); /* not a link */
+    char small[3];
+    ASSERT_EQ(fs_readlink(&r, "inlink", small, sizeof small), 2); /* cut to fit, terminated */
+    ASSERT_STREQ(small, "su");
+    layout_free(&l);
+}
+
 TAP_MAIN(T(normalize_table), T(normalize_refuses_nul_and_overlong),
          T(confined_read_refuses_symlinks_and_stays_beneath),
          T(confined_write_and_mkdir_never_leave_the_root), T(confined_stat_list_delete_rename),
-         T(recursive_delete_depth_is_bounded))
+         T(recursive_delete_depth_is_bounded), T(confined_readlink_reads_the_link_itself))
