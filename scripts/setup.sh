@@ -37,7 +37,15 @@ if ((${#missing[@]} > 0)); then
     echo "setup: done"
 fi
 
-# E2B's SDK, the version pinned in tests/e2b/package-lock.json (from the npm registry).
+# E2B's SDK, the version pinned in tests/e2b/package-lock.json (from the npm registry). Its
+# engines (undici 7) need Node.js >= 20.18.1: Debian 12's own nodejs (18) is too old for it.
+node_ok=$(node -e 'const [a, b, c] = process.versions.node.split(".").map(Number);
+    console.log(a > 20 || (a === 20 && (b > 18 || (b === 18 && c >= 1))) ? 1 : 0)' 2>/dev/null || echo 0)
+if [[ "$node_ok" != 1 ]]; then
+    echo "setup: Node.js $(node --version 2>/dev/null || echo '(none)') is older than 20.18.1, which" \
+        "E2B's SDK (tests/e2b, e2b@2.51.0) needs: its compatibility tests will fail until a" \
+        "newer Node.js is on the PATH" >&2
+fi
 e2b_dir="$(dirname "$0")/../tests/e2b"
 if [[ ! -f "$e2b_dir/node_modules/e2b/package.json" ]]; then
     echo "setup: installing E2B's SDK for the compatibility tests (npm ci in tests/e2b)"

@@ -284,8 +284,9 @@ int node_pin_load(store_t *st, const char *name, uint8_t pin[TLS_PIN_BYTES]);
 role_t edge_role_needed(sv_t method, uint16_t port, sv_t path);
 /* Close idle node connections older than their keep time (every second), or all. */
 void edge_conns_sweep(control_t *ctl, bool all);
-/* A pooled sandbox behind the edge: the generation of its host's run it lives in, its id, and the
- * token the edge hands its agent (the client never needs it). */
+/* A sandbox the edge pins a request to: the generation of its (host's) run it lives in, its id,
+ * and the token the edge hands its agent (the client never sends it; NULL: none is added, the
+ * request carries its own proof for the agent, as a presigned URL does). */
 typedef struct {
     uint64_t generation;
     const char *sandbox;

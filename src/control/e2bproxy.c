@@ -9,7 +9,9 @@
  * The credential is the sandbox's access token (the job's SBX_TOKEN, envdAccessToken in the
  * create answer) in X-Access-Token, or for its ports (not envd) its traffic token
  * (trafficAccessToken, derived from the access token) in e2b-traffic-access-token. It is
- * compared with the job's sealed token here, before anything goes on; then the request takes the edge's path like
+ * compared with the job's sealed token here, before anything goes on (a presigned /files URL
+ * goes on without one, and without the token the edge adds otherwise: its signature is the
+ * agent's to check); then the request takes the edge's path like
  * every other (a capability bound to that run, method and path), and the agent checks the token
  * again. Unlike E2B, a sandbox's ports are never public: port traffic needs the token too. */
 #include <sodium.h>
@@ -126,6 +128,18 @@ static bool port_exposed(const control_t *ctl, uint16_t port)
     return port == E2B_ENVD_PORT;
 }
 
+/* GET or POST /files?...signature=...: a presigned URL of E2B's SDK (downloadUrl, uploadUrl). */
+static bool presigned_files(const http_request_t *rq)
+{
+    const char *q = memchr(rq->target.p, '?', rq->target.len);
+    sv_t sig;
+    return (sv_eq(rq->method, SV("GET")) || sv_eq(rq->method, SV("POST"))) &&
+           sv_eq(rq->path, SV("/files")) && q &&
+           query_get_raw(sv_make(q + 1, rq->target.len - (size_t)(q + 1 - rq->target.p)),
+                         "signature", &sig) &&
+           sig.len > 0;
+}
+
 bool e2b_traffic_route(control_t *ctl, conn_t *c)
 {
     char id[CAP_ID_MAX], tok[256];
@@ -144,12 +158,16 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
     } else if (!http_header_get(&c->req, "host", &v) || !host_route(v, id, &port)) {
         return false; /* not E2B's sandbox traffic */
     }
-    /* the access token reaches everything; the traffic token only the ports, not envd */
-    bool traffic = false;
-    if (!http_header_get(&c->req, "x-access-token", &v))
+    /* the access token reaches everything; the traffic token only the ports, not envd; a
+     * presigned /files URL carries no token: its signature (of path, operation, user, token
+     * and expiry) is the agent's to check, and the edge adds no token of its own to it */
+    bool traffic = false, presigned = false;
+    if (!http_header_get(&c->req, "x-access-token", &v)) {
         traffic = port != E2B_ENVD_PORT && http_header_get(&c->req, "e2b-traffic-access-token", &v);
-    if ((!traffic && !http_header_get(&c->req, "x-access-token", &v)) ||
-        !sv_copy(v, tok, sizeof tok) || !tok[0]) {
+        presigned = !traffic && port == E2B_ENVD_PORT && presigned_files(&c->req);
+    }
+    if (!presigned && ((!traffic && !http_header_get(&c->req, "x-access-token", &v)) ||
+                       !sv_copy(v, tok, sizeof tok) || !tok[0])) {
         refuse(c, port, 401,
                "sandbox %s: its access token is required (X-Access-Token: the envdAccessToken "
                "of the create answer)",
@@ -171,7 +189,8 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
     if (traffic)
         e2b_traffic_token(t.token, derived);
     const char *cmp = traffic ? derived : t.token;
-    bool ok = strlen(cmp) == strlen(tok) && sodium_memcmp(cmp, tok, strlen(tok)) == 0;
+    bool ok =
+        presigned || (strlen(cmp) == strlen(tok) && sodium_memcmp(cmp, tok, strlen(tok)) == 0);
     sodium_memzero(tok, sizeof tok);
     sodium_memzero(derived, sizeof derived);
     char owner[CAP_ID_MAX + 16], path[HTTP_MAX_HEAD];
@@ -192,7 +211,9 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
                (unsigned)port, id);
     else if (auth_account(ctl, c, owner)) {
         /* to the run it has now, with its token for the agent (which also guards the ports) */
-        edge_pin_t pin = { .generation = t.generation, .sandbox = id, .token = t.token };
+        edge_pin_t pin = { .generation = t.generation,
+                           .sandbox = id,
+                           .token = presigned ? NULL : t.token };
         edge_proxy(ctl, c, t.ns, t.job, t.pooled ? E2B_ENVD_PORT : port, sv_make(path, (size_t)n),
                    &pin);
     }

@@ -713,7 +713,9 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
         e->pinned = true;
         e->pin_gen = pin->generation;
         (void)snprintf(e->sandbox, sizeof e->sandbox, "%s", pin->sandbox);
-        (void)snprintf(e->token_hdr, sizeof e->token_hdr, "X-Sandbox-Token: %s\r\n", pin->token);
+        if (pin->token) /* (none: the request carries its own proof, e.g. a presigned URL's) */
+            (void)snprintf(e->token_hdr, sizeof e->token_hdr, "X-Sandbox-Token: %s\r\n",
+                           pin->token);
     }
     uint64_t now = loop_now_ms(ctl->srv.loop);
     bool cached = routecache_get(&ctl->routes, e->key, now, &e->route);

@@ -10,7 +10,9 @@ import tls from "node:tls";
 import { CommandExitError, Sandbox } from "e2b";
 
 const template = process.env.SBX_E2B_TEMPLATE || "base";
-const canPause = process.env.SBX_E2B_NO_PAUSE !== "1";
+// a pooled sandbox (the template names a pool): no lifetime to move, no pause, writes only in
+// its home, services on $SBX_PROXY_DIR/<port>.sock (docs/e2b.md)
+const pooled = process.env.SBX_E2B_POOLED === "1";
 const out = (step, v = {}) => console.log(JSON.stringify({ step, ...v }));
 function check(cond, what, detail) {
   if (!cond) {
@@ -27,6 +29,26 @@ async function waitFor(f, ms = 10_000) {
   }
 }
 const text = (chunks) => new TextDecoder().decode(Buffer.concat(chunks.map((c) => Buffer.from(c))));
+
+const api = new URL(process.env.E2B_API_URL);
+// A request to a sandbox's host name, sent to the control plane's address (no wildcard DNS
+// here); Node takes the TLS name from the Host header: the control plane's certificate names
+// its address, not the sandbox's host name, which needs a wildcard name of the operator's.
+const viaHost = (method, hostName, path, headers = {}, body = undefined) =>
+  new Promise((resolve, reject) => {
+    const checkServerIdentity = (_, cert) => tls.checkServerIdentity(api.hostname, cert);
+    const rq = https.request(
+      { host: api.hostname, port: api.port, method, path, headers: { Host: hostName, ...headers },
+        checkServerIdentity },
+      (r) => {
+        const b = [];
+        r.on("data", (d) => b.push(d));
+        r.on("end", () => resolve({ status: r.statusCode, body: Buffer.concat(b).toString() }));
+      });
+    rq.on("error", reject);
+    if (body !== undefined) rq.write(body);
+    rq.end();
+  });
 
 const tag = `t${Date.now()}`;
 let t0 = Date.now();
@@ -58,8 +80,11 @@ out("run-fails", { error: failed && failed.constructor.name, exitCode: failed &&
 check(failed instanceof CommandExitError && failed.exitCode === 3 && failed.stderr === "bad\n",
   "a non-zero exit is a CommandExitError with its code and stderr", failed && failed.message);
 
-const env = await sbx.commands.run("echo $GREETING; pwd", { envs: { GREETING: "hi" }, cwd: "/tmp" });
-check(env.stdout === "hi\n/tmp\n", "envs and cwd", env.stdout);
+const home = (await sbx.commands.run("printf %s \"$HOME\"")).stdout;
+check(home.startsWith("/"), "a home", home);
+const base = pooled ? home : "/tmp";
+const env = await sbx.commands.run("echo $GREETING; pwd", { envs: { GREETING: "hi" }, cwd: base });
+check(env.stdout === `hi\n${base}\n`, "envs and cwd", env.stdout);
 
 // ---- background, connect, stdin, list, kill ------------------------------------------------------
 const bg = await sbx.commands.run("cat", { background: true, stdin: true });
@@ -96,7 +121,7 @@ check(screen.includes("40 100"), "the PTY has the size it was resized to", scree
 check(/\/dev\/pts\/\d+/.test(screen), "a real terminal", screen);
 
 // ---- files ----------------------------------------------------------------------------------------
-const dir = `/tmp/e2b-${tag}`;
+const dir = `${base}/e2b-${tag}`;
 await sbx.files.makeDir(dir);
 await sbx.files.write(`${dir}/a.txt`, "text content\n");
 const bin = new Uint8Array([0, 1, 2, 200, 255, 10, 13]);
@@ -125,6 +150,32 @@ const cat = await sbx.commands.run(`cat ${dir}/m1.txt`);
 check(cat.stdout === "one", "files written through the SDK are the sandbox's files", cat.stdout);
 out("files", { names });
 
+// ---- presigned URLs (downloadUrl, uploadUrl): no token, a signature the agent checks ---------
+{
+  // with E2B_SANDBOX_URL the SDK signs URLs of that one address, which name no sandbox: they
+  // need host routing, so a handle without it (docs/e2b.md)
+  const shared = process.env.E2B_SANDBOX_URL;
+  delete process.env.E2B_SANDBOX_URL;
+  const byHost = await Sandbox.connect(sbx.sandboxId);
+  process.env.E2B_SANDBOX_URL = shared;
+  const dl = new URL(await byHost.downloadUrl(`${dir}/m1.txt`));
+  check(dl.host.startsWith(`49983-${sbx.sandboxId}.`), "downloadUrl names the sandbox", dl.href);
+  const send = (method, u, body) => viaHost(method, u.host, u.pathname + u.search, {}, body);
+  const got = await send("GET", dl);
+  check(got.status === 200 && got.body === "one", "downloadUrl reads the file", got);
+  const forged = new URL(dl);
+  forged.searchParams.set("path", `${dir}/m2.txt`);
+  const refused = await send("GET", forged);
+  check(refused.status === 401 && !refused.body.includes("two"),
+    "a signature is for its own path only", refused);
+  const ul = new URL(await byHost.uploadUrl(`${dir}/up.txt`, { useSignatureExpiration: 60 }));
+  const put = await send("POST", ul, "via url");
+  check(put.status === 200, "uploadUrl takes a raw body", put);
+  check((await sbx.files.read(`${dir}/up.txt`)) === "via url", "uploadUrl wrote it");
+  await sbx.files.remove(`${dir}/up.txt`);
+  out("presigned", {});
+}
+
 // ---- a directory watch ---------------------------------------------------------------------------
 const events = [];
 const watcher = await sbx.files.watchDir(dir, (e) => events.push({ name: e.name, type: e.type }));
@@ -140,27 +191,29 @@ check(sawBoth, "watchDir sees the create and the remove", events);
 
 // ---- a port, by getHost --------------------------------------------------------------------------
 await sbx.commands.run(`mkdir -p ${dir}/www && echo hello-port > ${dir}/www/index.txt`);
-await sbx.commands.run(`exec python3 -m http.server 8000 --bind 127.0.0.1 --directory ${dir}/www`,
-  { background: true });
+if (pooled) {
+  // an HTTP server of ./www on the unix socket $SBX_PROXY_DIR/<port>.sock
+  await sbx.files.write(`${dir}/srv.py`, [
+    "import http.server, os, socketserver, sys",
+    "os.chdir(sys.argv[2])",
+    "class H(http.server.SimpleHTTPRequestHandler):",
+    "    def address_string(self):",
+    "        return 'unix'",
+    "class S(socketserver.UnixStreamServer):",
+    "    def get_request(self):",
+    "        return self.socket.accept()[0], ('unix', 0)",
+    "S(os.path.join(os.environ['SBX_PROXY_DIR'], sys.argv[1] + '.sock'), H).serve_forever()",
+    "",
+  ].join("\n"));
+  await sbx.commands.run(`exec python3 ${dir}/srv.py 8000 ${dir}/www`, { background: true });
+} else {
+  await sbx.commands.run(`exec python3 -m http.server 8000 --bind 127.0.0.1 --directory ${dir}/www`,
+    { background: true });
+}
 const host = sbx.getHost(8000);
 check(host.startsWith(`8000-${sbx.sandboxId}.`), "getHost names the port and the sandbox", host);
-const api = new URL(process.env.E2B_API_URL);
-const get = (token) => new Promise((resolve, reject) => {
-  const headers = { Host: host };
-  if (token) headers["e2b-traffic-access-token"] = token;
-  // (Node takes the TLS name from the Host header: the control plane's certificate names its
-  // address, not the sandbox's host name, which needs a wildcard name of the operator's)
-  const checkServerIdentity = (_, cert) => tls.checkServerIdentity(api.hostname, cert);
-  const rq = https.request(
-    { host: api.hostname, port: api.port, path: "/index.txt", headers, checkServerIdentity },
-    (r) => {
-      const b = [];
-      r.on("data", (d) => b.push(d));
-      r.on("end", () => resolve({ status: r.statusCode, body: Buffer.concat(b).toString() }));
-    });
-  rq.on("error", reject);
-  rq.end();
-});
+const get = (token) =>
+  viaHost("GET", host, "/index.txt", token ? { "e2b-traffic-access-token": token } : {});
 let page = null;
 await waitFor(async () => (page = await get(sbx.trafficAccessToken)).status === 200, 15_000);
 out("getHost", { host, status: page.status });
@@ -169,16 +222,27 @@ const anon = await get(null);
 check(anon.status === 401 && !anon.body.includes("hello-port"), "a port without the token", anon);
 
 // ---- timeout, listing -----------------------------------------------------------------------------
-const before = await sbx.getInfo();
-await sbx.setTimeout(600_000);
-const after = await sbx.getInfo();
-out("setTimeout", { before: before.endAt, after: after.endAt });
-check(after.endAt.getTime() > before.endAt.getTime(), "setTimeout moves the end", [before, after]);
+if (pooled) {
+  let refused = null;
+  try {
+    await sbx.setTimeout(600_000);
+  } catch (e) {
+    refused = e.message;
+  }
+  out("setTimeout", { refused });
+  check(refused && /pooled/.test(refused), "a pooled sandbox's setTimeout says why not", refused);
+} else {
+  const before = await sbx.getInfo();
+  await sbx.setTimeout(600_000);
+  const after = await sbx.getInfo();
+  out("setTimeout", { before: before.endAt, after: after.endAt });
+  check(after.endAt.getTime() > before.endAt.getTime(), "setTimeout moves the end", [before, after]);
+}
 const listed = await Sandbox.list({ query: { metadata: { suite: tag } } }).nextItems();
 check(listed.length === 1 && listed[0].sandboxId === sbx.sandboxId, "list by metadata", listed);
 
 // ---- pause and connect -----------------------------------------------------------------------------
-if (canPause) {
+if (!pooled) {
   t0 = Date.now();
   check((await sbx.pause()) === true, "pause");
   check((await Sandbox.getInfo(sbx.sandboxId)).state === "paused", "paused");

@@ -55,6 +55,44 @@ def test_e2b_sdk_drives_the_control_api(plat):
     assert job["stage"] in ("CANCELED",) or job.get("desired") == "canceled", job
 
 
+def run_sdk(plat, program, timeout=400, **env):
+    """Run tests/e2b/<program> through E2B's SDK against plat; its steps (JSON lines)."""
+    if not os.path.exists(os.path.join(E2B_DIR, "node_modules", "e2b", "package.json")):
+        pytest.skip("E2B's SDK is not installed (scripts/setup.sh installs it)")
+    url = f"https://127.0.0.1:{plat.control.port}"
+    e = dict(os.environ, E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=plat.admin,
+             NODE_EXTRA_CA_CERTS=os.path.join(plat.control.state, "tls", "ca.crt"), **env)
+    r = subprocess.run([shutil.which("node") or "node", program], cwd=E2B_DIR, env=e,
+                       capture_output=True, text=True, timeout=timeout)
+    steps = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:], plat.logs_tail())
+    assert steps and steps[-1]["step"] == "done", steps
+    return [s["step"] for s in steps]
+
+
+SDK_STEPS = ["create", "run", "run-fails", "background", "pty", "files", "presigned",
+             "watchDir", "getHost", "setTimeout"]
+
+
+def test_e2b_sdk_drives_a_dedicated_sandbox(plat):
+    """E2B's SDK, unmodified, through the platform (E2B_API_URL and E2B_SANDBOX_URL = the control
+    plane): tests/e2b/sdk_flow.mjs checks each value: commands streamed and failing, background
+    + connect + stdin + kill, a PTY resized, files (text, binary, several at once, list, exists,
+    makeDir, rename, remove), presigned URLs, watchDir, getHost(port), setTimeout, list by
+    metadata, pause + connect, kill."""
+    steps = run_sdk(plat, "sdk_flow.mjs", SBX_E2B_TEMPLATE="base")
+    assert steps == SDK_STEPS + ["pause-connect", "done"], steps
+
+
+def test_e2b_sdk_drives_a_pooled_sandbox(plat):
+    """The same through a template that names a pool (what differs is said, not pretended:
+    setTimeout refused with the reason, no pause)."""
+    r = plat.request("POST", "/v1/pools/e2b", {"name": "sdkpool", "per_host": 4})
+    assert r.status in (201, 409), r
+    steps = run_sdk(plat, "sdk_flow.mjs", SBX_E2B_TEMPLATE="sdkpool", SBX_E2B_POOLED="1")
+    assert steps == SDK_STEPS + ["done"], steps
+
+
 def test_sandbox_shapes_and_lifecycle(plat):
     s = create(plat, metadata={"owner": "ann"}, envVars={"GREETING": "hi"},
                allow_internet_access=False, timeout=200)
@@ -268,6 +306,11 @@ def test_sandbox_traffic_by_header_and_by_host(plat):
     assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: traffic token on envd", r)
     r = by_header(tok, port="49983", path="/v1/files/read?path=/srv/index.txt")
     assert (r.status, r.body) == (200, b"hello-e2b\n"), r
+    # a presigned-looking /files URL goes on without a token and without the edge's: the
+    # agent checks its signature (a forged one is refused; the SDK's own: sdk_flow.mjs)
+    r = plat.request("GET", "/files?path=/srv/index.txt&signature=v1_forged", token=None,
+                     headers={"Host": f"49983-{sid}.localhost:{plat.control.port}"})
+    assert r.status == 401 and b"hello-e2b" not in r.body, ("ATTACK: a forged signature", r)
     # a job made through the Jobs API is not E2B's: its token alone does not reach it (the Jobs
     # API's edge wants an API token too); positive control: it serves through that edge
     plain = plat.create(ns="e2b")
