@@ -47,6 +47,9 @@ function request(method, path, body, headers = {}) {
 
 // ---- the flows ------------------------------------------------------------------------------------
 
+// What the SDK's commands.run starts (a login shell, as E2B's SDK does): the same for both.
+const ECHO = ["/bin/bash", "-l", "-c", "echo hi"];
+
 async function sdkFlow(template) {
   const sbx = await Sandbox.create(template, { timeoutMs: 300_000 });
   const r = await sbx.commands.run("echo hi");
@@ -74,7 +77,7 @@ async function directDedicated() {
     if (i > 3000) fail("Jobs API: not RUNNING", job);
     await new Promise((r) => setTimeout(r, 5));
   }
-  execOut(await request("POST", `/v1/jobs/e2b/${id}/proxy/49983/v1/exec`, { cmd: "echo hi" },
+  execOut(await request("POST", `/v1/jobs/e2b/${id}/proxy/49983/v1/exec`, { cmd: ECHO },
     { "X-Sandbox-Token": tok }));
   const k = await request("POST", `/v1/jobs/e2b/${id}/cancel`);
   if (k.status !== 202 && k.status !== 200) fail("Jobs API cancel", k);
@@ -85,7 +88,7 @@ async function directPooled() {
   if (c.status !== 200) fail("pools API create", c);
   const sb = JSON.parse(c.body).sandboxes[0];
   const base = `/v1/pools/e2b/${POOL}/sandboxes/${sb.id}`;
-  execOut(await request("POST", `${base}/exec`, { cmd: "echo hi" }));
+  execOut(await request("POST", `${base}/exec`, { cmd: ECHO }));
   const d = await request("DELETE", base);
   if (d.status !== 200) fail("pools API delete", d);
 }
