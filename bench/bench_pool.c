@@ -48,7 +48,7 @@ typedef struct {
     const char *homes;
     const char *only;
     bool quick;
-    unsigned trio_n, batch_n, exec_n, idle_n, warmup;
+    unsigned trio_n, batch_n, exec_n, idle_n, scale_n, warmup;
     uint64_t exec_p50_ns; /* section 3, for section 4 */
     unsigned failures;
 } bench_t;
@@ -946,6 +946,92 @@ static void bench_idle(bench_t *b)
     client_close(&c);
 }
 
+/* ---- 5. scale ------------------------------------------------------------------------------ */
+
+/* k samples of: create one sandbox (timed), exec ["true"] in a live one (timed), delete the new
+ * one; p50s into ret_create and ret_exec (ns). */
+static int scale_sample(bench_t *b, client_t *c, const sbref_t *live, unsigned k,
+                        uint64_t *ret_create, uint64_t *ret_exec, char *why, size_t wcap)
+{
+    _cleanup_free_ uint64_t *cr = calloc(k, sizeof *cr), *ex = calloc(k, sizeof *ex);
+    if (!cr || !ex)
+        return -ENOMEM;
+    for (unsigned i = 0; i < k; i++) {
+        sbref_t one;
+        unsigned got = 0;
+        uint64_t t0 = now_ns();
+        int r = pool_create(c, b->token, 1, &one, &got, why, wcap);
+        uint64_t t1 = now_ns();
+        if (r >= 0)
+            r = pool_exec_true(c, live, why, wcap);
+        uint64_t t2 = now_ns();
+        if (r >= 0)
+            r = pool_delete(c, &one, why, wcap);
+        if (r < 0)
+            return r;
+        cr[i] = t1 - t0;
+        ex[i] = t2 - t1;
+    }
+    qsort(cr, k, sizeof *cr, cmp_u64);
+    qsort(ex, k, sizeof *ex, cmp_u64);
+    *ret_create = percentile(cr, k, 50);
+    *ret_exec = percentile(ex, k, 50);
+    return 0;
+}
+
+static void bench_scale(bench_t *b)
+{
+    unsigned big = b->scale_n, k = b->quick ? 50 : 200, small = 10;
+    char hdr[200], why[320], note[96];
+    (void)snprintf(hdr, sizeof hdr,
+                   "5. scale: create and exec [\"true\"] p50 with %u live sandboxes, then with %u "
+                   "(%u samples each, one client)",
+                   small, big, k);
+    section(hdr);
+    client_t c;
+    _cleanup_free_ sbref_t *s = calloc(CREATE_CHUNK, sizeof *s);
+    int r = client_open(&c, b->port);
+    if (r < 0 || !s) {
+        fail(b, "connect: %s", strerror(r < 0 ? -r : ENOMEM));
+        if (r >= 0)
+            client_close(&c);
+        return;
+    }
+    unsigned got = 0, made = 0;
+    uint64_t cr_small = 0, ex_small = 0, cr_big = 0, ex_big = 0;
+    r = pool_create(&c, b->token, small, s, &got, why, sizeof why);
+    made = r >= 0 ? got : 0;
+    sbref_t live = s[0];
+    if (r >= 0)
+        r = scale_sample(b, &c, &live, k, &cr_small, &ex_small, why, sizeof why);
+    while (r >= 0 && made < big) {
+        r = pool_create(&c, b->token, MIN(CREATE_CHUNK, big - made), s, &got, why, sizeof why);
+        made += r >= 0 ? got : 0;
+    }
+    if (r >= 0)
+        r = scale_sample(b, &c, &live, k, &cr_big, &ex_big, why, sizeof why);
+    if (r < 0) {
+        fail(b, "scale: %s (with %u live)", why, made);
+    } else {
+        char l[96];
+        (void)snprintf(l, sizeof l, "create p50, %u live", small);
+        fig(l, (double)cr_small / 1e6, "ms", NULL);
+        (void)snprintf(l, sizeof l, "create p50, %u live", big);
+        (void)snprintf(note, sizeof note, "%.2fx of %u live", (double)cr_big / (double)cr_small,
+                       small);
+        fig(l, (double)cr_big / 1e6, "ms", note);
+        (void)snprintf(l, sizeof l, "exec true p50, %u live", small);
+        fig(l, (double)ex_small / 1e6, "ms", NULL);
+        (void)snprintf(l, sizeof l, "exec true p50, %u live", big);
+        (void)snprintf(note, sizeof note, "%.2fx of %u live", (double)ex_big / (double)ex_small,
+                       small);
+        fig(l, (double)ex_big / 1e6, "ms", note);
+    }
+    if (pool_delete_all(&c, b->token, 0, why, sizeof why) < 0)
+        fail(b, "%s", why);
+    client_close(&c);
+}
+
 /* ---- main -------------------------------------------------------------------------------- */
 
 static const char *fs_name(unsigned long magic)
@@ -984,13 +1070,14 @@ static void check_empty(bench_t *b)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench-pool --port N --pid PID --homes DIR [--quick] [--only LIST]\n"
-                    "                  [--dedicated-port N --dedicated-pid PID]\n"
-                    "       bench-pool --free-port\n"
-                    "LIST: trio,cost,exec,idle. The host token comes from $SBX_BENCH_TOKEN (a\n"
-                    "dedicated-mode server given for a baseline uses the same token).\n"
-                    "Usually run through "
-                    "scripts/bench-pool.sh, which starts the server.\n");
+    fprintf(stderr,
+            "usage: bench-pool --port N --pid PID --homes DIR [--quick] [--only LIST]\n"
+            "                  [--dedicated-port N --dedicated-pid PID]\n"
+            "       bench-pool --free-port\n"
+            "LIST: trio,cost,exec,idle,scale. The host token comes from $SBX_BENCH_TOKEN (a\n"
+            "dedicated-mode server given for a baseline uses the same token).\n"
+            "Usually run through "
+            "scripts/bench-pool.sh, which starts the server.\n");
 }
 
 static int parse_args(bench_t *b, int argc, char **argv)
@@ -1008,6 +1095,8 @@ static int parse_args(bench_t *b, int argc, char **argv)
             b->homes = val, i++;
         else if (streq(a, "--only") && val)
             b->only = val, i++;
+        else if (streq(a, "--scale") && val && parse_u64_str(val, 100000, &v) >= 0 && v >= 20)
+            b->scale_n = (unsigned)v, i++;
         else if (streq(a, "--dedicated-port") && val && parse_u64_str(val, 65535, &v) >= 0 && v)
             b->ded_port = (uint16_t)v, i++;
         else if (streq(a, "--dedicated-pid") && val && parse_u64_str(val, INT32_MAX, &v) >= 0 &&
@@ -1023,6 +1112,8 @@ static int parse_args(bench_t *b, int argc, char **argv)
     b->batch_n = b->quick ? 100 : 1000;
     b->exec_n = b->quick ? 100 : 1000;
     b->idle_n = b->quick ? 1000 : 5000;
+    if (!b->scale_n)
+        b->scale_n = b->quick ? 300 : 10000;
     b->warmup = b->quick ? 5 : 20;
     return 0;
 }
@@ -1058,6 +1149,8 @@ int main(int argc, char **argv)
         bench_exec(&b);
     if (bench_want(b.only, "idle"))
         bench_idle(&b);
+    if (bench_want(b.only, "scale"))
+        bench_scale(&b);
     check_empty(&b);
     print_loadavg("at end");
     printf("\n%s: %u functional failure%s\n", b.failures ? "FAILED" : "done", b.failures,

@@ -502,6 +502,8 @@ static void netns_refill(loop_t *l, timer_t_ *t)
 }
 
 /* Create one sandbox; -ENOSPC when no uid is left (counted as rejected). */
+static int remove_home(sandbox_t *sb, bool killed);
+
 static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
 {
     sandbox_t *sb = calloc(1, sizeof *sb);
@@ -542,11 +544,18 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     if (r >= 0)
         r = build_env(sb, o->env, &sb->env);
     if (r < 0) {
-        fs_root_t root = {
-            .dirfd = p->homes_fd, .confined = true, .uid = (uid_t)-1, .gid = (gid_t)-1
-        };
-        bool removed = sb->home_fd < 0 || fs_delete(&root, sb->id, true) >= 0;
-        uidpool_release(&p->uids, sb->uid, removed); /* nothing ran as this uid */
+        /* Its descriptors go first: when the failure was a full descriptor table (EMFILE) the
+         * removal needs some. The home may exist without a descriptor (made, then not opened);
+         * nothing ran as its uid, so it goes as a killed sandbox's does (to the trash, with one
+         * rename that needs no descriptor). */
+        sb->home_fd = safe_close(sb->home_fd);
+        sb->ruleset_fd = safe_close(sb->ruleset_fd);
+        sb->netns_fd = safe_close(sb->netns_fd);
+        int d = remove_home(sb, true);
+        bool removed = d >= 0 || d == -ENOENT;
+        if (!removed)
+            log_warn("sandbox %s: its half-made home was not removed: %s", sb->id, strerror(-d));
+        uidpool_release(&p->uids, sb->uid, removed);
         sandbox_unref(sb);
         return r;
     }

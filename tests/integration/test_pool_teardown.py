@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from conftest import uid_pids, wait_until
+from conftest import Sandbox, uid_pids, wait_until
 
 
 @pytest.fixture
@@ -133,3 +133,35 @@ def test_uid_whose_processes_survive_the_kill_is_quarantined(make_host_server):
                 os.kill(pid, 9)
             except OSError:
                 pass
+
+
+def test_create_that_runs_out_of_descriptors_leaves_nothing_behind(make_host_server):
+    """A create that fails because the host's descriptor table is full (EMFILE) removes what it
+    had made: no half-made home stays behind and its uid is not quarantined (nothing ran as
+    it); the host serves again once descriptors are free."""
+    import resource
+
+    def low_nofile():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+    host = make_host_server(popen_kw={"preexec_fn": low_nofile})
+    made, refused = [], None
+    for _ in range(300):
+        st, j = host.create_raw({"count": 1})
+        if st != 200:
+            refused = (st, j)
+            break
+        made.extend(j["sandboxes"])
+    assert refused and refused[0] == 500 and "Too many open files" in refused[1]["error"], \
+        (len(made), refused)  # positive control: the table did fill
+    assert made, "not a single sandbox fitted"
+    assert quarantined(host) == 0, host.json("GET", "/health")
+    homes = sorted(e for e in os.listdir(host.homes) if not e.startswith("."))
+    ids = sorted(s["id"] for s in made)
+    assert homes == ids or set(ids) <= set(homes) and len(homes) == len(ids), \
+        ("a half-made home was left behind", homes, ids)
+    # descriptors freed: a create works again
+    st, _ = Sandbox(host, made[0]).json("DELETE", "")
+    assert st == 200
+    st, j = host.create_raw({"count": 1})
+    assert st == 200, j
