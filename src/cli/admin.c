@@ -118,7 +118,7 @@ int cmd_pool(const cli_t *cli, int argc, char **argv)
         return cli_usage("pool %s: one NAME expected", sub);
     if (strcmp(sub, "ls") == 0 && a.npos)
         return cli_usage("pool ls: unexpected argument %s", a.pos[0]);
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
     sbx_error_t e = { 0 };
@@ -136,7 +136,6 @@ int cmd_pool(const cli_t *cli, int argc, char **argv)
         if (r == EXIT_OK)
             printf("%s draining\n", a.pos[0]);
     }
-    sbx_client_free(c);
     return r;
 }
 
@@ -179,7 +178,7 @@ int cmd_jobs(const cli_t *cli, int argc, char **argv)
         return cli_usage("jobs inspect: one ID expected");
     if (strcmp(sub, "cancel") == 0 && (npos > 0) == (nl > 0))
         return cli_usage("jobs cancel: give ids or --label selectors");
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
     sbx_error_t e = { 0 };
@@ -226,7 +225,6 @@ int cmd_jobs(const cli_t *cli, int argc, char **argv)
         }
     }
     sbx_free(text);
-    sbx_client_free(c);
     return r;
 }
 
@@ -307,15 +305,13 @@ int cmd_lifecycle(const cli_t *cli, int argc, char **argv)
     if (optind != argc - 1)
         return cli_usage("%s: one ID expected", argv[0]);
     const char *id = argv[optind];
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
     sbx_error_t e = { 0 };
     json_t *before = job_json(c, id, &e);
-    if (!before) {
-        sbx_client_free(c);
+    if (!before)
         return cli_fail(&e);
-    }
     json_int_t g0 =
         json_integer_value(json_object_get(json_object_get(before, "run"), "generation"));
     json_decref(before);
@@ -324,7 +320,6 @@ int cmd_lifecycle(const cli_t *cli, int argc, char **argv)
         r = wait_generation(c, id, g0, (unsigned)wait_s);
     if (r == EXIT_OK)
         puts(id);
-    sbx_client_free(c);
     return r;
 }
 
@@ -365,7 +360,7 @@ int cmd_token(const cli_t *cli, int argc, char **argv)
         }
         if (!principal || optind != argc - 1)
             return cli_usage("token create: --principal P expected");
-        sbx_client_t *c;
+        sbx_client_t *c CLI_AUTO(client) = NULL;
         if ((r = cli_client(cli, &c)))
             return r;
         char *text;
@@ -382,18 +377,16 @@ int cmd_token(const cli_t *cli, int argc, char **argv)
             json_decref(j);
             sbx_free(text);
         }
-        sbx_client_free(c);
         return r;
     }
     if (strcmp(sub, "revoke") == 0) {
         if (argc != 3)
             return cli_usage("token revoke: one ID expected");
-        sbx_client_t *c;
+        sbx_client_t *c CLI_AUTO(client) = NULL;
         if ((r = cli_client(cli, &c)))
             return r;
         sbx_error_t e = { 0 };
         r = sbx_token_revoke(c, argv[2], &e) < 0 ? cli_fail(&e) : EXIT_OK;
-        sbx_client_free(c);
         return r;
     }
     return cli_usage("token: unknown subcommand %s", sub);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include <jansson.h>
 
@@ -55,6 +56,13 @@ typedef struct {
 } simple_t;
 int parse_simple(int argc, char **argv, simple_t *a, const char *allowed);
 bool stage_ended(const char *stage);
+
+/* Freed when the variable goes out of scope (every path of a command, early returns too):
+ * `sbx_client_t *c CLI_AUTO(client) = NULL;`, CLI_AUTO(sandbox), CLI_AUTO(mem) (free). */
+static inline void cli_auto_client(sbx_client_t **c) { sbx_client_free(*c); }
+static inline void cli_auto_sandbox(sbx_sandbox_t **s) { sbx_sandbox_free(*s); }
+static inline void cli_auto_mem(char **p) { free(*p); }
+#define CLI_AUTO(kind) __attribute__((cleanup(cli_auto_##kind)))
 
 /* Print "sbx: <message>" and return the exit code that matches the error. */
 int cli_fail(const sbx_error_t *e);

@@ -115,22 +115,18 @@ int cmd_create(const cli_t *cli, int argc, char **argv)
     }
     if (optind != argc)
         return cli_usage("create: unexpected argument %s", argv[optind]);
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
     if (pool) {
         if (image || flavor || secrets.n || labels.n)
             fprintf(stderr, "sbx: --image, --flavor, --secret and --label belong to the pool; "
                             "ignored for pooled sandboxes\n");
-        r = create_pooled(c, pool, (unsigned)count, &env, (int)idle, json);
-        sbx_client_free(c);
-        return r;
+        return create_pooled(c, pool, (unsigned)count, &env, (int)idle, json);
     }
     sbx_error_t e = { 0 };
-    if (count != 1) {
-        sbx_client_free(c);
+    if (count != 1)
         return cli_usage("--count needs --pool (a dedicated sandbox is one job)");
-    }
     sbx_create_opts_t co = { .image = image,
                              .flavor = flavor,
                              .env = env.kv,
@@ -142,7 +138,7 @@ int cmd_create(const cli_t *cli, int argc, char **argv)
                              .idle_timeout_s = (unsigned)idle,
                              .wait_ms = (int)(wait_s * 1000),
                              .on_progress = progress_line };
-    sbx_sandbox_t *s;
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
     r = sbx_sandbox_create(c, &co, &s, &e);
     if (r < 0) {
         r = cli_fail(&e);
@@ -151,10 +147,8 @@ int cmd_create(const cli_t *cli, int argc, char **argv)
             printf("{\"id\": \"%s\"}\n", sbx_sandbox_id(s));
         else
             puts(sbx_sandbox_id(s));
-        sbx_sandbox_free(s);
         r = EXIT_OK;
     }
-    sbx_client_free(c);
     return r;
 }
 
@@ -446,17 +440,13 @@ int cmd_exec(const cli_t *cli, int argc, char **argv)
     int r = parse_run(argc, argv, &a, false);
     if (r)
         return r;
-    sbx_client_t *c;
-    if ((r = cli_client(cli, &c))) {
-        free(a.joined);
+    char *joined CLI_AUTO(mem) = a.joined;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
+    if ((r = cli_client(cli, &c)))
         return r;
-    }
-    sbx_sandbox_t *s;
-    if ((r = open_sandbox(c, a.id, &s))) {
-        sbx_client_free(c);
-        free(a.joined);
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
+    if ((r = open_sandbox(c, a.id, &s)))
         return r;
-    }
     if (a.in) {
         r = exec_interactive(cli, &a, s);
     } else {
@@ -478,9 +468,6 @@ int cmd_exec(const cli_t *cli, int argc, char **argv)
         }
     }
     (void)fflush(stdout);
-    free(a.joined);
-    sbx_sandbox_free(s);
-    sbx_client_free(c);
     return r;
 }
 
@@ -498,17 +485,13 @@ int cmd_spawn(const cli_t *cli, int argc, char **argv)
     int r = parse_run(argc, argv, &a, true);
     if (r)
         return r;
-    sbx_client_t *c;
-    if ((r = cli_client(cli, &c))) {
-        free(a.joined);
+    char *joined CLI_AUTO(mem) = a.joined;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
+    if ((r = cli_client(cli, &c)))
         return r;
-    }
-    sbx_sandbox_t *s;
-    if ((r = open_sandbox(c, a.id, &s))) {
-        sbx_client_free(c);
-        free(a.joined);
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
+    if ((r = open_sandbox(c, a.id, &s)))
         return r;
-    }
     sbx_exec_opts_t o = { .cmd = a.joined,
                           .argv = a.joined ? NULL : (const char *const *)a.cmd,
                           .cwd = a.cwd,
@@ -527,9 +510,6 @@ int cmd_spawn(const cli_t *cli, int argc, char **argv)
         sbx_process_clear(&p);
         r = EXIT_OK;
     }
-    free(a.joined);
-    sbx_sandbox_free(s);
-    sbx_client_free(c);
     return r;
 }
 
@@ -548,14 +528,12 @@ int cmd_ps(const cli_t *cli, int argc, char **argv)
         return r;
     if (a.npos != 1)
         return cli_usage("ps: one sandbox id expected");
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
-    sbx_sandbox_t *s;
-    if ((r = open_sandbox(c, a.pos[0], &s))) {
-        sbx_client_free(c);
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
+    if ((r = open_sandbox(c, a.pos[0], &s)))
         return r;
-    }
     sbx_process_t *list;
     size_t n;
     sbx_error_t e = { 0 };
@@ -587,8 +565,6 @@ int cmd_ps(const cli_t *cli, int argc, char **argv)
         json_decref(arr);
         sbx_process_list_free(list, n);
     }
-    sbx_sandbox_free(s);
-    sbx_client_free(c);
     return r;
 }
 
@@ -606,14 +582,12 @@ int cmd_logs(const cli_t *cli, int argc, char **argv)
         return r;
     if (a.npos != 2)
         return cli_usage("logs: ID PROC expected");
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
-    sbx_sandbox_t *s;
-    if ((r = open_sandbox(c, a.pos[0], &s))) {
-        sbx_client_free(c);
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
+    if ((r = open_sandbox(c, a.pos[0], &s)))
         return r;
-    }
     sbx_exec_opts_t cb = { .on_stdout = out_stdout, .on_stderr = out_stderr };
     sbx_exec_result_t res = { .exit_code = 0 };
     sbx_error_t e = { 0 };
@@ -621,8 +595,6 @@ int cmd_logs(const cli_t *cli, int argc, char **argv)
         r = cli_fail(&e);
     else
         r = !a.follow ? EXIT_OK : res.signal ? 128 + res.signal : res.exit_code & 0xff;
-    sbx_sandbox_free(s);
-    sbx_client_free(c);
     return r;
 }
 
@@ -662,18 +634,14 @@ int cmd_signal(const cli_t *cli, int argc, char **argv)
         if (!sig)
             return cli_usage("signal: %s is not a signal name or number", a.pos[2]);
     }
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
-    sbx_sandbox_t *s;
-    if ((r = open_sandbox(c, a.pos[0], &s))) {
-        sbx_client_free(c);
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
+    if ((r = open_sandbox(c, a.pos[0], &s)))
         return r;
-    }
     sbx_error_t e = { 0 };
     r = sbx_process_signal(s, a.pos[1], sig, 0, &e) < 0 ? cli_fail(&e) : EXIT_OK;
-    sbx_sandbox_free(s);
-    sbx_client_free(c);
     return r;
 }
 
@@ -691,25 +659,20 @@ int cmd_stdin(const cli_t *cli, int argc, char **argv)
         return r;
     if (a.npos != 2)
         return cli_usage("stdin: ID PROC expected");
-    char *in = NULL;
+    char *in CLI_AUTO(mem) = NULL;
     size_t len = 0;
     if (read_all_stdin(&in, &len) < 0) {
         fprintf(stderr, "sbx: cannot read stdin (at most 64 MiB)\n");
         return EXIT_FAIL;
     }
-    sbx_client_t *c;
-    if ((r = cli_client(cli, &c))) {
-        free(in);
+    sbx_client_t *c CLI_AUTO(client) = NULL;
+    if ((r = cli_client(cli, &c)))
         return r;
-    }
-    sbx_sandbox_t *s;
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
     if ((r = open_sandbox(c, a.pos[0], &s)) == 0) {
         sbx_error_t e = { 0 };
         r = sbx_process_stdin(s, a.pos[1], in, len, a.close, &e) < 0 ? cli_fail(&e) : EXIT_OK;
-        sbx_sandbox_free(s);
     }
-    free(in);
-    sbx_client_free(c);
     return r;
 }
 
@@ -768,15 +731,13 @@ int cmd_cp(const cli_t *cli, int argc, char **argv)
         return cli_usage("cp: exactly one of SRC and DST must be ID:PATH");
     if (!*(src_remote ? spath : dpath))
         return cli_usage("cp: the sandbox path is empty");
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     int r;
     if ((r = cli_client(cli, &c)))
         return r;
-    sbx_sandbox_t *s;
-    if ((r = open_sandbox(c, src_remote ? sid : did, &s))) {
-        sbx_client_free(c);
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
+    if ((r = open_sandbox(c, src_remote ? sid : did, &s)))
         return r;
-    }
     sbx_transfer_fn bar = isatty(STDERR_FILENO) ? transfer_bar : NULL;
     sbx_error_t e = { 0 };
     if (src_remote)
@@ -784,8 +745,6 @@ int cmd_cp(const cli_t *cli, int argc, char **argv)
     else
         r = sbx_file_upload(s, argv[1], dpath, bar, NULL, &e);
     r = r < 0 ? cli_fail(&e) : EXIT_OK;
-    sbx_sandbox_free(s);
-    sbx_client_free(c);
     return r;
 }
 
@@ -851,16 +810,13 @@ int cmd_ls(const cli_t *cli, int argc, char **argv)
         return r;
     if (a.npos)
         return cli_usage("ls: unexpected argument %s", a.pos[0]);
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
     sbx_error_t e = { 0 };
     json_t *list;
-    if (collect(c, a.all, &list, &e) < 0) {
-        r = cli_fail(&e);
-        sbx_client_free(c);
-        return r;
-    }
+    if (collect(c, a.all, &list, &e) < 0)
+        return cli_fail(&e);
     if (a.json) {
         print_json(list);
     } else {
@@ -875,7 +831,6 @@ int cmd_ls(const cli_t *cli, int argc, char **argv)
         }
     }
     json_decref(list);
-    sbx_client_free(c);
     return EXIT_OK;
 }
 
@@ -893,7 +848,7 @@ int cmd_kill(const cli_t *cli, int argc, char **argv)
         return r;
     if (a.all == (a.npos > 0))
         return cli_usage("kill: give sandbox ids or --all");
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     if ((r = cli_client(cli, &c)))
         return r;
     json_t *ids = json_array();
@@ -903,7 +858,6 @@ int cmd_kill(const cli_t *cli, int argc, char **argv)
         if (collect(c, false, &list, &e) < 0) {
             r = cli_fail(&e);
             json_decref(ids);
-            sbx_client_free(c);
             return r;
         }
         size_t i;
@@ -935,7 +889,6 @@ int cmd_kill(const cli_t *cli, int argc, char **argv)
         sbx_sandbox_free(s);
     }
     json_decref(ids);
-    sbx_client_free(c);
     return r;
 }
 
@@ -950,11 +903,11 @@ int cmd_proxy(const cli_t *cli, int argc, char **argv)
     unsigned long port;
     if (argc != 3 || parse_uint(argv[2], 65535, &port) < 0 || port == 0)
         return cli_usage("proxy: ID PORT expected");
-    sbx_client_t *c;
+    sbx_client_t *c CLI_AUTO(client) = NULL;
     int r;
     if ((r = cli_client(cli, &c)))
         return r;
-    sbx_sandbox_t *s;
+    sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
     if ((r = open_sandbox(c, argv[1], &s)) == 0) {
         char *url, *hdr;
         sbx_error_t e = { 0 };
@@ -965,8 +918,6 @@ int cmd_proxy(const cli_t *cli, int argc, char **argv)
             sbx_free(url);
             sbx_free(hdr);
         }
-        sbx_sandbox_free(s);
     }
-    sbx_client_free(c);
     return r;
 }
