@@ -46,6 +46,9 @@ bool want_help(int argc, char **argv);
 int help(const char *text);
 /* Connect to sandbox id; on failure print and return the exit code (> 0). */
 int open_sandbox(sbx_client_t *c, const char *id, sbx_sandbox_t **ret);
+/* A client and sandbox id on it (both freed by the caller, CLI_AUTO); on failure print and
+ * return the exit code (> 0). */
+int cli_open(const cli_t *cli, const char *id, sbx_client_t **ret_c, sbx_sandbox_t **ret_s);
 /* A job's stage changes while waiting, on a terminal's stderr. */
 void progress_line(const char *stage, const char *message, void *ud);
 /* Parse "[--json] [--flag]... ID [more...]" for the simple commands: flags with no values. */

@@ -442,10 +442,8 @@ int cmd_exec(const cli_t *cli, int argc, char **argv)
         return r;
     char *joined CLI_AUTO(mem) = a.joined;
     sbx_client_t *c CLI_AUTO(client) = NULL;
-    if ((r = cli_client(cli, &c)))
-        return r;
     sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
-    if ((r = open_sandbox(c, a.id, &s)))
+    if ((r = cli_open(cli, a.id, &c, &s)))
         return r;
     if (a.in) {
         r = exec_interactive(cli, &a, s);
@@ -487,10 +485,8 @@ int cmd_spawn(const cli_t *cli, int argc, char **argv)
         return r;
     char *joined CLI_AUTO(mem) = a.joined;
     sbx_client_t *c CLI_AUTO(client) = NULL;
-    if ((r = cli_client(cli, &c)))
-        return r;
     sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
-    if ((r = open_sandbox(c, a.id, &s)))
+    if ((r = cli_open(cli, a.id, &c, &s)))
         return r;
     sbx_exec_opts_t o = { .cmd = a.joined,
                           .argv = a.joined ? NULL : (const char *const *)a.cmd,
@@ -529,10 +525,8 @@ int cmd_ps(const cli_t *cli, int argc, char **argv)
     if (a.npos != 1)
         return cli_usage("ps: one sandbox id expected");
     sbx_client_t *c CLI_AUTO(client) = NULL;
-    if ((r = cli_client(cli, &c)))
-        return r;
     sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
-    if ((r = open_sandbox(c, a.pos[0], &s)))
+    if ((r = cli_open(cli, a.pos[0], &c, &s)))
         return r;
     sbx_process_t *list;
     size_t n;
@@ -583,10 +577,8 @@ int cmd_logs(const cli_t *cli, int argc, char **argv)
     if (a.npos != 2)
         return cli_usage("logs: ID PROC expected");
     sbx_client_t *c CLI_AUTO(client) = NULL;
-    if ((r = cli_client(cli, &c)))
-        return r;
     sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
-    if ((r = open_sandbox(c, a.pos[0], &s)))
+    if ((r = cli_open(cli, a.pos[0], &c, &s)))
         return r;
     sbx_exec_opts_t cb = { .on_stdout = out_stdout, .on_stderr = out_stderr };
     sbx_exec_result_t res = { .exit_code = 0 };
@@ -635,10 +627,8 @@ int cmd_signal(const cli_t *cli, int argc, char **argv)
             return cli_usage("signal: %s is not a signal name or number", a.pos[2]);
     }
     sbx_client_t *c CLI_AUTO(client) = NULL;
-    if ((r = cli_client(cli, &c)))
-        return r;
     sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
-    if ((r = open_sandbox(c, a.pos[0], &s)))
+    if ((r = cli_open(cli, a.pos[0], &c, &s)))
         return r;
     sbx_error_t e = { 0 };
     r = sbx_process_signal(s, a.pos[1], sig, 0, &e) < 0 ? cli_fail(&e) : EXIT_OK;
@@ -732,11 +722,9 @@ int cmd_cp(const cli_t *cli, int argc, char **argv)
     if (!*(src_remote ? spath : dpath))
         return cli_usage("cp: the sandbox path is empty");
     sbx_client_t *c CLI_AUTO(client) = NULL;
-    int r;
-    if ((r = cli_client(cli, &c)))
-        return r;
     sbx_sandbox_t *s CLI_AUTO(sandbox) = NULL;
-    if ((r = open_sandbox(c, src_remote ? sid : did, &s)))
+    int r;
+    if ((r = cli_open(cli, src_remote ? sid : did, &c, &s)))
         return r;
     sbx_transfer_fn bar = isatty(STDERR_FILENO) ? transfer_bar : NULL;
     sbx_error_t e = { 0 };

@@ -143,3 +143,9 @@ bool stage_ended(const char *stage)
     return stage && (strcmp(stage, "CANCELED") == 0 || strcmp(stage, "COMPLETED") == 0 ||
                      strcmp(stage, "ERROR") == 0);
 }
+
+int cli_open(const cli_t *cli, const char *id, sbx_client_t **ret_c, sbx_sandbox_t **ret_s)
+{
+    int r = cli_client(cli, ret_c);
+    return r ? r : open_sandbox(*ret_c, id, ret_s);
+}
