@@ -47,7 +47,7 @@ stage_unit() { meson test -C build --print-errorlogs; }
 # mutants' test runs take slot 3.
 integration() { # build dir, slot
     SBX_BUILD="$PWD/$1" SBX_TEST_SLOT=$2 PYTHONDONTWRITEBYTECODE=1 \
-        "$PY" -m pytest -q -p no:cacheprovider tests/integration
+        "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/integration
 }
 stage_integration() { integration build 1; }
 
