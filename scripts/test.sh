@@ -139,14 +139,15 @@ stage_bench_libsbx_smoke() { bash scripts/bench-libsbx.sh --quick; }
 
 # name : time limit (s) : stages it needs : lane. The lanes run at the same time, each its
 # stages in this order; a stage whose needs are named in this run waits for them (and is not run
-# when one failed). The "checks" lane runs niced: it takes the CPUs the other two leave.
+# when one failed). The "checks" lane runs niced: it takes the CPUs the other two leave. (The
+# limits allow for the lanes sharing the CPUs.)
 STAGES=(
     "setup:900::first"
     "build:600::plain"
     "image:900::plain"
     "unit:180:build:plain"
     "static:60:build:plain"
-    "integration:1800:build,image:plain"
+    "integration:2400:build,image:plain"
     "bench_smoke:300:build:plain"
     "bench_pool_smoke:300:build:plain"
     "bench_platform_smoke:300:build:plain"
@@ -154,7 +155,7 @@ STAGES=(
     "bench_libsbx_smoke:300:build:plain"
     "asan_build:600::asan"
     "asan_unit:240:asan_build:asan"
-    "asan_integration:2400:asan_build,build,image:asan"
+    "asan_integration:3600:asan_build,build,image:asan"
     "format:60::checks"
     "banned:60::checks"
     "fuzz_build:600::checks"
