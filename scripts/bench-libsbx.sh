@@ -61,7 +61,7 @@ echo "platform: sbx up --state $WORK/state --port $CPORT --default-image host"
 echo "direct:   env -i SBX_HOST_MODE=1 SBX_TOKEN=<random> SBX_PORT=$DPORT" \
     "SBX_HOMES_DIR=$WORK/homes $BUILD/sbx-server   (as root)"
 (cd "$WORK" && exec env -i PATH="$PATH" SBX_TOKEN="$TOKEN" SBX_PORT="$DPORT" SBX_HOST_MODE=1 \
-    SBX_HOMES_DIR="$WORK/homes" "$BUILD/sbx-server") 2>"$WORK/direct.log" &
+    SBX_HOMES_DIR="$WORK/homes" SBX_POOL_UID_BASE=56000 "$BUILD/sbx-server") 2>"$WORK/direct.log" &
 SPID=$!
 for _ in $(seq 200); do
     (exec 3<>"/dev/tcp/127.0.0.1/$DPORT") 2>/dev/null && break

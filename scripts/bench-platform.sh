@@ -105,10 +105,12 @@ wait_for "$CPID" "$WORK/control.log" control_ready
 
 echo "node:    env -i PATH=\$PATH $NODE --state $WORK/node --listen 127.0.0.1:$NPORT" \
     "--control 127.0.0.1:$CPORT --join-token-file $WORK/control/node-join.token --agent $AGENT" \
+    "--id-range 2010000000:67108864" \
     "${PLAIN[*]}"
 (cd "$WORK" && exec env -i PATH="$PATH" "$NODE" --state "$WORK/node" \
     --listen "127.0.0.1:$NPORT" --control "127.0.0.1:$CPORT" \
-    --join-token-file "$WORK/control/node-join.token" --agent "$AGENT" "${PLAIN[@]}") \
+    --join-token-file "$WORK/control/node-join.token" --agent "$AGENT" \
+    --id-range 2010000000:67108864 "${PLAIN[@]}") \
     2>"$WORK/node.log" &
 NPID=$!
 wait_for "$NPID" "$WORK/node.log" node_registered

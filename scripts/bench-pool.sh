@@ -13,6 +13,8 @@
 # TMPDIR: where the homes go (default /tmp). Create and delete cost what the filesystem's four
 # mkdirs and rmdirs cost, so the bench prints that floor beside them; TMPDIR=/dev/shm (tmpfs)
 # takes the disk out of the figures.
+# The pool host's uids are 56000 and up (SBX_POOL_UID_BASE): the integration tests, which may
+# run at the same time (scripts/test.sh), take theirs below.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -107,9 +109,11 @@ wait_listening() {
 
 echo "command: $INVOKED"
 echo "server:  env -i PATH=\$PATH SBX_TOKEN=<random 64 hex> SBX_PORT=$PORT SBX_HOST_MODE=1" \
-    "SBX_HOMES_DIR=$HOMES SBX_CAPACITY=$CAPACITY $SERVER   (as root, cwd $WORK)"
+    "SBX_HOMES_DIR=$HOMES SBX_CAPACITY=$CAPACITY SBX_POOL_UID_BASE=56000 $SERVER" \
+    "  (as root, cwd $WORK)"
 (cd "$WORK" && exec env -i PATH="$PATH" SBX_TOKEN="$TOKEN" SBX_PORT="$PORT" SBX_HOST_MODE=1 \
-    SBX_HOMES_DIR="$HOMES" SBX_CAPACITY="$CAPACITY" "$SERVER") 2>"$WORK/server.log" &
+    SBX_HOMES_DIR="$HOMES" SBX_CAPACITY="$CAPACITY" SBX_POOL_UID_BASE=56000 "$SERVER") \
+    2>"$WORK/server.log" &
 SPID=$!
 # The baseline: a dedicated-mode server (one sandbox = the whole server, no confinement).
 echo "baseline: env -i PATH=\$PATH SBX_TOKEN=<same> SBX_PORT=$DPORT $SERVER   (cwd $WORK/dedicated)"

@@ -2,15 +2,24 @@
 # SPDX-License-Identifier: MIT
 # THE test command (CI runs it through .ci/run):
 #
-#   bash scripts/test.sh                 every stage below, in order
+#   bash scripts/test.sh                 every stage below
 #   bash scripts/test.sh unit format     only the named stages (they expect earlier outputs)
 #
 # Stages: setup, build (build/, static size), unit + integration against build/, the ASan+UBSan
 # build (build-asan/) with unit + integration again, clang-format, banned functions, the static
 # binary, every libFuzzer harness for FUZZ_SECONDS (default 20; as many at once as there are
-# CPUs) from a scratch copy of its corpus, and a fixed sample of security mutants (scripts/mutants.sh --quick). Each stage runs
-# under a time limit with its output in build-logs/<stage>.log; a failed stage prints the end
-# of its log. The last line is "N passed, M failed" (N + M = stages); the
+# CPUs) from a scratch copy of its corpus, and a fixed sample of security mutants (scripts/mutants.sh --quick).
+#
+# Setup runs first; then three lanes run at the same time, each its stages in order (a stage
+# waits for the stages it needs, see STAGES):
+#   plain:  build, image, unit, static, integration (build/), the bench smoke runs
+#   asan:   asan_build, asan_unit, asan_integration (build-asan/; it needs build and image too)
+#   checks: format, banned, fuzz_build, fuzz, mutants_quick (niced: it takes what CPU is left)
+# So the two integration suites run at the same time: each test session takes ports, subordinate
+# ids and pool uids from a share of its own (SBX_TEST_SLOT, tests/integration/conftest.py).
+# Each stage runs under a time limit with its output in build-logs/<stage>.log. A line per stage
+# (PASS/FAIL and seconds) is printed as it ends; a failed stage prints the end of its log. Then
+# the table of every stage, and the last line is "N passed, M failed" (N + M = stages); the
 # exit status is non-zero when any stage failed.
 set -uo pipefail
 SELF=$(realpath "$0")
@@ -34,11 +43,14 @@ stage_image() { bash scripts/build-image.sh; }
 
 stage_unit() { meson test -C build --print-errorlogs; }
 
-integration() { # build dir
-    SBX_BUILD="$PWD/$1" PYTHONDONTWRITEBYTECODE=1 \
-        "$PY" -m pytest -q -p no:cacheprovider tests/integration
+# The two integration stages run at the same time, each in a slot of its own (SBX_TEST_SLOT:
+# ports, subordinate ids and pool uids of its own, see tests/integration/conftest.py); the
+# mutants' test runs take slot 3.
+integration() { # build dir, slot
+    SBX_BUILD="$PWD/$1" SBX_TEST_SLOT=$2 PYTHONDONTWRITEBYTECODE=1 \
+        "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/integration
 }
-stage_integration() { integration build; }
+stage_integration() { integration build 1; }
 
 stage_asan_build() {
     # shellcheck disable=SC2054 # the commas belong to the option value
@@ -57,7 +69,7 @@ asan_env() {
     export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 }
 stage_asan_unit() { asan_env && meson test -C build-asan --print-errorlogs; }
-stage_asan_integration() { asan_env && integration build-asan; }
+stage_asan_integration() { asan_env && integration build-asan 2; }
 
 stage_format() { bash scripts/check-format.sh; }
 
@@ -117,7 +129,7 @@ stage_fuzz() {
 
 # A fixed sample of the security mutants (tests/mutants/mutants.toml, quick = true): each check
 # broken in turn must be caught by its tests. The full set: bash scripts/mutants.sh.
-stage_mutants_quick() { bash scripts/mutants.sh --quick; }
+stage_mutants_quick() { SBX_TEST_SLOT=3 bash scripts/mutants.sh --quick; }
 
 # Benchmark smoke runs: small sizes, functional failures only (figures are printed, not judged).
 stage_bench_smoke() { bash scripts/bench.sh --quick; }
@@ -126,28 +138,32 @@ stage_bench_platform_smoke() { bash scripts/bench-platform.sh --quick; }
 stage_bench_boundary_smoke() { build/bench/bench-boundary --quick; }
 stage_bench_libsbx_smoke() { bash scripts/bench-libsbx.sh --quick; }
 
-# name : time limit (s) : stage it needs
+# name : time limit (s) : stages it needs : lane. The lanes run at the same time, each its
+# stages in this order; a stage whose needs are named in this run waits for them (and is not run
+# when one failed). The "checks" lane runs niced: it takes the CPUs the other two leave. (The
+# limits allow for the lanes sharing the CPUs.)
 STAGES=(
-    "setup:900:"
-    "build:600:"
-    "image:900:"
-    "unit:180:build"
-    "integration:1800:build"
-    "asan_build:600:"
-    "asan_unit:240:asan_build"
-    "asan_integration:2400:asan_build"
-    "format:60:"
-    "banned:60:"
-    "static:60:build"
-    "fuzz_build:600:"
-    "fuzz:$((FUZZ_SECONDS * 6 + 120)):fuzz_build"
-    "mutants_quick:900:build"
-    "bench_smoke:300:build"
-    "bench_pool_smoke:300:build"
-    "bench_platform_smoke:300:build"
-    "bench_boundary_smoke:120:build"
-    "bench_libsbx_smoke:300:build"
+    "setup:900::first"
+    "build:600::plain"
+    "image:900::plain"
+    "unit:180:build:plain"
+    "static:60:build:plain"
+    "integration:2400:build,image:plain"
+    "bench_smoke:300:build:plain"
+    "bench_pool_smoke:300:build:plain"
+    "bench_platform_smoke:300:build:plain"
+    "bench_boundary_smoke:120:build:plain"
+    "bench_libsbx_smoke:300:build:plain"
+    "asan_build:600::asan"
+    "asan_unit:240:asan_build:asan"
+    "asan_integration:3600:asan_build,build,image:asan"
+    "format:60::checks"
+    "banned:60::checks"
+    "fuzz_build:600::checks"
+    "fuzz:$((FUZZ_SECONDS * 6 + 120)):fuzz_build:checks"
+    "mutants_quick:900:build:checks"
 )
+LANES=(plain asan checks)
 
 if [[ "${1:-}" == --stage ]]; then
     "stage_$2"
@@ -158,52 +174,116 @@ fi
 
 want=" $* "
 mkdir -p "$LOG_DIR"
-declare -A result
-names=() results=() times=()
-passed=0 failed=0
-t_all=$(date +%s%N)
-
+# <stage>: "exit-status milliseconds note", written when the stage ends
+STATUS=$(mktemp -d "$LOG_DIR/.status.XXXXXX") || exit 1
+selected=()
 for entry in "${STAGES[@]}"; do
-    IFS=: read -r name limit needs <<<"$entry"
-    if (($# > 0)) && [[ "$want" != *" $name "* ]]; then
-        continue
+    IFS=: read -r name _ <<<"$entry"
+    if (($# == 0)) || [[ "$want" == *" $name "* ]]; then
+        selected+=("$name")
     fi
-    log="$LOG_DIR/$name.log"
-    t0=$(date +%s%N)
-    printf '==> %-20s ' "$name"
-    if [[ -n "$needs" && "${result[$needs]:-}" == FAIL ]]; then
-        echo "skipped: $needs failed" >"$log"
-        rc=1
-        note="(not run: $needs failed)"
-    else
-        timeout -k 10 "$limit" bash "$SELF" --stage "$name" >"$log" 2>&1
-        rc=$?
-        note=
-        ((rc == 124 || rc == 137)) && note="(timed out after ${limit}s)"
-    fi
-    ms=$((($(date +%s%N) - t0) / 1000000))
-    secs=$(printf '%d.%01d' $((ms / 1000)) $((ms % 1000 / 100)))
-    if ((rc == 0)); then
-        result[$name]=PASS
-        passed=$((passed + 1))
-        echo "PASS ${secs}s"
-    else
-        result[$name]=FAIL
-        failed=$((failed + 1))
-        echo "FAIL ${secs}s $note"
-        echo "---- last lines of $log (exit $rc) ----"
-        tail -n 60 "$log" | sed 's/^/    /'
-        echo "----"
-    fi
-    names+=("$name") results+=("${result[$name]}") times+=("$secs")
 done
+is_selected() { [[ " ${selected[*]} " == *" $1 "* ]]; }
 
+run_stage() { # name limit needs lane
+    local name=$1 limit=$2 needs=$3 log="$LOG_DIR/$1.log" t0 rc note= n tpid nice=()
+    [[ $4 == checks ]] && nice=(nice -n 10)
+    for n in ${needs//,/ }; do # wait for the needs this run has
+        is_selected "$n" || continue
+        while [[ ! -f "$STATUS/$n" ]]; do sleep 1; done
+    done
+    t0=$(date +%s%N)
+    for n in ${needs//,/ }; do
+        if is_selected "$n" && [[ "$(cut -d' ' -f1 "$STATUS/$n")" != 0 ]]; then
+            echo "skipped: $n failed" >"$log"
+            echo "1 0 (not run: $n failed)" >"$STATUS/$name.tmp"
+            mv "$STATUS/$name.tmp" "$STATUS/$name"
+            return
+        fi
+    done
+    "${nice[@]}" timeout -k 10 "$limit" bash "$SELF" --stage "$name" >"$log" 2>&1 &
+    tpid=$!
+    trap 'kill -TERM $tpid 2>/dev/null; wait $tpid; exit 1' TERM
+    wait $tpid
+    rc=$?
+    trap - TERM
+    ((rc == 124 || rc == 137)) && note="(timed out after ${limit}s)"
+    echo "$rc $((($(date +%s%N) - t0) / 1000000)) $note" >"$STATUS/$name.tmp"
+    mv "$STATUS/$name.tmp" "$STATUS/$name"
+}
+
+run_lane() { # lane
+    local entry name limit needs lane
+    for entry in "${STAGES[@]}"; do
+        IFS=: read -r name limit needs lane <<<"$entry"
+        [[ "$lane" == "$1" ]] && is_selected "$name" && run_stage "$name" "$limit" "$needs" "$lane"
+    done
+    return 0
+}
+
+secs_of() { printf '%d.%01d' $(($1 / 1000)) $(($1 % 1000 / 100)); }
+
+declare -A result secs
+passed=0 failed=0
+reported=()
+# Print each stage's line as it ends (in the order they end).
+report_new() {
+    local name rc ms note
+    for name in "${selected[@]}"; do
+        [[ -f "$STATUS/$name" && -z "${result[$name]:-}" ]] || continue
+        read -r rc ms note <"$STATUS/$name"
+        secs[$name]=$(secs_of "$ms")
+        printf '==> %-20s ' "$name"
+        if ((rc == 0)); then
+            result[$name]=PASS
+            passed=$((passed + 1))
+            echo "PASS ${secs[$name]}s"
+        else
+            result[$name]=FAIL
+            failed=$((failed + 1))
+            echo "FAIL ${secs[$name]}s $note"
+            echo "---- last lines of $LOG_DIR/$name.log (exit $rc) ----"
+            tail -n 60 "$LOG_DIR/$name.log" | sed 's/^/    /'
+            echo "----"
+        fi
+        reported+=("$name")
+    done
+}
+
+any_alive() {
+    local p
+    for p; do kill -0 "$p" 2>/dev/null && return 0; done
+    return 1
+}
+
+t_all=$(date +%s%N)
+lane_pids=()
+trap 'kill -TERM "${lane_pids[@]}" 2>/dev/null; wait; rm -rf "$STATUS"; exit 130' INT TERM
+run_lane first # setup: before everything else
+report_new
+for lane in "${LANES[@]}"; do
+    run_lane "$lane" &
+    lane_pids+=($!)
+done
+while ((${#reported[@]} < ${#selected[@]})); do
+    sleep 1
+    report_new
+    if ((${#reported[@]} < ${#selected[@]})) && ! any_alive "${lane_pids[@]}"; then
+        sleep 1 # every lane ended: anything left unreported was never run
+        report_new
+        break
+    fi
+done
+wait
+
+rm -rf "$STATUS"
 total_ms=$((($(date +%s%N) - t_all) / 1000000))
 echo
 echo "stage                 result  seconds"
-for i in "${!names[@]}"; do
-    printf '%-21s %-7s %7s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
+for name in "${selected[@]}"; do
+    printf '%-21s %-7s %7s\n' "$name" "${result[$name]:-FAIL}" "${secs[$name]:--}"
 done
-printf 'total %d.%01ds; logs in %s/\n' $((total_ms / 1000)) $((total_ms % 1000 / 100)) "$LOG_DIR"
-echo "$passed passed, $failed failed"
-((failed == 0))
+lost=$((${#selected[@]} - passed - failed)) # a lane that died before its stage ended
+printf 'total %s; logs in %s/\n' "$(secs_of $total_ms)s" "$LOG_DIR"
+echo "$passed passed, $((failed + lost)) failed"
+((failed + lost == 0))

@@ -32,8 +32,20 @@ static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, u
 static int parse_pool_knobs(server_config_t *cfg)
 {
     if (env_u64("SBX_CAPACITY", 64, 1, 45000, &cfg->pool.capacity) < 0 ||
-        env_u64("SBX_MIN_LANDLOCK_ABI", 6, 0, 1000, &cfg->pool.min_abi) < 0)
+        env_u64("SBX_MIN_LANDLOCK_ABI", 6, 0, 1000, &cfg->pool.min_abi) < 0 ||
+        env_u64("SBX_POOL_UID_BASE", POOL_UID_BASE, POOL_UID_BASE,
+                POOL_UID_BASE + POOL_UID_COUNT - 1, &cfg->pool.uid_base) < 0 ||
+        env_u64("SBX_POOL_UID_COUNT", POOL_UID_BASE + POOL_UID_COUNT - cfg->pool.uid_base, 1,
+                POOL_UID_COUNT, &cfg->pool.uid_count) < 0)
         return -EINVAL;
+    /* pool hosts that share a kernel take uids of the range by lock (/run/sbx-pool-uids.lock);
+     * a range of its own keeps a host off the uids another one frees (tests running at once) */
+    if (cfg->pool.uid_base + cfg->pool.uid_count > POOL_UID_BASE + POOL_UID_COUNT) {
+        log_error("SBX_POOL_UID_BASE=%llu with SBX_POOL_UID_COUNT=%llu ends past uid %d",
+                  (unsigned long long)cfg->pool.uid_base, (unsigned long long)cfg->pool.uid_count,
+                  POOL_UID_BASE + POOL_UID_COUNT - 1);
+        return -EINVAL;
+    }
     const char *homes = getenv("SBX_HOMES_DIR");
     if (!homes || !*homes)
         homes = "/sbx/homes";

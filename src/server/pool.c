@@ -286,7 +286,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
             return r;
         }
     }
-    r = uidpool_init(&p->uids, POOL_UID_BASE, POOL_UID_COUNT);
+    r = uidpool_init(&p->uids, (uint32_t)cfg->uid_base, (uint32_t)cfg->uid_count);
     if (r >= 0)
         r = uidpool_reserve_from_file(&p->uids, "/etc/passwd");
     if (r >= 0)
@@ -722,7 +722,7 @@ void route_sandbox_token(conn_t *c, sandbox_t *sb)
 static int sandbox_alive(const sandbox_t *sb)
 {
     if (sb->cg_fds[0] >= 0) {
-        int n = cgroup_count(&sb->pool->cg, sb->uid - POOL_UID_BASE);
+        int n = cgroup_count(&sb->pool->cg, sb->uid - (uint32_t)sb->pool->cfg.uid_base);
         if (n >= 0)
             return n > 0;
     }
@@ -1055,7 +1055,7 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         /* Aggregate limits for everything the sandbox runs; the cgroup is recycled with the
          * uid, so after the first exec of the first sandbox on a uid this is only writes. */
         cg_limits_t lim = { .mem_bytes = sb->max_mem_mb << 20, .pids = sb->max_procs };
-        r = cgroup_prepare(&p->cg, sb->uid - POOL_UID_BASE, &lim, sb->cg_fds, 4);
+        r = cgroup_prepare(&p->cg, sb->uid - (uint32_t)p->cfg.uid_base, &lim, sb->cg_fds, 4);
         if (r < 0) {
             (void)snprintf(err, errlen, "cannot prepare the sandbox cgroup: %s", strerror(-r));
             return r;

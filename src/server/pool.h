@@ -23,8 +23,10 @@ typedef struct conn conn_t;
 typedef struct pool pool_t;
 typedef struct sandbox sandbox_t;
 
+/* the default uid range (SBX_POOL_UID_BASE, SBX_POOL_UID_COUNT); any range set stays inside
+ * it, which stays inside a 65536-uid user namespace map */
 #define POOL_UID_BASE 20000
-#define POOL_UID_COUNT 45000 /* stays inside a 65536-uid user namespace map */
+#define POOL_UID_COUNT 45000
 #define POOL_UID_LOCK_FILE "/run/sbx-pool-uids.lock"
 #define POOL_MAX_COUNT 4096 /* sandboxes per create request */
 #define POOL_MAX_ENV_BYTES (64 * 1024)
@@ -60,6 +62,7 @@ struct sandbox {
 typedef struct {
     uint64_t capacity;
     uint64_t min_abi;
+    uint64_t uid_base, uid_count; /* sandbox uids: [uid_base, uid_base + uid_count) */
     bool allow_unconfined;
     char homes_dir[200];
 } pool_config_t;

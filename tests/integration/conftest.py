@@ -60,10 +60,53 @@ def pytest_runtest_makereport(item, call):
                         "@pytest.mark.skip_ok if it is not a security test.")
 
 
+# ---- resources of this test session -------------------------------------------------------
+# scripts/test.sh runs the suite against build/ and build-asan/ at the same time: each session
+# has a slot (SBX_TEST_SLOT, 0..3; 0 when unset) and takes host-wide resources from the slot's
+# own share only, so that the two never collide:
+# - TCP/UDP ports: 10000..32767 (below the kernel's ephemeral range, where outgoing connections
+#   take theirs), 5,000 a slot;
+# - subordinate ids of the nodes' runs (sbxplatform, sbx up): 1.0e9..2.0e9 (below 2^31: ICMP echo
+#   sockets take gids up to 2^31 - 1 only; the benches use 2.0e9 and up), 250 million a slot;
+# - pool hosts' sandbox uids (SBX_POOL_UID_BASE/COUNT): 20000..55999, 9,000 a slot (the
+#   benches' pool hosts use 56000..64999). Pool hosts coordinate their uids by lock anyway, but
+#   a uid one host frees could be taken by another at once: a test that checks that nothing of
+#   a deleted sandbox's uid is left would see the other session's sandbox.
+# Within its share a session starts at a random place (another engineer's session on the same
+# machine, same slot, most likely starts elsewhere) and wraps around.
+SLOT = int(os.environ.get("SBX_TEST_SLOT", "0") or 0)
+assert 0 <= SLOT <= 3, "SBX_TEST_SLOT: 0..3"
+_PORTS = (10000 + SLOT * 5000, 5000 if SLOT < 3 else 32768 - 25000)
+POOL_UID_BASE = 20000 + SLOT * 9000
+POOL_UID_COUNT = 9000
+_IDS = (1_000_000_000 + SLOT * 250_000_000, 250_000_000)
+_next_port = [secrets.randbelow(_PORTS[1])]
+_next_id = [secrets.randbelow(_IDS[1] // 65536) * 65536]
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port of this session's share that nothing (TCP, any address) is bound to now."""
+    for _ in range(_PORTS[1]):
+        port = _PORTS[0] + _next_port[0] % _PORTS[1]
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port in this session's share")
+
+
+def id_range(count):
+    """A subordinate id range of count ids (a multiple of 65,536) of this session's share, never
+    handed out before in this process (until the share wraps around)."""
+    assert count % 65536 == 0 and count <= _IDS[1]
+    if _next_id[0] + count > _IDS[1]:
+        _next_id[0] = 0
+    start = _IDS[0] + _next_id[0]
+    _next_id[0] += count
+    return start, count
 
 
 class Server:
@@ -76,6 +119,9 @@ class Server:
         self.unix_path = unix_path
         e = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
         e["SBX_PORT"] = str(self.port)
+        # a pool host takes this session's uids (env below may set others)
+        e["SBX_POOL_UID_BASE"] = str(POOL_UID_BASE)
+        e["SBX_POOL_UID_COUNT"] = str(POOL_UID_COUNT)
         if self.token:
             e["SBX_TOKEN"] = self.token
         if unix_path:

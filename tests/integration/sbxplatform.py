@@ -23,7 +23,8 @@ import threading
 import time
 import urllib.parse
 
-from conftest import BUILD, ExecResult, assert_no_sanitizer_report, free_port, wait_until
+from conftest import (BUILD, ExecResult, assert_no_sanitizer_report, free_port, id_range,
+                      wait_until)
 
 CONTROL_BIN = os.path.join(BUILD, "sbx-control")
 NODE_BIN = os.path.join(BUILD, "sbx-node")
@@ -219,17 +220,14 @@ class Proc:
         return self.proc.returncode
 
 
-# Each node gets a subordinate id range of its own (32 blocks of 65,536 ids), never shared with
-# another node of this test process; the start is random so that two test processes differ.
+# Each node gets a subordinate id range of its own (32 blocks of 65,536 ids) from this test
+# session's share (conftest.id_range), never shared with another node of this test process nor
+# with a session that runs at the same time.
 _ID_BLOCKS = 32
-# (below 2^31: ICMP echo sockets take gids up to 2^31 - 1 only)
-_id_next = [1_000_000_000 + secrets.randbelow(300) * 65536 * _ID_BLOCKS]
 
 
 def _id_range():
-    start = _id_next[0]
-    _id_next[0] += 65536 * _ID_BLOCKS
-    return start, 65536 * _ID_BLOCKS
+    return id_range(65536 * _ID_BLOCKS)
 
 
 class Node:

@@ -217,12 +217,21 @@ def test_token_not_visible_to_commands(server):
     ("SBX_CAPACITY", "0"), ("SBX_CAPACITY", "lots"), ("SBX_MIN_LANDLOCK_ABI", "x"),
     ("SBX_HOMES_DIR", "relative/homes"), ("SBX_LOG_LEVEL", "verbose"),
     ("SBX_LOG", "verbose"),  # the older name, still read
+    ("SBX_POOL_UID_BASE", "19999"), ("SBX_POOL_UID_BASE", "65000"),
+    ("SBX_POOL_UID_COUNT", "0"), ("SBX_POOL_UID_COUNT", "45001"),
 ])
 def test_bad_numeric_config_refused(var, value):
     env = base_env(SBX_TOKEN="a" * 64)
     env[var] = value
     err = refuses_to_start(env)
     assert var in err, err
+
+
+def test_pool_uid_range_past_the_end_refused():
+    # each in range alone, but together they end past uid 64999
+    env = base_env(SBX_TOKEN="a" * 64, SBX_POOL_UID_BASE="60000", SBX_POOL_UID_COUNT="5001")
+    err = refuses_to_start(env)
+    assert "SBX_POOL_UID_BASE" in err and "64999" in err, err
 
 
 def test_good_numeric_config_starts(make_server):

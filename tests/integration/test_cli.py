@@ -21,11 +21,11 @@ import urllib.request
 
 import pytest
 
-from conftest import BUILD, assert_no_sanitizer_report, free_port, wait_until
+from conftest import BUILD, assert_no_sanitizer_report, free_port, id_range, wait_until
 
 SBX = os.path.join(BUILD, "sbx")
-# A subordinate id range of this module's own (sbxplatform's nodes use 1.0e9..1.7e9).
-ID_RANGE = f"{1_750_000_000 + secrets.randbelow(8) * 65536 * 64}:{65536 * 64}"
+# A subordinate id range of this module's own (of this test session's share).
+ID_RANGE = "%d:%d" % id_range(65536 * 64)
 
 
 def port_pair():

@@ -329,10 +329,25 @@ def test_slow_reader_backpressure(server, tmp_path):
                              body={"cmd": ["python3", "-c", script]}))
         st, _ = c.read_head()
         assert st == 200
-        time.sleep(3)
-        written = int(progress.read_text()) if progress.exists() else 0
+
+        def progress_now():  # None while the command rewrites the file
+            try:
+                return int(progress.read_text())
+            except (OSError, ValueError):
+                return None
+        # The command writes until the pipe and socket buffers are full, then blocks: wait
+        # until its progress stands still (not a fixed time: on a loaded machine the command
+        # may take seconds to start, or to fill the buffers).
+        written, since, deadline = None, time.monotonic(), time.monotonic() + 60
+        while time.monotonic() < deadline:
+            v = progress_now()
+            if v != written:
+                written, since = v, time.monotonic()
+            elif v and time.monotonic() - since >= 1.5:
+                break
+            time.sleep(0.05)
         rss1 = vm_rss_kb(pid)
-        assert written > 0, "the command never started writing"
+        assert written, "the command never started writing"
         assert written < 32 * 1024 * 1024, f"command wrote {written} bytes to a stalled reader"
         assert rss1 - rss0 < 32 * 1024, f"server RSS grew {rss1 - rss0} kB"
         time.sleep(0.5)

@@ -190,8 +190,14 @@ def test_store_files_hold_no_secret_and_runs_still_get_theirs(plat):
     # positive control: the run has its secret and its env
     assert secret_seen_by_run(job, "API_SECRET") == secret
     assert secret_seen_by_run(job, "PLAIN_VALUE") == plain
+    versions = {n.name: n.health().get("keyset_version", 0) for n in plat.nodes}
     r = plat.request("POST", "/v1/admin/keys/rotate", {})  # a second signing key, sealed too
     assert r.status == 200, r
+    # the nodes hold the new key before capabilities signed with it come (the publish delay is
+    # meant for that; on a loaded machine publishing can take longer, and the control restart
+    # below would then sign with a key the nodes do not have yet)
+    assert wait_until(lambda: all(n.health().get("keyset_version", 0) > versions[n.name]
+                                  for n in plat.nodes), 30), plat.logs_tail()
     sks = dump_signing_keys(plat)
     assert len(sks) == 2, sks
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import Sandbox, uid_pids, wait_until
+from conftest import POOL_UID_BASE, POOL_UID_COUNT, Sandbox, uid_pids, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
 
@@ -41,6 +41,16 @@ def test_create_count_and_capacity(make_host_server):
     assert (st, j) == (200, {"sandboxes": [], "rejected": 1})
     assert len(s.list()) == 4
     assert s.json("GET", "/health")[1]["sandboxes"] == 4
+
+
+def test_uid_range_of_its_own(make_host_server):
+    # SBX_POOL_UID_BASE/COUNT: the host hands out uids of that range only, and none past it
+    base = POOL_UID_BASE + POOL_UID_COUNT - 3  # the end of this session's share
+    s = make_host_server(env={"SBX_POOL_UID_BASE": str(base), "SBX_POOL_UID_COUNT": "3"})
+    st, j = s.create_raw({"count": 5})
+    uids = sorted(x["uid"] for x in j["sandboxes"])
+    assert st == 200 and uids and all(base <= u < base + 3 for u in uids), j
+    assert len(uids) + j["rejected"] == 5 and len(set(uids)) == len(uids), j
 
 
 def test_concurrent_creates_never_exceed_capacity(make_host_server):
