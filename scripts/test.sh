@@ -137,6 +137,7 @@ stage_bench_pool_smoke() { bash scripts/bench-pool.sh --quick; }
 stage_bench_platform_smoke() { bash scripts/bench-platform.sh --quick; }
 stage_bench_boundary_smoke() { build/bench/bench-boundary --quick; }
 stage_bench_libsbx_smoke() { bash scripts/bench-libsbx.sh --quick; }
+stage_bench_e2b_smoke() { bash scripts/bench-e2b.sh --quick; }
 
 # name : time limit (s) : stages it needs : lane. The lanes run at the same time, each its
 # stages in this order; a stage whose needs are named in this run waits for them (and is not run
@@ -154,6 +155,7 @@ STAGES=(
     "bench_platform_smoke:300:build:plain"
     "bench_boundary_smoke:120:build:plain"
     "bench_libsbx_smoke:300:build:plain"
+    "bench_e2b_smoke:300:build:plain"
     "asan_build:600::asan"
     "asan_unit:240:asan_build:asan"
     "asan_integration:3600:asan_build,build,image:asan"
