@@ -24,9 +24,9 @@
 
 #include "cap/purpose.h"
 #include "common/log.h"
+#include "http/proxy.h"
+#include "http/relay.h"
 #include "node.h"
-#include "server/proxy.h"
-#include "server/relay.h"
 
 #define VERDICT_BODY_MAX 512
 

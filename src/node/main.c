@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "node/node.h"
 
-/* long options without a short letter: the connection limits (src/server/connlimit.h) */
+/* long options without a short letter: the connection limits (src/http/connlimit.h) */
 enum {
     OPT_MAX_CONNS = 0x100,
     OPT_PER_SOURCE,

@@ -22,11 +22,11 @@
 #include "common/strutil.h"
 #include "disk.h"
 #include "egress.h"
+#include "http/proxy.h"
+#include "http/relay.h"
 #include "image.h"
 #include "isolation/userns.h"
 #include "node.h"
-#include "server/proxy.h"
-#include "server/relay.h"
 #include "substrate.h"
 
 extern char **environ;

@@ -16,9 +16,9 @@
 
 #include "common/log.h"
 #include "envd.h"
+#include "http/proxy.h"
 #include "pool.h"
 #include "proc.h"
-#include "proxy.h"
 #include "routes.h"
 #include "spawner.h"
 

@@ -7,7 +7,7 @@
 #include <sys/types.h>
 
 #include "common/loop.h"
-#include "conn.h"
+#include "http/conn.h"
 #include "pool.h"
 
 #define SBX_VERSION "0.1.0"

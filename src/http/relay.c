@@ -14,7 +14,7 @@
 #include "common/strutil.h"
 #include "conn.h"
 #include "http.h"
-#include "server.h"
+#include "server/server.h"
 
 #define RELAY_HEAD_MAX (64 * 1024)
 #define RELAY_READ 16384

@@ -11,8 +11,8 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
-#include "pool.h"
-#include "server.h"
+#include "server/pool.h"
+#include "server/server.h"
 
 #define CONN_IN_MAX (HTTP_MAX_HEAD + 256 * 1024)
 #define CONN_READ_CHUNK (256 * 1024)

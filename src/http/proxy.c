@@ -31,9 +31,9 @@
 #include <sys/un.h>
 
 #include "common/log.h"
-#include "pool.h"
-#include "routes.h"
-#include "server.h"
+#include "server/pool.h"
+#include "server/routes.h"
+#include "server/server.h"
 
 #define TUNNEL_ROUNDS 16 /* copies per event and direction before yielding to the loop */
 

@@ -8,7 +8,7 @@
 #include <sodium.h>
 
 #include "conn.h"
-#include "server.h"
+#include "server/server.h"
 
 /* Closing a connection to make room looks at this many of the oldest unauthenticated ones: a
  * connection there that is not waiting for a head is in a request, which ends soon. */
