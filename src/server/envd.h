@@ -15,6 +15,8 @@
 #include "fsops.h"
 #include "http/conn.h"
 
+typedef struct server server_t;
+
 #define ENVD_MAX_MESSAGE (16u * 1024 * 1024) /* one request message (JSON) */
 #define ENVD_ENVELOPE_HEADER 5
 #define ENVD_FLAG_COMPRESSED 0x01
