@@ -862,6 +862,26 @@ static void conn_finish_response(void *p)
 /* Between requests, with nothing of the next one read (a handshake in progress is not idle). */
 static bool conn_idle(const conn_t *c) { return c->in.len == 0 && (!c->io || c->io->handshaken); }
 
+/* The one rule for which timeout applies now (like h2o's set_timeout per phase): waiting for a
+ * head, the keep-alive idle time or, once a head started, the head timeout (either shortened
+ * for an unauthenticated connection, connlimit.h); reading a body, the body timeout since the
+ * last progress; writing a response, the write timeout since the last progress. False: none
+ * (a handler is working, the connection waits for it). */
+static bool conn_due(const conn_t *c, bool reading, bool writing, uint64_t *ret)
+{
+    const httpd_config_t *cfg = &c->srv->cfg;
+    if (c->state == CS_HEAD)
+        *ret = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
+                                               : c->head_started_ms + cfg->head_timeout_ms);
+    else if (reading)
+        *ret = c->last_progress_ms + cfg->body_timeout_ms;
+    else if (writing)
+        *ret = c->last_progress_ms + cfg->write_timeout_ms;
+    else
+        return false;
+    return true;
+}
+
 static void conn_deferred_input(void *p)
 {
     conn_t *c = p;
@@ -890,16 +910,8 @@ static void conn_update_interest(conn_t *c)
         if (loop_defer(c->srv->loop, conn_deferred_input, c) < 0)
             c->input_deferred = false;
     }
-    const httpd_config_t *cfg = &c->srv->cfg;
     uint64_t due;
-    if (c->state == CS_HEAD)
-        due = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
-                                              : c->head_started_ms + cfg->head_timeout_ms);
-    else if (reading)
-        due = c->last_progress_ms + cfg->body_timeout_ms;
-    else if (ev & EPOLLOUT)
-        due = c->last_progress_ms + cfg->write_timeout_ms;
-    else {
+    if (!conn_due(c, reading, (ev & EPOLLOUT) != 0, &due)) {
         timer_disarm(c->srv->loop, &c->deadline);
         return;
     }
@@ -913,19 +925,10 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
 {
     conn_t *c = t->data;
     (void)l;
-    const httpd_config_t *cfg = &c->srv->cfg;
     uint64_t now = loop_now_ms(c->srv->loop);
     bool reading = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
-    bool writing = c->out.len > 0 || c->file_left > 0;
     uint64_t due;
-    if (c->state == CS_HEAD)
-        due = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
-                                              : c->head_started_ms + cfg->head_timeout_ms);
-    else if (reading)
-        due = c->last_progress_ms + cfg->body_timeout_ms;
-    else if (writing)
-        due = c->last_progress_ms + cfg->write_timeout_ms;
-    else
+    if (!conn_due(c, reading, c->out.len > 0 || c->file_left > 0, &due))
         return;
     if (due > now) {
         (void)timer_arm(c->srv->loop, &c->deadline, due - now);
