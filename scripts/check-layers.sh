@@ -5,6 +5,7 @@
 #   - src/node and src/control never include server/ (the agent), nor each other;
 #   - src/server (the agent) includes neither node/ nor control/;
 #   - src/common, src/cap, src/isolation, src/store and src/tls include no daemon nor the core;
+#   - src/lib (libsbx) includes only common/ and its public header, src/cli only that header;
 # and when the dependency list in docs/architecture.md (between the "layers:begin" and
 # "layers:end" markers, one "dir -> dir dir ..." line per directory) differs from what the
 # #include lines say, in either direction.
@@ -42,6 +43,8 @@ forbid server 'node|control' 'the agent knows no platform daemon'
 for lib in common cap isolation store tls; do
     forbid "$lib" 'http|server|node|control' 'a library below every daemon'
 done
+forbid lib 'http|server|node|control|cap|isolation|store|tls|cli' 'libsbx is client side'
+forbid cli 'common|http|server|node|control|cap|isolation|store|tls|lib' 'the CLI uses libsbx only'
 
 actual=$(edges | awk '$1 != prev { if (prev != "") print line; prev = $1; line = $1 " ->" }
                      { line = line " " $2 } END { if (prev != "") print line }' | sort)
