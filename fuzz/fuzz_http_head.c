@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/http.h"
+#include "http/http.h"
 
 #define CHECK(x)                                                                                   \
     do {                                                                                           \

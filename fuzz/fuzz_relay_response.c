@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* libFuzzer harness: what the relay (src/server/relay.c) parses of a backend's answer, on
+/* libFuzzer harness: what the relay (src/http/relay.c) parses of a backend's answer, on
  * arbitrary bytes as a node or a run's agent could send them: the head parser and the chunk
  * scanner that finds where a chunked body ends without changing a byte.
  *
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/http.h"
-#include "server/relay.h"
+#include "http/http.h"
+#include "http/relay.h"
 
 #define CHECK(x)                                                                                   \
     do {                                                                                           \

@@ -3,7 +3,7 @@
  * control, node -> node state transfer) and tools. One request per connection
  * ("Connection: close"), or kept alive in a httpc_pool_t shared by threads; every wait is
  * bounded by a deadline; every size is capped.
- * Not for the request path: the proxies there are non-blocking (server/proxy.c). */
+ * Not for the request path: the proxies there are non-blocking (http/proxy.c). */
 #pragma once
 
 #include <stddef.h>

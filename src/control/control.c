@@ -98,7 +98,7 @@ static void control_dispatch(conn_t *c)
 {
     control_t *ctl = c->srv->app;
     sv_t path = c->req.path;
-    server_touch(c->srv);
+    httpd_touch(c->srv);
     if (e2b_traffic_route(ctl, c)) /* to a sandbox, as E2B's SDKs address it (e2bproxy.c) */
         return;
     if (sv_eq(path, SV("/v1/health")) && sv_eq(c->req.method, SV("GET"))) {
@@ -221,7 +221,7 @@ static int control_tls_init(control_t *ctl)
     return 0;
 }
 
-int control_init(control_t *ctl, const control_config_t *cfg, const server_config_t *scfg)
+int control_init(control_t *ctl, const control_config_t *cfg, const httpd_config_t *scfg)
 {
     *ctl = (control_t){ .cfg = *cfg };
     pthread_mutex_init(&ctl->rec_lock, NULL);
@@ -270,7 +270,7 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
         r = -ENOMEM;
     if (r < 0)
         return r;
-    r = server_init(&ctl->srv, scfg);
+    r = httpd_init(&ctl->srv, scfg);
     if (r < 0)
         return r;
     ctl->srv.dispatch = control_dispatch;
@@ -284,7 +284,7 @@ int control_init(control_t *ctl, const control_config_t *cfg, const server_confi
     return reconciler_start(ctl);
 }
 
-int control_run(control_t *ctl) { return server_run(&ctl->srv); }
+int control_run(control_t *ctl) { return httpd_run(&ctl->srv); }
 
 void control_done(control_t *ctl)
 {
@@ -293,7 +293,7 @@ void control_done(control_t *ctl)
     if (ctl->srv.loop)
         timer_disarm(ctl->srv.loop, &ctl->keys_t);
     edge_conns_sweep(ctl, true);
-    server_done(&ctl->srv); /* every connection released its principal's counter */
+    httpd_done(&ctl->srv); /* every connection released its principal's counter */
     ctl->principals = climit_tab_free(ctl->principals);
     routecache_free(&ctl->routes);
     httpc_pool_free(ctl->node_calls);

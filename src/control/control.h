@@ -14,9 +14,9 @@
 
 #include "cap/cap.h"
 #include "common/httpc.h"
+#include "http/httpd.h"
 #include "routecache.h"
 #include "seal.h"
-#include "server/server.h"
 #include "states.h"
 #include "store/store.h"
 #include "tls/tls.h"
@@ -120,7 +120,7 @@ typedef struct {
 typedef struct work_queue work_queue_t;
 
 typedef struct control {
-    server_t srv;
+    httpd_t srv;
     char instance[24];                     /* this process, random per start ("c-" + 16 hex) */
     cap_identity_t identity;               /* the long-term identity nodes pin at join */
     char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* the current key set, signed by identity */
@@ -153,7 +153,7 @@ typedef struct control {
 } control_t;
 
 /* control.c */
-int control_init(control_t *ctl, const control_config_t *cfg, const server_config_t *scfg);
+int control_init(control_t *ctl, const control_config_t *cfg, const httpd_config_t *scfg);
 int control_run(control_t *ctl);
 void control_done(control_t *ctl);
 void control_kick(control_t *ctl); /* wake the reconciler */

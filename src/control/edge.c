@@ -23,8 +23,8 @@
 #include "cap/purpose.h"
 #include "common/log.h"
 #include "control.h"
-#include "server/proxy.h"
-#include "server/relay.h"
+#include "http/proxy.h"
+#include "http/relay.h"
 
 #define EDGE_CONNECT_TIMEOUT_MS 10000
 #define EDGE_ANSWER_TIMEOUT_MS 120000 /* replayable requests: the node's answer head */

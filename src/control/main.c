@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "control/control.h"
 
-/* long options without a short letter: the connection limits (src/server/connlimit.h) */
+/* long options without a short letter: the connection limits (src/http/connlimit.h) */
 enum {
     OPT_MAX_CONNS = 0x100,
     OPT_PER_SOURCE,
@@ -86,14 +86,14 @@ int main(int argc, char **argv)
                              .max_conns_per_principal = 1024,
                              .e2b_ports = { 3000, 5000, 5173, 8000, 8080, 8888 },
                              .n_e2b_ports = 6 };
-    server_config_t scfg = { .head_timeout_ms = 10000,
-                             .body_timeout_ms = 60000,
-                             .write_timeout_ms = 120000,
-                             .keepalive_ms = 75000,
-                             .max_connections = 10000,
-                             .max_conns_per_source = 256,
-                             .unauth_head_timeout_ms = 5000,
-                             .port = 49980 };
+    httpd_config_t scfg = { .head_timeout_ms = 10000,
+                            .body_timeout_ms = 60000,
+                            .write_timeout_ms = 120000,
+                            .keepalive_ms = 75000,
+                            .max_connections = 10000,
+                            .max_conns_per_source = 256,
+                            .unauth_head_timeout_ms = 5000,
+                            .port = 49980 };
     bool unauth_set = false;
     const char *listen = "127.0.0.1:49980", *tokfile = NULL;
     bool rotate_secrets = false;

@@ -24,9 +24,9 @@
 
 #include "cap/purpose.h"
 #include "common/log.h"
+#include "http/proxy.h"
+#include "http/relay.h"
 #include "node.h"
-#include "server/proxy.h"
-#include "server/relay.h"
 
 #define VERDICT_BODY_MAX 512
 
@@ -477,7 +477,7 @@ void node_dispatch(conn_t *c)
     http_request_t *rq = &c->req;
     sv_t path = rq->path, tail;
     char sandbox[CAP_ID_MAX];
-    server_touch(c->srv);
+    httpd_touch(c->srv);
     if (sv_eq(path, SV("/v1/health")) && sv_eq(rq->method, SV("GET"))) {
         route_health_node(n, c);
         return;

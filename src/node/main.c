@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "node/node.h"
 
-/* long options without a short letter: the connection limits (src/server/connlimit.h) */
+/* long options without a short letter: the connection limits (src/http/connlimit.h) */
 enum {
     OPT_MAX_CONNS = 0x100,
     OPT_PER_SOURCE,
@@ -117,7 +117,7 @@ static int copy_str(char *dst, size_t cap, const char *src)
     return 0;
 }
 
-static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t *scfg)
+static int parse_args(int argc, char **argv, node_config_t *cfg, httpd_config_t *scfg)
 {
     static const struct option opts[] = {
         { "state", required_argument, NULL, 's' },
@@ -146,13 +146,13 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
     bool unauth_set = false;
     int o;
     *cfg = (node_config_t){ .capacity = 64 };
-    *scfg = (server_config_t){ .head_timeout_ms = 10000,
-                               .body_timeout_ms = 60000,
-                               .write_timeout_ms = 120000,
-                               .keepalive_ms = 75000,
-                               .max_connections = 10000,
-                               .max_conns_per_source = 256,
-                               .unauth_head_timeout_ms = 5000 };
+    *scfg = (httpd_config_t){ .head_timeout_ms = 10000,
+                              .body_timeout_ms = 60000,
+                              .write_timeout_ms = 120000,
+                              .keepalive_ms = 75000,
+                              .max_connections = 10000,
+                              .max_conns_per_source = 256,
+                              .unauth_head_timeout_ms = 5000 };
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int r = 0;
         uint64_t v;
@@ -276,7 +276,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, server_config_t
 int main(int argc, char **argv)
 {
     node_config_t cfg;
-    server_config_t scfg;
+    httpd_config_t scfg;
     static node_t node;
     if (log_level_from_env() < 0)
         return 2;

@@ -53,7 +53,7 @@ static int mkdir_p0700(const char *p)
     return chmod(p, 0700) < 0 ? negative_errno() : 0;
 }
 
-int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
+int node_init(node_t *n, const node_config_t *cfg, const httpd_config_t *scfg)
 {
     *n = (node_t){ .cfg = *cfg };
     const char *crash = getenv("SBX_TEST_CRASH_AT");
@@ -113,7 +113,7 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
             free(buf);
         fclose(lc);
     }
-    r = server_init(&n->srv, scfg);
+    r = httpd_init(&n->srv, scfg);
     if (r < 0)
         return r;
     n->srv.dispatch = node_dispatch;
@@ -123,7 +123,7 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
         return r;
     /* Runs are our children (reaped through the registry); install threads wait for their own
      * tar and rm. Orphans go to init, not to us: nothing here would reap them. */
-    n->srv.reap_registered_only = true;
+    n->srv.reaper.registered_only = true;
     (void)prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
     /* images before registration: the first report holds what this node verified */
     r = node_images_init(n);
@@ -136,7 +136,7 @@ int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg)
     return node_agent_start(n);
 }
 
-int node_run(node_t *n) { return server_run(&n->srv); }
+int node_run(node_t *n) { return httpd_run(&n->srv); }
 
 void node_done(node_t *n)
 {
@@ -157,7 +157,7 @@ void node_done(node_t *n)
     }
     if (n->srv.loop)
         timer_disarm(n->srv.loop, &n->report_t);
-    server_done(&n->srv);
+    httpd_done(&n->srv);
     cgroups_done(&n->cg);
     idrange_done(&n->ids);
     seccomp_filter_done(&n->filter_run);

@@ -12,11 +12,11 @@
 
 #include "cap/cap.h"
 #include "common/httpc.h"
+#include "http/httpd.h"
 #include "isolation/cgroup.h"
 #include "isolation/filter.h"
 #include "isolation/idrange.h"
 #include "node/image.h"
-#include "server/server.h"
 #include "tls/tls.h"
 
 #define NODE_MAX_EXPOSE 16
@@ -120,7 +120,7 @@ typedef struct {
 } node_images_t;
 
 typedef struct node {
-    server_t srv;
+    httpd_t srv;
     node_config_t cfg;
     run_t *runs;
     size_t n_runs;
@@ -163,7 +163,7 @@ void node_tls_peer(node_t *n, const char *ip, const char *name, tls_peer_t *peer
 void node_tls_done(node_t *n);
 
 /* node.c */
-int node_init(node_t *n, const node_config_t *cfg, const server_config_t *scfg);
+int node_init(node_t *n, const node_config_t *cfg, const httpd_config_t *scfg);
 int node_run(node_t *n);
 void node_done(node_t *n);
 run_t *node_find_run(node_t *n, const char *sandbox);

@@ -22,11 +22,11 @@
 #include "common/strutil.h"
 #include "disk.h"
 #include "egress.h"
+#include "http/proxy.h"
+#include "http/relay.h"
 #include "image.h"
 #include "isolation/userns.h"
 #include "node.h"
-#include "server/proxy.h"
-#include "server/relay.h"
 #include "substrate.h"
 
 extern char **environ;
@@ -486,7 +486,7 @@ static void helper_proc_stop(node_t *n, pid_t *pid, uint64_t start, child_t *ch)
     uint64_t st;
     if (ch->pid == *pid) {
         (void)kill(*pid, SIGKILL);
-        server_child_remove(&n->srv, ch);
+        reaper_remove(&n->srv.reaper, ch);
         (void)waitpid(*pid, NULL, 0);
     } else if (proc_start_time(*pid, &st) >= 0 && st == start)
         (void)kill(*pid, SIGKILL);
@@ -633,7 +633,7 @@ void run_stop(node_t *n, run_t *r)
     if (r->pid > 0) {
         /* pid 1 of the run's pid namespace: when it dies the kernel kills the whole tree */
         (void)kill(r->pid, SIGKILL);
-        server_child_remove(&n->srv, &r->child);
+        reaper_remove(&n->srv.reaper, &r->child);
         int st;
         while (waitpid(r->pid, &st, 0) < 0 && errno == EINTR)
             ;
@@ -685,7 +685,7 @@ static int helper_spawn(node_t *n, helper_t *h, char *const argv[])
         return -r;
     h->n = n;
     h->child = (child_t){ .pid = pid, .on_exit = helper_exited, .data = h };
-    server_child_add(&n->srv, &h->child);
+    reaper_add(&n->srv.reaper, &h->child);
     return 0;
 }
 
@@ -693,7 +693,7 @@ static void helper_adopt(node_t *n, helper_t *h, pid_t pid)
 {
     h->n = n;
     h->child = (child_t){ .pid = pid, .on_exit = helper_exited, .data = h };
-    server_child_add(&n->srv, &h->child);
+    reaper_add(&n->srv.reaper, &h->child);
 }
 
 static void trash_removed(helper_t *h, int wstatus)
@@ -932,7 +932,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
         (rc = egress_netns_make(egress_owner(r), &r->holder_pid, &netns, err, errlen)) >= 0) {
         (void)proc_start_time(r->holder_pid, &r->holder_start);
         r->holder_child = (child_t){ .pid = r->holder_pid, .on_exit = holder_exited, .data = r };
-        server_child_add(&n->srv, &r->holder_child);
+        reaper_add(&n->srv.reaper, &r->holder_child);
         if ((rc = run_save(r)) < 0) /* the holder is recorded before anything else starts */
             (void)snprintf(err, errlen, "cannot record the run: %s", strerror(-rc));
     }
@@ -983,7 +983,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     }
     r->state = RUN_RUNNING;
     r->child = (child_t){ .pid = r->pid, .on_exit = run_on_exit, .data = r };
-    server_child_add(&n->srv, &r->child);
+    reaper_add(&n->srv.reaper, &r->child);
     r->stat_fd = proc_stat_open(r->pid); /* still our unreaped child: the same process */
     if (r->egress) { /* the firewall first, then the way out: until pasta runs, lo only */
         pid_t pp;
@@ -996,7 +996,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
         r->pasta_pid = pp;
         (void)proc_start_time(pp, &r->pasta_start);
         r->pasta_child = (child_t){ .pid = pp, .on_exit = pasta_exited, .data = r };
-        server_child_add(&n->srv, &r->pasta_child);
+        reaper_add(&n->srv.reaper, &r->pasta_child);
         (void)run_save(r);
     }
     return 0;

@@ -245,7 +245,7 @@ static void envd_on_close(conn_t *c, bool aborted)
     if (call->on_close)
         call->on_close(call);
     if (call->op_counted)
-        server_op_end(c->srv);
+        server_op_end(server_of(c));
     free(call);
 }
 
@@ -357,11 +357,11 @@ static void envd_body_done(conn_t *c)
     }
     if (call->stream) {
         /* the stream answers from now on: deadlines and keepalives run */
-        loop_t *l = c->srv->loop;
+        loop_t *l = server_of(c)->loop;
         if (call->timeout_ms)
             timer_arm(l, &call->deadline_t, call->timeout_ms);
         timer_arm(l, &call->keepalive_t, call->keepalive_ms);
-        server_op_begin(c->srv);
+        server_op_begin(server_of(c));
         call->op_counted = true;
     }
     envd_run(call, req);

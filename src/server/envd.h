@@ -12,8 +12,10 @@
 #include <stdint.h>
 
 #include "common/loop.h"
-#include "conn.h"
 #include "fsops.h"
+#include "http/conn.h"
+
+typedef struct server server_t;
 
 #define ENVD_MAX_MESSAGE (16u * 1024 * 1024) /* one request message (JSON) */
 #define ENVD_ENVELOPE_HEADER 5

@@ -300,7 +300,8 @@ static void rpc_start(envd_call_t *call, json_t *req)
     const char *err = "invalid request";
     json_t *o = exec_request(req, &err);
     exec_spec_t spec;
-    int r = o ? exec_spec_parse(o, c->sb ? c->sb->env : environ, &spec, &err) : -EINVAL;
+    int r = o ? exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err)
+              : -EINVAL;
     json_decref(o);
     if (r < 0) {
         free(sp);
@@ -323,7 +324,8 @@ static void rpc_start(envd_call_t *call, json_t *req)
     json_t *extra = json_pack("{s:O?}", "config", json_object_get(req, "process"));
     sp->call = call;
     char why[256];
-    r = proc_launch(c->srv, c->sb, &spec, extra, start_answered, sp, why, sizeof why);
+    r = proc_launch(server_of(c), conn_sandbox(c), &spec, extra, start_answered, sp, why,
+                    sizeof why);
     json_decref(extra);
     exec_spec_done(&spec);
     if (r < 0) {
@@ -344,13 +346,13 @@ static proc_t *select_process(envd_call_t *call, json_t *req)
     proc_t *p = NULL;
     if (json_is_integer(pid) && json_integer_value(pid) > 0 &&
         json_integer_value(pid) <= INT32_MAX) {
-        p = proc_find_pid(c->srv, c->sb, (pid_t)json_integer_value(pid));
+        p = proc_find_pid(server_of(c), conn_sandbox(c), (pid_t)json_integer_value(pid));
     } else if (json_is_string(pid)) {
         uint64_t n;
         if (parse_u64(sv_make(json_string_value(pid), json_string_length(pid)), INT32_MAX, &n) == 0)
-            p = proc_find_pid(c->srv, c->sb, (pid_t)n);
+            p = proc_find_pid(server_of(c), conn_sandbox(c), (pid_t)n);
     } else if (json_is_string(tag)) {
-        p = proc_find_tag(c->srv, c->sb, json_string_value(tag));
+        p = proc_find_tag(server_of(c), conn_sandbox(c), json_string_value(tag));
     } else {
         envd_fail(call, CONNECT_INVALID_ARGUMENT, "process must name a pid or a tag");
         return NULL;
@@ -398,7 +400,8 @@ static void rpc_list(envd_call_t *call, json_t *req)
     conn_t *c = call->c;
     json_t *arr = json_array();
     (void)req;
-    for (proc_t *p = proc_next(c->srv, c->sb, NULL); p && arr; p = proc_next(c->srv, c->sb, p)) {
+    for (proc_t *p = proc_next(server_of(c), conn_sandbox(c), NULL); p && arr;
+         p = proc_next(server_of(c), conn_sandbox(c), p)) {
         if (proc_exited(p))
             continue;
         json_t *e = json_pack("{s:i,s:o}", "pid", (int)proc_pid(p), "config", config_of(p));

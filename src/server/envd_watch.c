@@ -139,8 +139,8 @@ static int watch_new(conn_t *c, json_t *req, envd_watch_t **ret, connect_code_t 
     envd_watch_t *w = calloc(1, sizeof *w);
     if (!w)
         return -ENOMEM;
-    w->srv = c->srv;
-    w->sb = sandbox_ref(c->sb);
+    w->srv = server_of(c);
+    w->sb = sandbox_ref(conn_sandbox(c));
     w->root = files_root(c);
     w->recursive = json_is_true(rec);
     w->include_entry = json_is_true(inc);
@@ -329,13 +329,13 @@ static envd_watch_t **polled_find(envd_call_t *call, json_t *req)
 {
     json_t *id = json_object_get(req, "watcherId");
     conn_t *c = call->c;
-    polled_sweep(c->srv);
+    polled_sweep(server_of(c));
     if (!json_is_string(id)) {
         envd_fail(call, CONNECT_INVALID_ARGUMENT, "watcherId is required");
         return NULL;
     }
-    for (envd_watch_t **pp = &c->srv->envd_watches; *pp; pp = &(*pp)->next)
-        if ((*pp)->sb == c->sb && streq((*pp)->id, json_string_value(id)))
+    for (envd_watch_t **pp = &server_of(c)->envd_watches; *pp; pp = &(*pp)->next)
+        if ((*pp)->sb == conn_sandbox(c) && streq((*pp)->id, json_string_value(id)))
             return pp; /* another sandbox's watcher does not exist for this one */
     envd_fail(call, CONNECT_NOT_FOUND, "no such watcher");
     return NULL;
@@ -345,9 +345,9 @@ void envd_create_watcher(envd_call_t *call, json_t *req)
 {
     conn_t *c = call->c;
     size_t mine = 0;
-    polled_sweep(c->srv);
-    for (envd_watch_t *w = c->srv->envd_watches; w; w = w->next)
-        mine += w->sb == c->sb;
+    polled_sweep(server_of(c));
+    for (envd_watch_t *w = server_of(c)->envd_watches; w; w = w->next)
+        mine += w->sb == conn_sandbox(c);
     if (mine >= WATCH_MAX_POLLED) {
         envd_fail(call, CONNECT_RESOURCE_EXHAUSTED, "too many watchers (max %d)", WATCH_MAX_POLLED);
         return;
@@ -362,8 +362,8 @@ void envd_create_watcher(envd_call_t *call, json_t *req)
     unsigned char rnd[16];
     randombytes_buf(rnd, sizeof rnd);
     sodium_bin2hex(w->id, sizeof w->id, rnd, sizeof rnd);
-    w->next = c->srv->envd_watches;
-    c->srv->envd_watches = w;
+    w->next = server_of(c)->envd_watches;
+    server_of(c)->envd_watches = w;
     envd_reply(call, json_pack("{s:s}", "watcherId", w->id));
 }
 

@@ -409,7 +409,7 @@ static void exec_started(void *data, int r, spawned_t *sp, const char *why)
 
 static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
 {
-    server_t *s = c->srv;
+    server_t *s = server_of(c);
     exec_t *e = calloc(1, sizeof *e);
     if (!e || !(e->argv0 = strdup(spec->argv[0]))) {
         free(e);
@@ -433,7 +433,7 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
         e->in_len = spec->stdin_len;
     }
     char why[160];
-    int r = spawn_command(s, spec, c->sb, exec_started, e, why, sizeof why);
+    int r = spawn_command(s, spec, conn_sandbox(c), exec_started, e, why, sizeof why);
     if (r < 0) {
         if (r == -ESRCH)
             conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
@@ -445,7 +445,7 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
         return;
     }
     /* From here the operation counts (idle eviction and the server's idle timer wait). */
-    e->sb = sandbox_ref(c->sb);
+    e->sb = sandbox_ref(conn_sandbox(c));
     if (e->sb)
         e->sb->ops++;
     server_op_begin(s);
@@ -457,7 +457,7 @@ static void exec_body(conn_t *c, json_t *o)
 {
     exec_spec_t spec;
     const char *err = NULL;
-    int r = exec_spec_parse(o, c->sb ? c->sb->env : environ, &spec, &err);
+    int r = exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err);
     if (r < 0) {
         conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
         return;

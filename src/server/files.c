@@ -24,13 +24,13 @@
  * beneath it, following no symlink, and what is created belongs to the sandbox uid. */
 fs_root_t files_root(const conn_t *c)
 {
-    if (!c->sb)
+    if (!conn_sandbox(c))
         return fs_root_dedicated();
-    return (fs_root_t){ .dirfd = c->sb->home_fd,
+    return (fs_root_t){ .dirfd = conn_sandbox(c)->home_fd,
                         .confined = true,
-                        .uid = c->sb->uid,
-                        .gid = c->sb->uid,
-                        .prefix = c->sb->home };
+                        .uid = conn_sandbox(c)->uid,
+                        .gid = conn_sandbox(c)->uid,
+                        .prefix = conn_sandbox(c)->home };
 }
 
 /* ---- strings ----------------------------------------------------------------------------- */

@@ -72,10 +72,10 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
 {
     bool allow_no_auth = false;
     uint64_t port, idle;
-    *cfg = (server_config_t){ .head_timeout_ms = 10000,
-                              .body_timeout_ms = 60000,
-                              .write_timeout_ms = 120000,
-                              .keepalive_ms = 75000 };
+    *cfg = (server_config_t){ .http = { .head_timeout_ms = 10000,
+                                        .body_timeout_ms = 60000,
+                                        .write_timeout_ms = 120000,
+                                        .keepalive_ms = 75000 } };
     for (int i = 1; i < argc; i++) {
         if (streq(argv[i], "--allow-no-auth"))
             allow_no_auth = true; /* argv only: a job's user-supplied env can never set it */
@@ -93,20 +93,20 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
     }
     if (env_u64("SBX_PORT", SBX_DEFAULT_PORT, 1, 65535, &port) < 0 ||
         env_u64("SBX_IDLE_TIMEOUT", 0, 0, 31536000, &idle) < 0 ||
-        env_u64("SBX_MAX_CONNECTIONS", 512, 1, 1000000, &cfg->max_connections) < 0)
+        env_u64("SBX_MAX_CONNECTIONS", 512, 1, 1000000, &cfg->http.max_connections) < 0)
         return -EINVAL;
-    cfg->port = (uint16_t)port;
+    cfg->http.port = (uint16_t)port;
     cfg->idle_timeout_ms = idle * 1000;
     const char *bind = getenv("SBX_BIND");
     if (!bind || !*bind)
         bind = "127.0.0.1";
     unsigned char addr[sizeof(struct in6_addr)];
-    if (strlen(bind) >= sizeof cfg->bind ||
+    if (strlen(bind) >= sizeof cfg->http.bind ||
         (inet_pton(AF_INET, bind, addr) != 1 && inet_pton(AF_INET6, bind, addr) != 1)) {
         log_error("SBX_BIND=%s: expected an IPv4 or IPv6 address", bind);
         return -EINVAL;
     }
-    memcpy(cfg->bind, bind, strlen(bind) + 1);
+    memcpy(cfg->http.bind, bind, strlen(bind) + 1);
     const char *listen = getenv("SBX_LISTEN");
     if (listen && strncmp(listen, "fd:", 3) == 0) {
         uint64_t fd;
@@ -114,15 +114,15 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
             log_error("SBX_LISTEN=%s: expected fd:N (an inherited socket, N >= 3)", listen);
             return -EINVAL;
         }
-        cfg->listen_inherited = true;
-        cfg->inherited_fd = (int)fd;
+        cfg->http.listen_inherited = true;
+        cfg->http.inherited_fd = (int)fd;
     } else if (listen && *listen) {
         if (strncmp(listen, "unix:", 5) != 0 || strlen(listen + 5) == 0 ||
-            strlen(listen + 5) >= sizeof cfg->unix_path || listen[5] != '/') {
+            strlen(listen + 5) >= sizeof cfg->http.unix_path || listen[5] != '/') {
             log_error("SBX_LISTEN=%s: expected unix:/absolute/path", listen);
             return -EINVAL;
         }
-        memcpy(cfg->unix_path, listen + 5, strlen(listen + 5) + 1);
+        memcpy(cfg->http.unix_path, listen + 5, strlen(listen + 5) + 1);
     }
     const char *hm = getenv("SBX_HOST_MODE");
     if (hm && *hm && !streq(hm, "0") && !streq(hm, "1")) {
@@ -192,14 +192,14 @@ int main(int argc, char **argv)
         free(cfg.token);
         return 1;
     }
-    if (cfg.listen_inherited)
-        log_info("listening on inherited socket fd %d (%s mode, auth %s)", cfg.inherited_fd,
+    if (cfg.http.listen_inherited)
+        log_info("listening on inherited socket fd %d (%s mode, auth %s)", cfg.http.inherited_fd,
                  cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
-    else if (cfg.unix_path[0])
-        log_info("listening on unix:%s (%s mode, auth %s)", cfg.unix_path,
+    else if (cfg.http.unix_path[0])
+        log_info("listening on unix:%s (%s mode, auth %s)", cfg.http.unix_path,
                  cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
     else
-        log_info("listening on %s:%u (%s mode, auth %s)", cfg.bind, cfg.port,
+        log_info("listening on %s:%u (%s mode, auth %s)", cfg.http.bind, cfg.http.port,
                  cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
     r = server_run(&srv);
     server_done(&srv);

@@ -103,6 +103,14 @@ void sandbox_release(sandbox_t *sb)
     sandbox_unref(sb);
 }
 
+static void sandbox_owner_release(void *owner) { sandbox_release(owner); }
+const conn_owner_ops_t sandbox_owner_ops = { .release = sandbox_owner_release };
+
+void conn_scope_sandbox(conn_t *c, sandbox_t *sb)
+{
+    conn_set_owner(c, &sandbox_owner_ops, sandbox_hold(sb));
+}
+
 static void strv_free(char **v)
 {
     for (char **e = v; e && *e; e++)
@@ -652,7 +660,7 @@ static int parse_create(json_t *o, create_opts_t *opts, uint64_t *count, const c
 
 static void create_body(conn_t *c, json_t *o)
 {
-    pool_t *p = c->srv->pool;
+    pool_t *p = server_of(c)->pool;
     create_opts_t opts = { 0 };
     uint64_t count;
     const char *err = NULL;
@@ -705,7 +713,7 @@ void route_sandboxes_create(conn_t *c) { route_with_json_body(c, 1024 * 1024, cr
 void route_sandboxes_list(conn_t *c)
 {
     json_t *arr = json_array();
-    for (sandbox_t *sb = c->srv->pool->first; sb && arr; sb = sb->next)
+    for (sandbox_t *sb = server_of(c)->pool->first; sb && arr; sb = sb->next)
         json_array_append_new(arr, sandbox_json(sb, false));
     conn_respond_json(c, 200, arr);
 }
@@ -922,7 +930,7 @@ void route_sandbox_delete(conn_t *c, sandbox_t *sb)
 
 void route_sandboxes_delete_all(conn_t *c)
 {
-    pool_t *p = c->srv->pool;
+    pool_t *p = server_of(c)->pool;
     json_t *errors = json_array();
     size_t n = 0;
     while (p->first) {

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "common/loop.h"
+#include "http/conn.h"
 #include "isolation/cgroup.h"
 #include "isolation/confine.h"
 #include "isolation/filter.h"
@@ -116,6 +117,15 @@ void sandbox_unref(sandbox_t *sb);
  * a reference that also keeps idle eviction away until it ends; its end counts as activity. */
 sandbox_t *sandbox_hold(sandbox_t *sb);
 void sandbox_release(sandbox_t *sb);
+/* A request scoped to a sandbox (/v1/sandboxes/{id}/...) holds it as its connection's owner
+ * data (conn_set_owner): released when the request ends, or when the tunnel it became closes. */
+extern const conn_owner_ops_t sandbox_owner_ops;
+void conn_scope_sandbox(conn_t *c, sandbox_t *sb); /* takes a hold on sb */
+/* The sandbox c's request is scoped to, or NULL (dedicated mode, host-level routes). */
+static inline sandbox_t *conn_sandbox(const conn_t *c)
+{
+    return c->owner_ops == &sandbox_owner_ops ? c->owner : NULL;
+}
 /* "landlock" or "uid-only" */
 const char *sandbox_confinement(const sandbox_t *sb);
 /* {"abi": N, "features": ["fs", "refer", ...]} (Hugging Face's names) for an ABI. */

@@ -94,8 +94,8 @@ static proc_t *proc_lookup_or_answer(conn_t *c, sv_t id)
         conn_respond_error(c, 400, "process id must look like p-<n> (not an OS pid)");
         return NULL;
     }
-    proc_t *p = proc_find(c->srv, id);
-    if (p && p->sb != c->sb)
+    proc_t *p = proc_find(server_of(c), id);
+    if (p && p->sb != conn_sandbox(c))
         p = NULL; /* another sandbox's process does not exist for this one */
     if (!p)
         conn_respond_error(c, 404, "no such process");
@@ -582,7 +582,7 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
     pp->conn = c;
     pp->from_exec = from_exec;
     char why[256];
-    int r = proc_begin(c->srv, c->sb, spec, pp, why, sizeof why);
+    int r = proc_begin(server_of(c), conn_sandbox(c), spec, pp, why, sizeof why);
     if (r < 0) {
         conn_respond_error(c, r == -EAGAIN || r == -ENOMEM ? 503 : 400, "%s", why);
         return;
@@ -623,7 +623,7 @@ static void proc_create_body(conn_t *c, json_t *o)
 {
     exec_spec_t spec;
     const char *err = NULL;
-    int r = exec_spec_parse(o, c->sb ? c->sb->env : environ, &spec, &err);
+    int r = exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err);
     if (r < 0) {
         conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
         return;
@@ -643,7 +643,7 @@ void route_proc_list(conn_t *c, const route_params_t *rp)
     (void)rp;
     json_t *arr = json_array();
     /* oldest first */
-    size_t n = c->srv->n_procs, i = n;
+    size_t n = server_of(c)->n_procs, i = n;
     proc_t **v = calloc(n ? n : 1, sizeof *v);
     if (!arr || !v) {
         free(v);
@@ -651,10 +651,10 @@ void route_proc_list(conn_t *c, const route_params_t *rp)
         conn_respond_error(c, 503, "out of memory");
         return;
     }
-    for (proc_t *p = c->srv->procs; p && i > 0; p = p->next)
+    for (proc_t *p = server_of(c)->procs; p && i > 0; p = p->next)
         v[--i] = p;
     for (i = 0; i < n; i++)
-        if (v[i] && v[i]->sb == c->sb)
+        if (v[i] && v[i]->sb == conn_sandbox(c))
             json_array_append_new(arr, proc_json(v[i], true));
     free(v);
     conn_respond_json(c, 200, arr);

@@ -3,7 +3,7 @@
  * stdin, signals with a grace period. */
 #pragma once
 
-#include "conn.h"
+#include "http/conn.h"
 #include "spawn.h"
 
 #define PROC_LOG_MAX (1024 * 1024) /* replay buffer per process */

@@ -182,8 +182,8 @@ static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
         envd_refuse(c, rest);
         return;
     }
-    server_touch(c->srv);
-    sb->last_activity_ms = loop_now_ms(c->srv->loop);
+    server_touch(server_of(c));
+    sb->last_activity_ms = loop_now_ms(server_of(c)->loop);
     if (sv_eq(rest, SV("/health"))) {
         if (method_is(c, "GET") || method_is(c, "HEAD"))
             conn_respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
@@ -191,7 +191,7 @@ static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
             conn_respond_error(c, 405, "method not allowed");
         return;
     }
-    c->sb = sandbox_hold(sb); /* released when the request ends (conn.c) */
+    conn_scope_sandbox(c, sb); /* released when the request ends (conn.c) */
     /* the route as the dedicated agent sees it: the prefix is dropped from the path view */
     c->req.path = rest;
     envd_dispatch(c, rest);
@@ -199,11 +199,11 @@ static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
 
 /* Host (pool) mode. The host token only manages (/v1/sandboxes, .../token); every route scoped
  * to a sandbox needs that sandbox's own token, and an unknown id is 403 (no entry, so no
- * token to match). A scoped route runs the dedicated handler with c->sb set, after its path
+ * token to match). A scoped route runs the dedicated handler with conn_sandbox(c) set, after its path
  * is rewritten from /v1/sandboxes/<id>/<rest> to /v1/<rest>. */
 static void dispatch_host(conn_t *c, sv_t path)
 {
-    server_t *s = c->srv;
+    server_t *s = server_of(c);
     static const sv_t prefix = { "/v1/sandboxes/", 14 };
     if (sv_eq(path, SV("/v1/sandboxes"))) {
         if (!token_ok(s, c) && refuse_unauthorized(c))
@@ -266,14 +266,14 @@ static void dispatch_host(conn_t *c, sv_t path)
      * (the id is at least one byte, so they belong to this path). */
     char *r0 = (char *)rest.p - 3;
     memcpy(r0, "/v1", 3);
-    c->sb = sandbox_hold(sb); /* released when the request ends (conn.c) */
+    conn_scope_sandbox(c, sb); /* released when the request ends (conn.c) */
     c->req.path = sv_make(r0, rest.len + 3);
     dispatch_dedicated_table(c, c->req.path);
 }
 
 void router_dispatch(conn_t *c)
 {
-    server_t *s = c->srv;
+    server_t *s = server_of(c);
     sv_t path = c->req.path;
 
     /* A body framed by Transfer-Encoding is never read, so nothing after this head can be

@@ -2,7 +2,7 @@
 /* Route handlers of sbx-server. Each answers through the conn_* response API. */
 #pragma once
 
-#include "conn.h"
+#include "http/conn.h"
 
 typedef struct {
     sv_t id;   /* {id} of /v1/processes/{id} */

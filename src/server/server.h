@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* sbx-server: shared state of one server process. */
+/* sbx-server: shared state of one agent process. */
 #pragma once
 
 #include <stdbool.h>
@@ -7,67 +7,39 @@
 #include <sys/types.h>
 
 #include "common/loop.h"
-#include "conn.h"
+#include "common/reaper.h"
+#include "http/conn.h"
+#include "http/httpd.h"
 #include "pool.h"
+
+typedef struct server server_t;
 
 #define SBX_VERSION "0.1.0"
 #define SBX_PROTOCOL 3
 #define SBX_DEFAULT_PORT 49983
 
+/* The agent's settings; the HTTP core's (listener, timeouts, limits) are in http. */
 typedef struct {
-    uint16_t port;
-    char bind[64];
-    char unix_path[108];   /* SBX_LISTEN=unix:/path */
-    bool listen_inherited; /* SBX_LISTEN=fd:N: a bound socket handed over by sbx-node */
-    int inherited_fd;
+    httpd_config_t http;
     char *token;              /* NULL with --allow-no-auth */
     uint64_t idle_timeout_ms; /* 0 = never */
-    uint64_t max_connections;
-    uint64_t keepalive_ms;
-    uint64_t head_timeout_ms, body_timeout_ms, write_timeout_ms;
     bool host_mode;
     pool_config_t pool; /* host mode */
-    /* Fair connection limits (connlimit.h); 0 turns each off. */
-    uint64_t max_conns_per_source;
-    uint64_t max_unauth_conns;
-    uint64_t unauth_head_timeout_ms;
-    uint8_t exempt[CLIMIT_EXEMPT_MAX][CLIMIT_SOURCE_KEY]; /* sources without a per-source cap */
-    size_t n_exempt;
 } server_config_t;
-
-typedef struct child child_t;
-struct child {
-    pid_t pid;
-    void (*on_exit)(child_t *ch, int wstatus);
-    void *data;
-    child_t *next;
-};
 
 typedef struct proc proc_t;
 typedef struct pool pool_t;
-typedef struct tunnel tunnel_t;
 typedef struct spawner spawner_t;
 typedef struct janitor janitor_t;
 
+/* sbx-server, the in-sandbox agent: processes, files, the port proxy and (host mode) the pool,
+ * on the HTTP core (http/httpd.h), whose app points back here. */
 struct server {
-    loop_t *loop;
+    httpd_t http;
+    loop_t *loop; /* http.loop */
     server_config_t cfg;
-    int listen_fd;
-    watcher_t listen_w;
-    int sig_fd;
-    watcher_t sig_w;
     timer_t_ idle_t;
-    conn_t *conns;
-    size_t n_conns;
-    climit_tab_t *sources;           /* connections per source (with max_conns_per_source) */
-    conn_t *unauth_old, *unauth_new; /* unauthenticated connections, oldest first */
-    size_t n_unauth;
-    uint64_t start_ms;
-    uint64_t last_activity_ms;
     unsigned active_ops; /* foreground operations in flight */
-    child_t *children;
-    tunnel_t *tunnels; /* established proxy tunnels (proxy.c); count against max_connections */
-    size_t n_tunnels;
     proc_t *procs;
     size_t n_procs;
     unsigned procs_starting; /* background processes handed to a spawn helper, not answered */
@@ -76,15 +48,12 @@ struct server {
     pool_t *pool;       /* host mode only */
     janitor_t *janitor; /* host mode: removes deleted homes off the loop (janitor.h) */
     spawner_t *spawner; /* process creation off the loop (spawner.h); started by server_init */
-    /* Daemons built on this HTTP core (sbx-node, sbx-control) route requests themselves. */
-    void (*dispatch)(conn_t *c);
-    /* The transport of accepted connections (TLS); wrap NULL: plain HTTP. */
-    sockio_wrap_t transport;
-    void *app;
-    bool reap_registered_only; /* waitpid() only the children in `children` */
     uint64_t pool_empty_since_ms;
     struct envd_watch *envd_watches; /* envd's polled directory watchers (envd_watch.c) */
 };
+
+/* The agent a request came to. */
+static inline server_t *server_of(const conn_t *c) { return c->srv->app; }
 
 /* Called by handlers: a request was authorized / an operation starts or ends. */
 void server_touch(server_t *s);

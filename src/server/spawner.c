@@ -935,7 +935,7 @@ static void settle_pid(spawner_t *sp, pid_t pid, int pidfd)
                 errno != ECHILD)
                 continue; /* ours is still to be reaped: that entry was someone else's */
         }
-        for (child_t *ch = sp->srv->children; ch; ch = ch->next)
+        for (child_t *ch = sp->srv->http.reaper.children; ch; ch = ch->next)
             if (ch->pid == pid) {
                 server_child_remove(sp->srv, ch);
                 ch->on_exit(ch, wstatus);

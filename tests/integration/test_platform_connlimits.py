@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Fair connection limits of sbx-control and sbx-node, attacked with connection floods
-(issue 9, item 5; the policy: src/server/connlimit.h, docs/platform.md).
+(issue 9, item 5; the policy: src/http/connlimit.h, docs/platform.md).
 
 - Per source: one address (IPv6: one /64) holds at most --max-conns-per-source connections;
   those beyond are refused alone (503 "too many connections from this source", Retry-After)

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Fair connection limits (src/server/connlimit.c): keyed counters with a limit, entries gone at
+/* Fair connection limits (src/http/connlimit.c): keyed counters with a limit, entries gone at
  * a count of 0, the table growing past its first buckets, and source keys (IPv4, an IPv6 /64,
  * IPv4-mapped IPv6 as IPv4, unix peers as no source). */
 #include <arpa/inet.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/un.h>
 
-#include "server/connlimit.h"
+#include "http/connlimit.h"
 #include "tap.h"
 
 TEST(counts_up_to_the_limit_per_key)

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* The strict HTTP/1.1 request-head parser (src/server/http.c): what it accepts, what it
+/* The strict HTTP/1.1 request-head parser (src/http/http.c): what it accepts, what it
  * refuses and with which status. Every refusal sits beside a positive control that differs
  * from it by the one rule under test. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/http.h"
+#include "http/http.h"
 #include "tap.h"
 
 static http_request_t req;

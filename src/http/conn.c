@@ -11,8 +11,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
-#include "pool.h"
-#include "server.h"
+#include "http/httpd.h"
 
 #define CONN_IN_MAX (HTTP_MAX_HEAD + 256 * 1024)
 #define CONN_READ_CHUNK (256 * 1024)
@@ -25,14 +24,13 @@ static void conn_update_interest(conn_t *c);
 static void conn_destroy(void *p)
 {
     conn_t *c = p;
-    server_t *s = c->srv;
+    httpd_t *s = c->srv;
     if (c->ops && c->ops->on_close) {
         const handler_ops_t *ops = c->ops;
         c->ops = NULL;
         ops->on_close(c, true);
     }
-    sandbox_release(c->sb);
-    c->sb = NULL;
+    conn_set_owner(c, NULL, NULL);
     timer_disarm(s->loop, &c->deadline);
     loop_unwatch(s->loop, &c->w);
     sock_close(c->fd, c->io);
@@ -46,7 +44,7 @@ static void conn_destroy(void *p)
 
 static void conn_unlink(conn_t *c)
 {
-    server_t *s = c->srv;
+    httpd_t *s = c->srv;
     if (c->prev)
         c->prev->next = c->next;
     else if (s->conns == c)
@@ -71,13 +69,13 @@ void conn_abort(conn_t *c)
         conn_destroy(c);
 }
 
-void conn_free_all(server_t *srv)
+void conn_free_all(httpd_t *srv)
 {
     while (srv->conns)
         conn_abort(srv->conns);
 }
 
-int conn_accept(server_t *srv, int fd, climit_hold_t *lim)
+int conn_accept(httpd_t *srv, int fd, climit_hold_t *lim)
 {
     conn_t *c = calloc(1, sizeof *c);
     if (!c) {
@@ -501,6 +499,22 @@ void conn_set_handler(conn_t *c, const handler_ops_t *ops, void *data)
     c->hdata = data;
 }
 
+void conn_set_owner(conn_t *c, const conn_owner_ops_t *ops, void *owner)
+{
+    const conn_owner_ops_t *old_ops = c->owner_ops;
+    void *old = c->owner;
+    c->owner_ops = ops;
+    c->owner = owner;
+    if (old_ops && old_ops->release)
+        old_ops->release(old);
+}
+
+void *conn_take_owner(conn_t *c, const conn_owner_ops_t **ret_ops)
+{
+    *ret_ops = TAKE_PTR(c->owner_ops);
+    return TAKE_PTR(c->owner);
+}
+
 uint64_t conn_body_left(const conn_t *c) { return c->body_left; }
 
 /* The handler wants the body: a client that sent "Expect: 100-continue" waits for this
@@ -703,10 +717,7 @@ static void conn_begin_request(conn_t *c, int head_len)
     c->ops = NULL;
     c->hdata = NULL;
     c->last_progress_ms = loop_now_ms(c->srv->loop);
-    if (c->srv->dispatch)
-        c->srv->dispatch(c);
-    else
-        router_dispatch(c);
+    c->srv->dispatch(c);
 }
 
 static void conn_fail_head(conn_t *c, int status)
@@ -821,8 +832,7 @@ static void conn_finish_response(void *p)
         c->ops = NULL;
         ops->on_close(c, false);
     }
-    sandbox_release(c->sb); /* the request's hold on its sandbox ends with it */
-    c->sb = NULL;
+    conn_set_owner(c, NULL, NULL); /* the request's owner data ends with it */
     c->ops = NULL;
     c->hdata = NULL;
     buf_free(&c->body);
@@ -852,6 +862,26 @@ static void conn_finish_response(void *p)
 /* Between requests, with nothing of the next one read (a handshake in progress is not idle). */
 static bool conn_idle(const conn_t *c) { return c->in.len == 0 && (!c->io || c->io->handshaken); }
 
+/* The one rule for which timeout applies now (like h2o's set_timeout per phase): waiting for a
+ * head, the keep-alive idle time or, once a head started, the head timeout (either shortened
+ * for an unauthenticated connection, connlimit.h); reading a body, the body timeout since the
+ * last progress; writing a response, the write timeout since the last progress. False: none
+ * (a handler is working, the connection waits for it). */
+static bool conn_due(const conn_t *c, bool reading, bool writing, uint64_t *ret)
+{
+    const httpd_config_t *cfg = &c->srv->cfg;
+    if (c->state == CS_HEAD)
+        *ret = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
+                                               : c->head_started_ms + cfg->head_timeout_ms);
+    else if (reading)
+        *ret = c->last_progress_ms + cfg->body_timeout_ms;
+    else if (writing)
+        *ret = c->last_progress_ms + cfg->write_timeout_ms;
+    else
+        return false;
+    return true;
+}
+
 static void conn_deferred_input(void *p)
 {
     conn_t *c = p;
@@ -880,16 +910,8 @@ static void conn_update_interest(conn_t *c)
         if (loop_defer(c->srv->loop, conn_deferred_input, c) < 0)
             c->input_deferred = false;
     }
-    const server_config_t *cfg = &c->srv->cfg;
     uint64_t due;
-    if (c->state == CS_HEAD)
-        due = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
-                                              : c->head_started_ms + cfg->head_timeout_ms);
-    else if (reading)
-        due = c->last_progress_ms + cfg->body_timeout_ms;
-    else if (ev & EPOLLOUT)
-        due = c->last_progress_ms + cfg->write_timeout_ms;
-    else {
+    if (!conn_due(c, reading, (ev & EPOLLOUT) != 0, &due)) {
         timer_disarm(c->srv->loop, &c->deadline);
         return;
     }
@@ -903,19 +925,10 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
 {
     conn_t *c = t->data;
     (void)l;
-    const server_config_t *cfg = &c->srv->cfg;
     uint64_t now = loop_now_ms(c->srv->loop);
     bool reading = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
-    bool writing = c->out.len > 0 || c->file_left > 0;
     uint64_t due;
-    if (c->state == CS_HEAD)
-        due = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
-                                              : c->head_started_ms + cfg->head_timeout_ms);
-    else if (reading)
-        due = c->last_progress_ms + cfg->body_timeout_ms;
-    else if (writing)
-        due = c->last_progress_ms + cfg->write_timeout_ms;
-    else
+    if (!conn_due(c, reading, c->out.len > 0 || c->file_left > 0, &due))
         return;
     if (due > now) {
         (void)timer_arm(c->srv->loop, &c->deadline, due - now);

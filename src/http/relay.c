@@ -14,14 +14,14 @@
 #include "common/strutil.h"
 #include "conn.h"
 #include "http.h"
-#include "server.h"
+#include "http/httpd.h"
 
 #define RELAY_HEAD_MAX (64 * 1024)
 #define RELAY_READ 16384
 #define RELAY_ROUNDS 16
 
 struct relay {
-    server_t *srv;
+    httpd_t *srv;
     conn_t *c;
     watcher_t w;
     sockio_t *io;

@@ -9,7 +9,7 @@
 #include "common/sock.h"
 #include "http.h"
 
-typedef struct server server_t;
+typedef struct httpd httpd_t;
 
 #define PROXY_CONNECT_TIMEOUT_MS 10000
 #define PROXY_CHUNK (64 * 1024) /* bytes buffered per direction, at most */
@@ -42,5 +42,5 @@ int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const 
 /* Cut a tunnel in both directions now (its cb runs). */
 void proxy_tunnel_close(tunnel_t *t);
 
-/* Tear down every established tunnel (server shutdown). */
-void proxy_free_all(server_t *s);
+/* Tear down every established tunnel (httpd_done). */
+void proxy_free_all(httpd_t *s);

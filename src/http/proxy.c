@@ -1,39 +1,25 @@
 /* SPDX-License-Identifier: MIT */
-/* /v1/proxy/{port}/{rest...}: the port proxy (reference §3.9).
- *
- * Two phases. While the backend connection is being set up, the request is still an HTTP
- * request on its conn_t with a pending_t hanging off it, so refusals are answered as JSON
- * errors: 404 for a bad port, 502 when the backend refuses or is unreachable, 504 when the
- * connect does not complete within PROXY_CONNECT_TIMEOUT_MS. Once the backend accepts, the
- * client socket is hijacked and becomes one side of a tunnel_t. The replayed head and any
- * bytes already read past it go first; then both directions are copied until each reaches
- * EOF, and a half-close is passed on with shutdown(SHUT_WR). Plain HTTP, chunked responses,
- * SSE and WebSocket upgrades all pass through unchanged.
+/* Proxy plumbing of the HTTP core: the head a forwarding hop sends (proxy_forward_head) and
+ * tunnels. A tunnel takes a connection's socket away from HTTP (conn_hijack) once a backend
+ * accepted, and copies both directions until each reaches EOF; a half-close is passed on with
+ * shutdown(SHUT_WR). Plain HTTP, chunked responses, SSE and WebSocket upgrades all pass through
+ * unchanged. What the connection held moves into the tunnel: its fair-limit counters and its
+ * owner data (conn_set_owner), released when the tunnel ends.
  *
  * Backpressure: a direction holds at most PROXY_CHUNK bytes that its destination did not take
  * yet, and its source is not read while it holds any, so a slow reader slows the writer down
  * instead of growing the server. Established tunnels have no timeouts (long-lived
- * WebSockets). They count against SBX_MAX_CONNECTIONS through srv->n_tunnels.
- *
- * Known limitation, as in the reference: a tunnel is authenticated and routed once. Later
- * requests on the same client connection reach the same backend without another check. */
+ * WebSockets). They count against max_connections through httpd_t.n_tunnels. */
 #include "proxy.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <linux/openat2.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <stdio.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/un.h>
 
 #include "common/log.h"
-#include "pool.h"
-#include "routes.h"
-#include "server.h"
+#include "http/conn.h"
+#include "http/httpd.h"
 
 #define TUNNEL_ROUNDS 16 /* copies per event and direction before yielding to the loop */
 
@@ -50,26 +36,20 @@ typedef struct {
 } tside_t;
 
 struct tunnel {
-    server_t *srv;
+    httpd_t *srv;
     tside_t client, backend;
     tdir_t up;   /* client -> backend */
     tdir_t down; /* backend -> client */
     bool dead;
-    sandbox_t *sb;     /* host mode: an open tunnel is activity, so no idle eviction under it */
-    climit_hold_t lim; /* the client connection's source and owner counters (connlimit.h) */
+    /* the connection's owner data, released when the tunnel ends (sbx-server: a hold on its
+     * sandbox, so that an open tunnel keeps it from idle eviction) */
+    const conn_owner_ops_t *owner_ops;
+    void *owner;
+    climit_hold_t lim;        /* the client connection's source and owner counters (connlimit.h) */
     tunnel_close_cb on_close; /* the owner's lease (sbx-node), told once when the tunnel ends */
     void *on_close_data;
     tunnel_t *prev, *next;
 };
-
-typedef struct {
-    server_t *srv;
-    conn_t *conn; /* NULL once the connection went away */
-    watcher_t w;  /* the backend socket while connect() completes */
-    timer_t_ deadline;
-    buf_t head; /* the request head to replay */
-    uint16_t port;
-} pending_t;
 
 /* ---- backend ----------------------------------------------------------------------------- */
 
@@ -88,97 +68,6 @@ int proxy_open_tcp(uint16_t port, int *ret_fd)
         return negative_errno();
     *ret_fd = TAKE_FD(fd);
     return 0;
-}
-
-/* The one place that decides where a proxied request goes. Host mode will add the pinned
- * unix socket <home>/.sbx/proxy/<port>.sock here. */
-/* Host mode: sandboxes cannot bind TCP, so a service listens on <home>/.sbx/proxy/<port>.sock.
- * The inode is pinned with O_PATH (resolved beneath the home, no symlink anywhere), must be a
- * socket owned by the sandbox uid, is connected through the pinned descriptor (so the path is
- * not walked again), and the listening peer must run as the sandbox uid (SO_PEERCRED). */
-static int proxy_open_sandbox(const sandbox_t *sb, uint16_t port, int *ret_fd)
-{
-    char rel[48], via[48];
-    (void)snprintf(rel, sizeof rel, ".sbx/proxy/%u.sock", (unsigned)port);
-    struct open_how how = { .flags = O_PATH | O_CLOEXEC | O_NOFOLLOW,
-                            .resolve =
-                                RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
-    _cleanup_close_ int pin = (int)syscall(SYS_openat2, sb->home_fd, rel, &how, sizeof how);
-    if (pin < 0)
-        return errno == ELOOP || errno == EXDEV ? -ECONNREFUSED : negative_errno();
-    struct stat st;
-    if (fstat(pin, &st) < 0)
-        return negative_errno();
-    if (!S_ISSOCK(st.st_mode) || st.st_uid != sb->uid)
-        return -ECONNREFUSED;
-    _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-        return negative_errno();
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    (void)snprintf(via, sizeof via, "/proc/self/fd/%d", pin);
-    memcpy(sa.sun_path, via, strlen(via) + 1);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
-        return errno == EAGAIN ? -ECONNREFUSED : negative_errno();
-    struct ucred cred;
-    socklen_t cl = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0 || cred.uid != sb->uid)
-        return -ECONNREFUSED;
-    *ret_fd = TAKE_FD(fd);
-    return 0;
-}
-
-static int proxy_backend_open(conn_t *c, const route_params_t *p, int *ret_fd)
-{
-    if (c->sb)
-        return proxy_open_sandbox(c->sb, p->port, ret_fd);
-    return proxy_open_tcp(p->port, ret_fd);
-}
-
-static void proxy_fail(conn_t *c, int err, uint16_t port)
-{
-    switch (err) {
-    case -ENOMEM:
-    case -ENOBUFS:
-    case -EMFILE:
-    case -ENFILE:
-        conn_respond_error(c, 503, "proxy: cannot open a backend connection: %s", strerror(-err));
-        break;
-    case -ETIMEDOUT:
-        conn_respond_error(c, 504, "proxy: port %u did not accept the connection", port);
-        break;
-    default:
-        conn_respond_error(c, 502, "proxy: cannot connect to port %u: %s", port, strerror(-err));
-        break;
-    }
-}
-
-static bool header_is_secret(sv_t name)
-{
-    return sv_eq_lit_nocase(name, "authorization") || sv_eq_lit_nocase(name, "x-sandbox-token");
-}
-
-/* The head the backend sees: the method, the path after /v1/proxy/{port} (or "/") with the
- * raw query, the client's HTTP version, and every header except the credentials. */
-static int build_head(const conn_t *c, const route_params_t *p, buf_t *out)
-{
-    const http_request_t *rq = &c->req;
-    sv_t target = p->rest.len > 0 ? p->rest : SV("/");
-    const char *q = memchr(rq->target.p, '?', rq->target.len);
-    sv_t query = q ? sv_make(q, rq->target.len - (size_t)(q - rq->target.p)) : SV("");
-    /* The result is never longer than the client's head plus a byte per header. */
-    buf_init(out, 2 * HTTP_MAX_HEAD);
-    int r = buf_printf(out, SV_FMT " " SV_FMT SV_FMT " HTTP/1.%d\r\n", SV_ARG(rq->method),
-                       SV_ARG(target), SV_ARG(query), rq->minor);
-    for (size_t i = 0; r >= 0 && i < rq->n_headers; i++) {
-        const http_header_t *h = &rq->headers[i];
-        if (!header_is_secret(h->name))
-            r = buf_printf(out, SV_FMT ": " SV_FMT "\r\n", SV_ARG(h->name), SV_ARG(h->value));
-    }
-    if (r >= 0)
-        r = buf_append(out, "\r\n", 2);
-    if (r < 0)
-        buf_free(out);
-    return r;
 }
 
 int proxy_forward_head(const http_request_t *rq, sv_t target, const char *const *drop,
@@ -226,13 +115,14 @@ static void tunnel_free(void *p)
     sock_close(t->backend.w.fd, t->backend.io);
     buf_free(&t->up.pend);
     buf_free(&t->down.pend);
-    sandbox_release(t->sb);
+    if (t->owner_ops && t->owner_ops->release)
+        t->owner_ops->release(t->owner);
     free(t);
 }
 
 static void tunnel_close(tunnel_t *t)
 {
-    server_t *s = t->srv;
+    httpd_t *s = t->srv;
     if (t->dead)
         return;
     t->dead = true;
@@ -254,7 +144,7 @@ static void tunnel_close(tunnel_t *t)
         tunnel_free(t);
 }
 
-void proxy_free_all(server_t *s)
+void proxy_free_all(httpd_t *s)
 {
     while (s->tunnels)
         tunnel_close(s->tunnels);
@@ -348,7 +238,7 @@ static void tunnel_pump(tunnel_t *t)
     if (r >= 0)
         r = tdir_pump(&t->down, &t->backend, &t->client, &moved);
     if (r >= 0 && moved)
-        server_touch(t->srv);
+        httpd_touch(t->srv);
     if (r >= 0 && !(t->up.shut && t->down.shut)) {
         r = tside_watch(t, &t->client, &t->up, &t->down);
         if (r >= 0)
@@ -379,7 +269,7 @@ void proxy_tunnel_close(tunnel_t *t) { tunnel_close(t); }
 tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf_t *down_pre,
                              tunnel_close_cb cb, void *cb_data)
 {
-    server_t *s = c->srv;
+    httpd_t *s = c->srv;
     _cleanup_close_ int fd = bfd;
     _cleanup_(sockio_freep) sockio_t *bio_owned = bio;
     char *space;
@@ -391,32 +281,38 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
     size_t total;
     if (!t || !size_add_ok(head->len, c->in.len, &total)) {
         free(t);
-        proxy_fail(c, -ENOMEM, 0);
+        conn_respond_error(c, 503, "proxy: cannot set up a tunnel: %s", strerror(ENOMEM));
         return NULL;
     }
     head->max = MAX(total, (size_t)PROXY_CHUNK);
     if (buf_reserve(head, c->in.len, &space) < 0) {
         free(t);
-        proxy_fail(c, -ENOMEM, 0);
+        conn_respond_error(c, 503, "proxy: cannot set up a tunnel: %s", strerror(ENOMEM));
         return NULL;
     }
     int cfd;
     sockio_t *cio;
     buf_t early;
-    sandbox_t *sb = sandbox_hold(c->sb); /* taken while c is still ours */
-    climit_hold_t lim = c->lim;          /* the tunnel holds what the connection held */
+    /* taken while c is still ours: the tunnel holds what the connection held */
+    const conn_owner_ops_t *owner_ops;
+    void *owner = conn_take_owner(c, &owner_ops);
+    climit_hold_t lim = c->lim;
     c->lim = (climit_hold_t){ 0 };
     if (conn_hijack(c, &cfd, &cio, &early) < 0) {
         c->lim = lim;
-        sandbox_release(sb);
+        conn_set_owner(c, owner_ops, owner);
         free(t);
         return NULL;
     }
     (void)buf_append(head, buf_head(&early), early.len); /* reserved above */
     buf_free(&early);
-    *t = (tunnel_t){
-        .srv = s, .up.pend = *head, .sb = sb, .lim = lim, .on_close = cb, .on_close_data = cb_data
-    };
+    *t = (tunnel_t){ .srv = s,
+                     .up.pend = *head,
+                     .owner_ops = owner_ops,
+                     .owner = owner,
+                     .lim = lim,
+                     .on_close = cb,
+                     .on_close_data = cb_data };
     buf_init(head, 0);
     if (down_pre && down_pre->len > 0) {
         t->down.pend = *down_pre; /* what the backend already answered goes first */
@@ -451,112 +347,4 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
         return NULL;
     }
     return t;
-}
-
-/* ---- connecting -------------------------------------------------------------------------- */
-
-static void pending_free(void *p)
-{
-    pending_t *pc = p;
-    safe_close(pc->w.fd);
-    buf_free(&pc->head);
-    free(pc);
-}
-
-/* Detach from the connection, stop watching, and free after this batch of events. */
-static void pending_release(pending_t *pc)
-{
-    loop_t *l = pc->srv->loop;
-    loop_unwatch(l, &pc->w);
-    timer_disarm(l, &pc->deadline);
-    if (pc->conn)
-        conn_set_handler(pc->conn, NULL, NULL);
-    pc->conn = NULL;
-    if (loop_defer(l, pending_free, pc) < 0)
-        pending_free(pc);
-}
-
-static void pending_on_conn_close(conn_t *c, bool aborted)
-{
-    pending_t *pc = c->hdata;
-    (void)aborted;
-    pc->conn = NULL; /* the client left before the backend answered */
-    pending_release(pc);
-}
-
-static const handler_ops_t pending_ops = { .on_close = pending_on_conn_close };
-
-static void pending_on_connect(loop_t *l, watcher_t *w, uint32_t ev)
-{
-    pending_t *pc = w->data;
-    int err = 0;
-    socklen_t sl = sizeof err;
-    if (getsockopt(w->fd, SOL_SOCKET, SO_ERROR, &err, &sl) < 0)
-        err = errno;
-    else if (err == 0 && (ev & (EPOLLERR | EPOLLHUP)))
-        err = ECONNRESET;
-    conn_t *c = pc->conn;
-    uint16_t port = pc->port;
-    buf_t head = pc->head;
-    buf_init(&pc->head, 0);
-    loop_unwatch(l, &pc->w);
-    int fd = TAKE_FD(pc->w.fd);
-    pending_release(pc);
-    if (!c || err != 0) {
-        safe_close(fd);
-        buf_free(&head);
-        if (c)
-            proxy_fail(c, -err, port);
-        return;
-    }
-    (void)proxy_tunnel_start(c, fd, NULL, &head, NULL, NULL, NULL);
-    buf_free(&head);
-}
-
-static void pending_on_timeout(loop_t *l, timer_t_ *t)
-{
-    pending_t *pc = t->data;
-    conn_t *c = pc->conn;
-    uint16_t port = pc->port;
-    (void)l;
-    pending_release(pc);
-    if (c)
-        proxy_fail(c, -ETIMEDOUT, port);
-}
-
-void route_proxy(conn_t *c, const route_params_t *p)
-{
-    loop_t *l = c->srv->loop;
-    int fd = -EBADF;
-    if (p->port == 0) {
-        conn_respond_error(c, 404, "proxy: invalid port (expected 1..65535)");
-        return;
-    }
-    pending_t *pc = calloc(1, sizeof *pc);
-    if (!pc) {
-        proxy_fail(c, -ENOMEM, p->port);
-        return;
-    }
-    pc->srv = c->srv;
-    pc->port = p->port;
-    watcher_init(&pc->w, -EBADF, pending_on_connect, pc);
-    timer_init(&pc->deadline, pending_on_timeout, pc);
-    int r = build_head(c, p, &pc->head);
-    if (r >= 0)
-        r = proxy_backend_open(c, p, &fd);
-    if (r >= 0) {
-        pc->w.fd = fd;
-        /* Completion (or refusal) of the non-blocking connect shows as EPOLLOUT. */
-        r = loop_watch(l, &pc->w, EPOLLOUT);
-    }
-    if (r >= 0)
-        r = timer_arm(l, &pc->deadline, PROXY_CONNECT_TIMEOUT_MS);
-    if (r < 0) {
-        loop_unwatch(l, &pc->w);
-        pending_free(pc);
-        proxy_fail(c, r, p->port);
-        return;
-    }
-    pc->conn = c;
-    conn_set_handler(c, &pending_ops, pc);
 }

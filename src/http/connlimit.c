@@ -8,7 +8,7 @@
 #include <sodium.h>
 
 #include "conn.h"
-#include "server.h"
+#include "http/httpd.h"
 
 /* Closing a connection to make room looks at this many of the oldest unauthenticated ones: a
  * connection there that is not waiting for a head is in a request, which ends soon. */
@@ -186,7 +186,7 @@ int climit_source_key_parse(const char *addr, uint8_t key[CLIMIT_SOURCE_KEY])
     return -EINVAL;
 }
 
-static bool source_exempt(const server_config_t *cfg, const uint8_t key[CLIMIT_SOURCE_KEY])
+static bool source_exempt(const httpd_config_t *cfg, const uint8_t key[CLIMIT_SOURCE_KEY])
 {
     for (size_t i = 0; i < cfg->n_exempt && i < CLIMIT_EXEMPT_MAX; i++)
         if (memcmp(cfg->exempt[i], key, CLIMIT_SOURCE_KEY) == 0)
@@ -198,7 +198,7 @@ static bool source_exempt(const server_config_t *cfg, const uint8_t key[CLIMIT_S
 
 static void unauth_unlink(conn_t *c)
 {
-    server_t *s = c->srv;
+    httpd_t *s = c->srv;
     if (c->unauth_prev)
         c->unauth_prev->unauth_next = c->unauth_next;
     else if (s->unauth_old == c)
@@ -212,7 +212,7 @@ static void unauth_unlink(conn_t *c)
 }
 
 /* Close the oldest unauthenticated connection that waits for a request head. */
-static bool shed_oldest_waiting(server_t *s)
+static bool shed_oldest_waiting(httpd_t *s)
 {
     conn_t *c = s->unauth_old;
     for (int i = 0; c && i < CLIMIT_SHED_SCAN; i++, c = c->unauth_next)
@@ -223,9 +223,9 @@ static bool shed_oldest_waiting(server_t *s)
     return false;
 }
 
-int climit_admit(server_t *s, const struct sockaddr *sa, socklen_t len, climit_hold_t *ret)
+int climit_admit(httpd_t *s, const struct sockaddr *sa, socklen_t len, climit_hold_t *ret)
 {
-    const server_config_t *cfg = &s->cfg;
+    const httpd_config_t *cfg = &s->cfg;
     climit_hold_t h = { 0 };
     uint8_t key[CLIMIT_SOURCE_KEY];
     size_t kl = s->sources ? climit_source_key(sa, len, key) : 0;
@@ -252,7 +252,7 @@ int climit_admit(server_t *s, const struct sockaddr *sa, socklen_t len, climit_h
 
 void climit_conn_added(conn_t *c, climit_hold_t *hold)
 {
-    server_t *s = c->srv;
+    httpd_t *s = c->srv;
     c->lim = *hold;
     *hold = (climit_hold_t){ 0 };
     c->lim_authed = false;

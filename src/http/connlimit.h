@@ -3,7 +3,7 @@
  * that one peer cannot push everyone else to "503 too many connections". Each limit is off
  * when its setting is 0; the agent (sbx-server) sets none.
  *
- * 1. Per source (server_config_t.max_conns_per_source): connections open at once from one
+ * 1. Per source (httpd_config_t.max_conns_per_source): connections open at once from one
  *    source, which is a peer's IPv4 address or the /64 of its IPv6 address (an IPv4-mapped
  *    IPv6 address is its IPv4 address). Sources listed in exempt[] have no per-source cap
  *    (sbx-node: its control plane). A connection over the cap is refused at accept, alone:
@@ -42,7 +42,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-typedef struct server server_t;
+typedef struct httpd httpd_t;
 typedef struct conn conn_t;
 typedef struct climit_tab climit_tab_t;
 typedef struct climit_ent climit_ent_t;
@@ -79,7 +79,7 @@ int climit_source_key_parse(const char *addr, uint8_t key[CLIMIT_SOURCE_KEY]);
 /* Accept-time admission of a new connection from sa (see 1 and 2 above). Returns 0 with *ret
  * (the counters the connection holds from now), or -EUSERS (its source is at its cap) or
  * -EBUSY (no room): refuse it. May close the oldest waiting unauthenticated connection. */
-int climit_admit(server_t *s, const struct sockaddr *sa, socklen_t len, climit_hold_t *ret);
+int climit_admit(httpd_t *s, const struct sockaddr *sa, socklen_t len, climit_hold_t *ret);
 
 /* Called by conn.c: a connection joins (taking *hold) or leaves the server's table; the
  * deadline of a connection waiting for a head, given the regular one. */

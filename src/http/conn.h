@@ -14,9 +14,8 @@
 #include "connlimit.h"
 #include "http.h"
 
-typedef struct server server_t;
+typedef struct httpd httpd_t;
 typedef struct conn conn_t;
-typedef struct sandbox sandbox_t;
 
 /* Output buffer: producers pause above HIGH and resume (on_drain) below LOW. */
 #define CONN_OUT_HIGH (256 * 1024)
@@ -36,8 +35,15 @@ typedef struct {
     void (*on_close)(conn_t *c, bool aborted);
 } handler_ops_t;
 
+/* What a daemon holds for one request (sbx-server: its hold on the sandbox the request is
+ * scoped to). The core never looks inside; it calls release() once when the request ends, when
+ * the connection goes away, or when the tunnel it was handed to (proxy.h) closes. */
+typedef struct {
+    void (*release)(void *owner);
+} conn_owner_ops_t;
+
 struct conn {
-    server_t *srv;
+    httpd_t *srv;
     int fd;
     sockio_t *io;        /* the transport over fd (TLS), NULL: plain */
     bool input_deferred; /* a read of what io holds decrypted is scheduled */
@@ -72,7 +78,9 @@ struct conn {
     void *hdata;
     bool dead;
     bool authed;
-    sandbox_t *sb; /* host mode: the sandbox this request is scoped to (a reference) */
+    /* the request's owner data (conn_set_owner), opaque here */
+    const conn_owner_ops_t *owner_ops;
+    void *owner;
     char peer[64];
     conn_t *prev, *next;
     /* Fair limits (connlimit.c): the counters this connection holds, whether a request on it
@@ -84,8 +92,8 @@ struct conn {
 };
 
 /* A new connection on fd (taken), holding *lim (taken: see climit_admit). */
-int conn_accept(server_t *srv, int fd, climit_hold_t *lim);
-void conn_free_all(server_t *srv);
+int conn_accept(httpd_t *srv, int fd, climit_hold_t *lim);
+void conn_free_all(httpd_t *srv);
 
 /* Responses. Headers are "Name: value\r\n" lines (may be NULL). */
 int conn_respond(conn_t *c, int status, const char *content_type, const void *body, size_t len,
@@ -113,6 +121,11 @@ void conn_flush(conn_t *c);
 
 /* Handler plumbing. */
 void conn_set_handler(conn_t *c, const handler_ops_t *ops, void *data);
+/* Attach the request's owner data (taken: ops->release(owner) runs once, see conn_owner_ops_t);
+ * what was attached before is released first. */
+void conn_set_owner(conn_t *c, const conn_owner_ops_t *ops, void *owner);
+/* Hand the owner data over to the caller (who then releases it), leaving none on c. */
+void *conn_take_owner(conn_t *c, const conn_owner_ops_t **ret_ops);
 /* Collect the body (at most max bytes, else 413) then call done(c); c->body holds it. */
 void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c));
 void conn_stream_body(conn_t *c); /* deliver body to ops->on_body */
