@@ -895,6 +895,20 @@ static void idle_report(bench_t *b, uint64_t rss0, uint64_t rss1, uint64_t slab0
         fig_count("homes on disk", (unsigned long long)homes, NULL);
 }
 
+/* A client and room for a chunk of sandbox references; -errno (counted as a failure). */
+static int open_chunk(bench_t *b, client_t *c, sbref_t **ret)
+{
+    sbref_t *s = calloc(CREATE_CHUNK, sizeof *s);
+    int r = s ? client_open(c, b->port) : -ENOMEM;
+    if (r < 0) {
+        fail(b, "connect: %s", strerror(-r));
+        free(s);
+        return r;
+    }
+    *ret = s;
+    return 0;
+}
+
 static void bench_idle(bench_t *b)
 {
     unsigned n = b->idle_n, total = n + CREATE_CHUNK, k = b->quick ? 50 : 200;
@@ -905,14 +919,10 @@ static void bench_idle(bench_t *b)
                    CREATE_CHUNK, n, CREATE_CHUNK);
     section(hdr);
     client_t c;
-    _cleanup_free_ sbref_t *s = calloc(CREATE_CHUNK, sizeof *s);
-    int r = client_open(&c, b->port);
-    if (r < 0 || !s) {
-        fail(b, "connect: %s", strerror(r < 0 ? -r : ENOMEM));
-        if (r >= 0)
-            client_close(&c);
+    _cleanup_free_ sbref_t *s = NULL;
+    int r = open_chunk(b, &c, &s);
+    if (r < 0)
         return;
-    }
     /* A first chunk, kept, so the allocator has grown for responses this size already. */
     unsigned got = 0, made = 0;
     r = pool_create(&c, b->token, CREATE_CHUNK, s, &got, why, sizeof why);
@@ -989,14 +999,10 @@ static void bench_scale(bench_t *b)
                    small, big, k);
     section(hdr);
     client_t c;
-    _cleanup_free_ sbref_t *s = calloc(CREATE_CHUNK, sizeof *s);
-    int r = client_open(&c, b->port);
-    if (r < 0 || !s) {
-        fail(b, "connect: %s", strerror(r < 0 ? -r : ENOMEM));
-        if (r >= 0)
-            client_close(&c);
+    _cleanup_free_ sbref_t *s = NULL;
+    int r = open_chunk(b, &c, &s);
+    if (r < 0)
         return;
-    }
     unsigned got = 0, made = 0;
     uint64_t cr_small = 0, ex_small = 0, cr_big = 0, ex_big = 0;
     r = pool_create(&c, b->token, small, s, &got, why, sizeof why);
