@@ -2,8 +2,16 @@
 /* Small file helpers for daemons' state (tokens, records). */
 #pragma once
 
+#include <dirent.h>
 #include <stddef.h>
 #include <sys/types.h>
+
+/* For _cleanup_(closedirp) DIR *d. */
+static inline void closedirp(DIR **d)
+{
+    if (*d)
+        (void)closedir(*d);
+}
 
 /* Replace path with exactly these bytes, atomically (a temporary file beside it, fsync,
  * rename), created with mode (also when path existed with a looser one). */

@@ -31,12 +31,6 @@
 
 extern char **environ;
 
-static void closedirp(DIR **d)
-{
-    if (*d)
-        closedir(*d);
-}
-
 #define ENV_MAX 256
 #define ARGV_MAX 256
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <sys/syscall.h>
 
+#include "common/fileio.h"
 #include "common/macro.h"
 
 /* ---- paths ------------------------------------------------------------------------------- */
@@ -364,12 +365,6 @@ int fs_readlink(const fs_root_t *r, const char *path, char *out, size_t cap)
         return negative_errno();
     out[n] = '\0';
     return (int)n;
-}
-
-static void closedirp(DIR **d)
-{
-    if (*d)
-        (void)closedir(*d);
 }
 
 /* A max-heap of names: it keeps the `cap` smallest names seen, so a listing page costs memory
