@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/prctl.h>
@@ -11,13 +12,16 @@
 #include <sys/syscall.h>
 
 #include "common/log.h"
+#include "isolation/netns.h"
 #include "pool.h"
 #include "server.h"
 
 #define JAN_NAME_MAX 64
 #define JAN_INFLIGHT_MAX 4096 /* names queued in the socket; beyond, the caller removes */
 
-enum { JAN_REMOVE = 1, JAN_MKHOME = 2 };
+enum { JAN_REMOVE = 1, JAN_MKHOME = 2, JAN_NETNS_MAKE = 3, JAN_NETNS_CHECK = 4 };
+_Static_assert(JAN_NETNS_MAKE == JANITOR_NETNS_MADE && JAN_NETNS_CHECK == JANITOR_NETNS_CHECKED,
+               "the ops the callback is told are the wire's");
 
 typedef struct {
     uint32_t op;
@@ -34,13 +38,14 @@ struct janitor {
     server_t *srv;
     int trash_fd, warm_fd; /* the server's (not owned) */
     janitor_made_cb on_made;
+    janitor_netns_cb on_netns;
     void *data;
     bool started_once;
     pid_t pid;
     int fd;
     watcher_t w;
     child_t child;
-    size_t inflight, mk_inflight;
+    size_t inflight, mk_inflight, ns_made_inflight, ns_checks_inflight;
     uint64_t removed, failed;
 };
 
@@ -81,22 +86,121 @@ static bool name_ok(const char *n)
     return n[0] && !strchr(n, '/') && !streq(n, ".") && !streq(n, "..");
 }
 
+/* One message and at most one descriptor (SCM_RIGHTS), on either side of the socket. */
+static ssize_t recv_with_fd(int sock, void *msg, size_t len, int flags, int *ret_fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = { msg, len };
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf
+    };
+    *ret_fd = -1;
+    ssize_t n = recvmsg(sock, &m, flags | MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return n;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c), sizeof fd);
+            if (*ret_fd < 0)
+                *ret_fd = fd;
+            else
+                safe_close(fd); /* never more than one: a peer that sends more loses them */
+        }
+    return n;
+}
+
+static ssize_t send_with_fd(int sock, const void *msg, size_t len, int flags, int fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = { (void *)msg, len };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (fd >= 0) {
+        memset(&u, 0, sizeof u);
+        m.msg_control = u.buf;
+        m.msg_controllen = sizeof u.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    ssize_t n;
+    do
+        n = sendmsg(sock, &m, flags | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+/* Network namespaces, in the janitor: the snapshot of a fresh one (the baseline, taken once)
+ * and the janitor's own namespace to come back to after looking into another. */
+typedef struct {
+    int home_fd;
+    char *baseline;
+    int baseline_len; /* < 0: none could be taken (then no namespace is ever called pristine) */
+} jan_netns_t;
+
+static void netns_baseline(jan_netns_t *ns)
+{
+    _cleanup_close_ int fd = -EBADF;
+    ns->baseline_len = -1;
+    ns->home_fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    ns->baseline = malloc(NETNS_SNAPSHOT_MAX);
+    if (ns->home_fd < 0 || !ns->baseline || netns_make(&fd) < 0 || setns(fd, CLONE_NEWNET) < 0)
+        return;
+    ns->baseline_len = netns_snapshot(ns->baseline, NETNS_SNAPSHOT_MAX);
+    if (setns(ns->home_fd, CLONE_NEWNET) < 0)
+        _exit(1); /* it cannot stay in a namespace it may hand out */
+}
+
+/* A namespace a deleted sandbox had: handed back (r 0, fd sent) only when it shows nothing
+ * a fresh one would not (netns.h): the sandbox sent no packet and left no socket, so the next
+ * sandbox learns nothing of it. Else -EBUSY and it is closed here: the kernel tears it down. */
+static int netns_check(jan_netns_t *ns, int fd)
+{
+    if (ns->baseline_len == -1 && !ns->baseline)
+        netns_baseline(ns);
+    if (ns->baseline_len < 0)
+        return -EBUSY;
+    int r = netns_pristine(fd, ns->home_fd, ns->baseline, (size_t)ns->baseline_len);
+    if (r < 0)
+        _exit(1); /* could not come back to its own namespace */
+    return r == 1 ? 0 : -EBUSY;
+}
+
 static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
 {
+    jan_netns_t ns = { .home_fd = -1, .baseline_len = -1 };
     sweep(dir); /* what a janitor before this one left */
     if (warm >= 0 && sweep_warm)
         sweep(warm); /* warm homes of an earlier run */
     for (;;) {
         jan_req_t q;
-        ssize_t n = recv(sock, &q, sizeof q, 0);
+        int fd;
+        ssize_t n = recv_with_fd(sock, &q, sizeof q, 0, &fd);
         if (n < 0 && errno == EINTR)
             continue;
         if (n != (ssize_t)sizeof q)
             _exit(0);
         jan_rep_t rep = { .op = q.op };
+        int out = -1;
         q.name[JAN_NAME_MAX - 1] = '\0';
+        if (q.op == JAN_NETNS_MAKE)
+            rep.r = netns_make(&out);
+        else if (q.op == JAN_NETNS_CHECK) {
+            rep.r = fd >= 0 ? netns_check(&ns, fd) : -EBADF;
+            if (rep.r == 0)
+                out = TAKE_FD(fd);
+        }
         /* one name in the trash (or warm) directory, never a path */
-        if (!name_ok(q.name))
+        else if (!name_ok(q.name))
             rep.r = -EINVAL;
         else if (q.op == JAN_MKHOME)
             rep.r = warm >= 0 ? make_warm(warm, q.name) : -EBADF;
@@ -105,10 +209,11 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
             if (rep.r == -ENOENT)
                 rep.r = 0; /* a sweep took it */
         }
+        safe_close(fd);
         memcpy(rep.name, q.name, sizeof rep.name);
-        while (send(sock, &rep, sizeof rep, MSG_NOSIGNAL) < 0)
-            if (errno != EINTR)
-                _exit(1);
+        if (send_with_fd(sock, &rep, sizeof rep, 0, out) < 0)
+            _exit(1);
+        safe_close(out);
     }
 }
 
@@ -151,6 +256,11 @@ static void janitor_stop(janitor_t *j, const char *why)
     for (size_t n = j->mk_inflight; n > 0; n--)
         j->on_made(j->data, NULL, -EPIPE);
     j->mk_inflight = 0;
+    for (size_t n = j->ns_made_inflight; n > 0; n--)
+        j->on_netns(j->data, JAN_NETNS_MAKE, -1, -EPIPE);
+    for (size_t n = j->ns_checks_inflight; n > 0; n--)
+        j->on_netns(j->data, JAN_NETNS_CHECK, -1, -EPIPE);
+    j->ns_made_inflight = j->ns_checks_inflight = 0;
 }
 
 static int janitor_start(janitor_t *j)
@@ -202,7 +312,8 @@ static void janitor_on_event(loop_t *l, watcher_t *w, uint32_t ev)
     (void)l;
     for (int i = 0; i < 256 && j->fd >= 0; i++) {
         jan_rep_t rep;
-        ssize_t n = recv(j->fd, &rep, sizeof rep, MSG_DONTWAIT);
+        _cleanup_close_ int fd = -EBADF;
+        ssize_t n = recv_with_fd(j->fd, &rep, sizeof rep, MSG_DONTWAIT, &fd);
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             return;
         if (n != (ssize_t)sizeof rep) {
@@ -212,6 +323,14 @@ static void janitor_on_event(loop_t *l, watcher_t *w, uint32_t ev)
         if (j->inflight > 0)
             j->inflight--;
         rep.name[JAN_NAME_MAX - 1] = '\0';
+        if (rep.op == JAN_NETNS_MAKE || rep.op == JAN_NETNS_CHECK) {
+            size_t *pending =
+                rep.op == JAN_NETNS_MAKE ? &j->ns_made_inflight : &j->ns_checks_inflight;
+            if (*pending > 0)
+                (*pending)--;
+            j->on_netns(j->data, (int)rep.op, rep.r >= 0 ? TAKE_FD(fd) : -1, rep.r);
+            continue;
+        }
         if (rep.op == JAN_MKHOME) {
             if (j->mk_inflight > 0)
                 j->mk_inflight--;
@@ -228,8 +347,8 @@ static void janitor_on_event(loop_t *l, watcher_t *w, uint32_t ev)
         janitor_stop(j, "its socket hung up");
 }
 
-int janitor_new(server_t *srv, int trash_fd, int warm_fd, janitor_made_cb on_made, void *data,
-                janitor_t **ret)
+int janitor_new(server_t *srv, int trash_fd, int warm_fd, janitor_made_cb on_made,
+                janitor_netns_cb on_netns, void *data, janitor_t **ret)
 {
     janitor_t *j = calloc(1, sizeof *j);
     if (!j)
@@ -238,6 +357,7 @@ int janitor_new(server_t *srv, int trash_fd, int warm_fd, janitor_made_cb on_mad
                       .trash_fd = trash_fd,
                       .warm_fd = warm_fd,
                       .on_made = on_made,
+                      .on_netns = on_netns,
                       .data = data,
                       .fd = -1 };
     int r = janitor_start(j);
@@ -261,6 +381,7 @@ janitor_t *janitor_free(janitor_t *j)
 }
 
 static int janitor_send(janitor_t *j, uint32_t op, const char *name);
+static int janitor_send_fd(janitor_t *j, uint32_t op, const char *name, int fd);
 
 int janitor_remove(janitor_t *j, const char *name) { return janitor_send(j, JAN_REMOVE, name); }
 
@@ -269,7 +390,7 @@ int janitor_make_home(janitor_t *j, const char *name)
     return j->warm_fd >= 0 ? janitor_send(j, JAN_MKHOME, name) : -EBADF;
 }
 
-static int janitor_send(janitor_t *j, uint32_t op, const char *name)
+static int janitor_send_fd(janitor_t *j, uint32_t op, const char *name, int fd)
 {
     jan_req_t q = { .op = op };
     if (strlen(name) >= sizeof q.name)
@@ -279,15 +400,26 @@ static int janitor_send(janitor_t *j, uint32_t op, const char *name)
     if (j->fd < 0 || j->inflight >= JAN_INFLIGHT_MAX)
         return -EAGAIN;
     memcpy(q.name, name, strlen(name) + 1);
-    ssize_t n;
-    do
-        n = send(j->fd, &q, sizeof q, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = send_with_fd(j->fd, &q, sizeof q, MSG_DONTWAIT, fd);
     if (n != (ssize_t)sizeof q)
         return n < 0 ? negative_errno() : -EIO;
     j->inflight++;
     j->mk_inflight += op == JAN_MKHOME;
+    j->ns_made_inflight += op == JAN_NETNS_MAKE;
+    j->ns_checks_inflight += op == JAN_NETNS_CHECK;
     return 0;
+}
+
+static int janitor_send(janitor_t *j, uint32_t op, const char *name)
+{
+    return janitor_send_fd(j, op, name, -1);
+}
+
+int janitor_netns_make(janitor_t *j) { return janitor_send(j, JAN_NETNS_MAKE, ""); }
+
+int janitor_netns_check(janitor_t *j, int netns_fd)
+{
+    return netns_fd >= 0 ? janitor_send_fd(j, JAN_NETNS_CHECK, "", netns_fd) : -EBADF;
 }
 
 void janitor_counts(const janitor_t *j, uint64_t *removed, uint64_t *failed)

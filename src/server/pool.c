@@ -164,6 +164,9 @@ static int warm_open(pool_t *p, const struct stat *hs)
     return fd;
 }
 
+static void netns_back(void *data, int op, int fd, int r);
+static void netns_want(pool_t *p);
+
 /* Ask the janitor for homes until the warm set (made + being made) is full. */
 static void warm_refill(pool_t *p)
 {
@@ -209,7 +212,7 @@ static void trash_open(pool_t *p)
         return;
     }
     int warm = warm_open(p, &hs);
-    int r = janitor_new(p->srv, fd, warm, warm_made, p, &p->srv->janitor);
+    int r = janitor_new(p->srv, fd, warm, warm_made, netns_back, p, &p->srv->janitor);
     if (r < 0) {
         safe_close(warm);
         log_warn("cannot start the janitor: %s; deletes remove homes on the loop", strerror(-r));
@@ -343,7 +346,10 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     if (netns_make(&nfd) >= 0) {
         p->have_netns = true;
         p->netns_warm[p->n_netns_warm++] = nfd;
-        netns_refill(srv->loop, &p->netns_refill);
+        if (srv->janitor)
+            netns_want(p);
+        else
+            netns_refill(srv->loop, &p->netns_refill);
         /* A sandbox's TCP ports are its own now (nothing else shares its loopback): a service
          * may listen on them. Landlock keeps refusing TCP bind where sandboxes share one. */
         p->ll.handled_net = 0;
@@ -482,17 +488,68 @@ static void hex_random(char *out, size_t nbytes)
     sodium_memzero(b, sizeof b);
 }
 
-/* A network namespace for a new sandbox: one made ahead if there is one (the warm set is
- * refilled from a timer, off the create path), else a fresh one. */
+/* Fill the warm set of network namespaces: from the janitor when there is one (counting those
+ * on their way back from deleted sandboxes), else from a timer on the loop. */
+static void netns_want(pool_t *p)
+{
+    janitor_t *j = p->srv->janitor;
+    if (!j) {
+        if (!timer_armed(&p->netns_refill))
+            (void)timer_arm(p->srv->loop, &p->netns_refill, 1);
+        return;
+    }
+    while (p->n_netns_warm + p->netns_making + p->netns_checking < POOL_NETNS_WARM &&
+           janitor_netns_make(j) >= 0)
+        p->netns_making++;
+}
+
+static void netns_back(void *data, int op, int fd, int r)
+{
+    pool_t *p = data;
+    (void)r;
+    if (op == JANITOR_NETNS_MADE && p->netns_making > 0)
+        p->netns_making--;
+    if (op == JANITOR_NETNS_CHECKED) {
+        if (p->netns_checking > 0)
+            p->netns_checking--;
+        if (fd >= 0)
+            p->netns_recycled++;
+        else
+            p->netns_discarded++;
+    }
+    if (fd >= 0 && p->n_netns_warm == POOL_NETNS_WARM) {
+        /* full: the oldest goes (one closed either way), the one back is taken next */
+        safe_close(p->netns_warm[0]);
+        memmove(p->netns_warm, p->netns_warm + 1, (POOL_NETNS_WARM - 1) * sizeof(int));
+        p->n_netns_warm--;
+    }
+    if (fd >= 0)
+        p->netns_warm[p->n_netns_warm++] = fd;
+    if (fd < 0 && r != -EPIPE)
+        netns_want(p); /* one that did not come back; not after a janitor died (no loop) */
+}
+
+/* A network namespace for a new sandbox: one made ahead if there is one, else a fresh one. */
 static int netns_take(pool_t *p, int *ret_fd)
 {
-    if (!timer_armed(&p->netns_refill))
-        (void)timer_arm(p->srv->loop, &p->netns_refill, 1);
-    if (p->n_netns_warm > 0) {
+    int r = 0;
+    if (p->n_netns_warm > 0)
         *ret_fd = p->netns_warm[--p->n_netns_warm];
-        return 0;
-    }
-    return netns_make(ret_fd);
+    else
+        r = netns_make(ret_fd);
+    netns_want(p);
+    return r;
+}
+
+/* A deleted sandbox's namespace, its processes verified gone: to the janitor, which hands it
+ * back for the next sandbox only if it is as pristine as a fresh one (janitor.h). */
+static void netns_return(pool_t *p, sandbox_t *sb)
+{
+    if (sb->netns_fd < 0 || !p->srv->janitor ||
+        janitor_netns_check(p->srv->janitor, sb->netns_fd) < 0)
+        return;
+    p->netns_checking++;
+    sb->netns_fd = safe_close(sb->netns_fd);
 }
 
 static void netns_refill(loop_t *l, timer_t_ *t)
@@ -899,6 +956,8 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
     p->reserved--;
     procs_drop_sandbox(p->srv, sb);
     bool killed = teardown_processes(sb);
+    if (killed)
+        netns_return(p, sb);
     int r = remove_home(sb, killed);
     bool removed = r >= 0 || r == -ENOENT;
     err[0] = '\0';
@@ -995,6 +1054,11 @@ void pool_health(pool_t *p, void *json_obj)
         json_array_append_new(conf, json_string("netns"));
     json_object_set_new(j, "confinement", conf);
     json_object_set_new(j, "cgroups", json_string(cgs));
+    if (p->have_netns)
+        json_object_set_new(j, "netns",
+                            json_pack("{s:I,s:I,s:I}", "warm", (json_int_t)p->n_netns_warm,
+                                      "recycled", (json_int_t)p->netns_recycled, "discarded",
+                                      (json_int_t)p->netns_discarded));
     json_object_set_new(j, "homes",
                         json_pack("{s:I,s:I}", "warm", (json_int_t)p->n_warm, "from_warm",
                                   (json_int_t)p->homes_from_warm));

@@ -83,6 +83,9 @@ struct pool {
     bool have_netns;
     int netns_warm[POOL_NETNS_WARM];
     size_t n_netns_warm;
+    /* asked of the janitor: namespaces being made, deleted sandboxes' being checked */
+    size_t netns_making, netns_checking;
+    uint64_t netns_recycled, netns_discarded;
     timer_t_ netns_refill;
     cgroups_t cg;
     seccomp_filter_t seccomp;

@@ -1188,3 +1188,89 @@ def test_proxy_sibling_token_cannot_use_a_service(proxied):
     st, _, _ = b.request("GET", "/proxy/8080/x")  # B's own route: B has no 8080 service
     assert st == 502
     assert a.request("GET", "/proxy/8080/y")[2] == b"A /y"
+
+
+# ---- recycled network namespaces -------------------------------------------------------------
+# A deleted sandbox's namespace goes to the next sandbox only when it shows nothing a fresh one
+# would not (isolation/netns.c): the next tenant never sees the last one's traffic counters,
+# sockets or TIME_WAIT entries.
+
+NET_TRACE = """
+import json, socket, sys
+def lo():
+    for l in open("/proc/net/dev").read().splitlines()[2:]:
+        name, rest = l.split(":", 1)
+        if name.strip() == "lo":
+            return [int(x) for x in rest.split()][:2]  # rx bytes, rx packets
+def udp_in():
+    lines = [l.split() for l in open("/proc/net/snmp") if l.startswith("Udp:")]
+    return int(lines[1][lines[0].index("InDatagrams")])
+def tw():
+    for l in open("/proc/net/sockstat"):
+        if l.startswith("TCP:"):
+            f = l.split()
+            return int(f[f.index("tw") + 1])
+if sys.argv[1] == "send":  # traffic on its own loopback, and a TCP connection closed first
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.sendto(b"x" * 100, s.getsockname())
+        s.recv(200)
+    with socket.socket() as l:
+        l.listen(1)
+        c = socket.create_connection(l.getsockname())
+        a, _ = l.accept()
+        c.close()  # the active closer keeps TIME_WAIT
+        a.close()
+print(json.dumps({"lo": lo(), "udp_in": udp_in(), "tw": tw(),
+                  "ns": __import__("os").readlink("/proc/self/ns/net")}))
+"""
+
+
+def netns_counts(pool_host):
+    n = pool_host.json("GET", "/health")[1]["netns"]
+    return n["recycled"], n["discarded"]
+
+
+def delete_and_wait_checked(pool_host, sb):
+    before = sum(netns_counts(pool_host))
+    sb.delete()
+    assert wait_until(lambda: sum(netns_counts(pool_host)) > before, 5)
+
+
+def test_a_used_network_namespace_is_never_handed_on(pool_host):
+    (a,) = pool_host.create(1)
+    res_a = py_attempts(a, NET_TRACE, "send")
+    # positive control: what A did is visible in its namespace
+    assert res_a["lo"][1] > 0 and res_a["udp_in"] > 0 and res_a["tw"] > 0, res_a
+    recycled, discarded = netns_counts(pool_host)
+    delete_and_wait_checked(pool_host, a)
+    assert netns_counts(pool_host) == (recycled, discarded + 1)
+    # B, made now, takes the namespace that came back last, if A's had: it starts clean
+    (b,) = pool_host.create(1)
+    try:
+        res_b = py_attempts(b, NET_TRACE, "look")
+        assert res_b["ns"] != res_a["ns"], (res_a, res_b)
+        assert res_b["lo"] == [0, 0] and res_b["udp_in"] == 0 and res_b["tw"] == 0, res_b
+    finally:
+        b.delete()
+
+
+def test_an_unused_network_namespace_is_handed_on_clean(pool_host):
+    (a,) = pool_host.create(1)
+    res_a = py_attempts(a, NET_TRACE, "look")  # runs a command, sends nothing
+    recycled, discarded = netns_counts(pool_host)
+    delete_and_wait_checked(pool_host, a)
+    assert netns_counts(pool_host) == (recycled + 1, discarded)
+    (b,) = pool_host.create(1)
+    try:
+        res_b = py_attempts(b, NET_TRACE, "look")
+        assert res_b["ns"] == res_a["ns"], (res_a, res_b)  # the same namespace, reused
+        assert res_b["lo"] == [0, 0] and res_b["udp_in"] == 0 and res_b["tw"] == 0, res_b
+        # and it is still B's own: A's sibling cannot be reached from it (a fresh sandbox C)
+        (c,) = pool_host.create(1)
+        try:
+            assert py_attempts(c, NET_TRACE, "look")["ns"] != res_b["ns"]
+        finally:
+            c.delete()
+    finally:
+        b.delete()
