@@ -16,6 +16,7 @@
 #include <sodium.h>
 
 #include "cap/runjson.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/httpc.h"
 #include "common/log.h"
@@ -234,54 +235,26 @@ static void strv_clear(strv_t *s)
     s->n = 0;
 }
 
-static int strv_addf(strv_t *s, const char *k, const char *v)
-{
-    if (s->n >= ENV_MAX)
-        return -E2BIG;
-    if (asprintf(&s->v[s->n], "%s=%s", k, v) < 0)
-        return -ENOMEM;
-    s->v[++s->n] = NULL;
-    return 0;
-}
-
 /* The run's environment: a fixed base, then the job's env, then its secrets (environment for
  * the command only: never stored in the run record, never logged). The node's own settings
- * (SBX_LISTEN) cannot be overridden. */
-static int build_env(json_t *spec, bool pool_host, strv_t *env, const char **err)
+ * (SBX_LISTEN, SBX_HOST_MODE) cannot be overridden. A pool job: the node starts the agent in
+ * host mode itself. */
+static int build_env(json_t *spec, bool pool_host, char ***ret, sbx_err_t *err)
 {
-    static const char *const fixed[][2] = {
-        { "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.sbx/bin" },
-        { "HOME", "/root" },
-        { "SBX_LISTEN", "fd:3" },
+    static const char *const reserved[] = { "SBX_LISTEN", "SBX_HOST_MODE", NULL };
+    char *const base[] = {
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.sbx/bin",
+        "HOME=/root",
+        "SBX_LISTEN=fd:3",
+        pool_host ? "SBX_HOST_MODE=1" : NULL,
+        NULL,
     };
-    int r = 0;
-    for (size_t i = 0; i < 3 && r >= 0; i++)
-        r = strv_addf(env, fixed[i][0], fixed[i][1]);
-    const char *groups[] = { "env", "secrets" };
-    for (size_t g = 0; g < 2 && r >= 0; g++) {
-        json_t *o = json_object_get(spec, groups[g]), *val;
-        const char *k;
-        if (!o)
-            continue;
-        if (!json_is_object(o)) {
-            *err = "env and secrets must be objects of strings";
-            return -EINVAL;
-        }
-        json_object_foreach(o, k, val) {
-            if (!json_is_string(val) || strlen(json_string_value(val)) != json_string_length(val) ||
-                !env_name_valid(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE")) {
-                *err = "env and secrets: names [A-Za-z_][A-Za-z0-9_]*, string values without NUL "
-                       "(SBX_LISTEN and SBX_HOST_MODE are the node's)";
-                return -EINVAL;
-            }
-            r = strv_addf(env, k, json_string_value(val));
-            if (r < 0)
-                break;
-        }
-    }
-    if (r >= 0 && pool_host) /* a pool job: the node starts the agent in host mode itself */
-        r = strv_addf(env, "SBX_HOST_MODE", "1");
-    return r;
+    const env_overlay_t ov[] = { { "env", json_object_get(spec, "env") },
+                                 { "secrets", json_object_get(spec, "secrets") } };
+    const env_rules_t rules = { .portable_names = true,
+                                .reserved = reserved,
+                                .max_entries = ENV_MAX };
+    return env_build(base, ov, ELEMENTSOF(ov), &rules, ret, err);
 }
 
 static int build_argv(json_t *spec, bool pool_host, strv_t *argv, const char **err)
@@ -883,13 +856,17 @@ static int run_cloned(void *arg, pid_t pid, uint64_t start_time)
 int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
 {
     const char *why = "invalid job spec";
-    strv_t env = { 0 }, argv = { 0 };
-    int rc = build_env(spec, r->pool_host, &env, &why);
-    if (rc >= 0)
-        rc = build_argv(spec, r->pool_host, &argv, &why);
+    sbx_err_t e;
+    _cleanup_strv_free_ char **env = NULL;
+    strv_t argv = { 0 };
+    int rc = build_env(spec, r->pool_host, &env, &e);
+    if (rc < 0) {
+        (void)snprintf(err, errlen, "%s", e.msg);
+        return rc;
+    }
+    rc = build_argv(spec, r->pool_host, &argv, &why);
     if (rc < 0) {
         (void)snprintf(err, errlen, "%s", why);
-        strv_clear(&env);
         strv_clear(&argv);
         return rc;
     }
@@ -943,7 +920,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
                                 .agent_ino = r->exe_ino,
                                 .hostname = r->id.sandbox,
                                 .argv = argv.v,
-                                .envp = env.v,
+                                .envp = env,
                                 .bridge_fd = sock,
                                 .log_fd = out,
                                 .userns_fd = userns,
@@ -968,7 +945,6 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     safe_close(netns);
     for (int i = 0; i < SUBSTRATE_MAX_CGROUPS + 1; i++)
         safe_close(cgfds[i]);
-    strv_clear(&env);
     strv_clear(&argv);
     if (rc < 0) {
         pasta_stop(n, r);

@@ -456,10 +456,10 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
 static void exec_body(conn_t *c, json_t *o)
 {
     exec_spec_t spec;
-    const char *err = NULL;
+    sbx_err_t err = { 0 };
     int r = exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err);
     if (r < 0) {
-        conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
+        conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err.msg);
         return;
     }
     if (spec.background)

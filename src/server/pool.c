@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "fsops.h"
 #include "isolation/confine.h"
@@ -109,13 +110,6 @@ const conn_owner_ops_t sandbox_owner_ops = { .release = sandbox_owner_release };
 void conn_scope_sandbox(conn_t *c, sandbox_t *sb)
 {
     conn_set_owner(c, &sandbox_owner_ops, sandbox_hold(sb));
-}
-
-static void strv_free(char **v)
-{
-    for (char **e = v; e && *e; e++)
-        free(*e);
-    free(v);
 }
 
 void sandbox_unref(sandbox_t *sb)
@@ -385,56 +379,26 @@ typedef struct {
     uint64_t max_procs, max_mem_mb, idle_ms;
 } create_opts_t;
 
+/* The sandbox's base environment, then its create-time env (checked by parse_create_opts),
+ * which replaces a base entry of the same name. */
 static int build_env(const sandbox_t *sb, json_t *env, char ***ret)
 {
-    size_t n = json_object_size(env) + 9, k = 0;
-    char **v = calloc(n, sizeof *v);
-    if (!v)
-        return -ENOMEM;
-    char line[512];
-#define PUT(...)                                                                                   \
-    do {                                                                                           \
-        (void)snprintf(line, sizeof line, __VA_ARGS__);                                            \
-        if (!(v[k++] = strdup(line)))                                                              \
-            goto oom;                                                                              \
-    } while (0)
-    PUT("PATH=%s/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    char b[8][512];
+    (void)snprintf(
+        b[0], sizeof b[0],
+        "PATH=%s/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         sb->home);
-    PUT("HOME=%s", sb->home);
-    PUT("TMPDIR=%s/.tmp", sb->home);
-    PUT("USER=sbx-%s", sb->id);
-    PUT("LOGNAME=sbx-%s", sb->id);
-    PUT("SBX_SANDBOX_ID=%s", sb->id);
-    PUT("SBX_PROXY_DIR=%s/.sbx/proxy", sb->home);
-    PUT("LANG=C.UTF-8");
-#undef PUT
-    const char *key;
-    json_t *val;
-    json_object_foreach(env, key, val) {
-        const char *s = json_is_string(val) ? json_string_value(val) : "";
-        size_t len = strlen(key) + strlen(s) + 2;
-        char *e = malloc(len);
-        if (!e)
-            goto oom;
-        (void)snprintf(e, len, "%s=%s", key, s);
-        /* create-time env overrides the base entry of the same name */
-        size_t kl = strlen(key) + 1;
-        size_t i;
-        for (i = 0; i < k; i++)
-            if (strncmp(v[i], e, kl) == 0)
-                break;
-        if (i < k) {
-            free(v[i]);
-            v[i] = e;
-        } else {
-            v[k++] = e;
-        }
-    }
-    *ret = v;
-    return 0;
-oom:
-    strv_free(v);
-    return -ENOMEM;
+    (void)snprintf(b[1], sizeof b[1], "HOME=%s", sb->home);
+    (void)snprintf(b[2], sizeof b[2], "TMPDIR=%s/.tmp", sb->home);
+    (void)snprintf(b[3], sizeof b[3], "USER=sbx-%s", sb->id);
+    (void)snprintf(b[4], sizeof b[4], "LOGNAME=sbx-%s", sb->id);
+    (void)snprintf(b[5], sizeof b[5], "SBX_SANDBOX_ID=%s", sb->id);
+    (void)snprintf(b[6], sizeof b[6], "SBX_PROXY_DIR=%s/.sbx/proxy", sb->home);
+    (void)snprintf(b[7], sizeof b[7], "LANG=C.UTF-8");
+    char *const base[] = { b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], NULL };
+    const env_overlay_t ov = { "env", env };
+    const env_rules_t rules = { .replace = true };
+    return env_build(base, &ov, 1, &rules, ret, NULL);
 }
 
 /* A home the janitor made ahead: one rename into the homes, then it is the uid's (root made
