@@ -121,3 +121,27 @@ static int remove_tree(int pfd, const char *name, dev_t dev, unsigned depth)
 }
 
 int rmtree_at(int pfd, const char *name, dev_t dev) { return remove_tree(pfd, name, dev, 0); }
+
+int rmtree(const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    size_t dl = slash ? (size_t)(slash - path) : 0;
+    if (!*name || streq(name, ".") || streq(name, ".."))
+        return -EINVAL;
+    if (dl >= sizeof dir)
+        return -ENAMETOOLONG;
+    memcpy(dir, path, dl);
+    dir[dl] = '\0';
+    _cleanup_close_ int pfd = open(!slash    ? "."
+                                   : dl == 0 ? "/"
+                                             : dir,
+                                   O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    if (pfd < 0 || fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? 0 : negative_errno();
+    if (!S_ISDIR(st.st_mode))
+        return unlinkat(pfd, name, 0) < 0 && errno != ENOENT ? negative_errno() : 0;
+    int r = rmtree_at(pfd, name, st.st_dev); /* the filesystem of path itself, as rm's */
+    return r == -ENOENT ? 0 : r;
+}

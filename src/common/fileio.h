@@ -27,3 +27,8 @@ int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
  * Stops at the first error, with what came before it removed. */
 #define RMTREE_MAX_DEPTH 256
 int rmtree_at(int pfd, const char *name, dev_t dev);
+/* rm -rf --one-file-system path: path and everything below it on path's own filesystem,
+ * by rmtree_at; a path that is not there is fine. The removal allocates nothing but the
+ * directory streams, so a child forked from a threaded daemon may run it (glibc's malloc is
+ * fork-safe). */
+int rmtree(const char *path);

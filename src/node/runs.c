@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -30,7 +29,6 @@
 #include "node.h"
 #include "substrate.h"
 
-extern char **environ;
 
 #define ENV_MAX 256
 #define ARGV_MAX 256
@@ -124,25 +122,6 @@ void run_cut_leases(run_t *r)
 }
 
 /* ---- helpers ------------------------------------------------------------------------------- */
-
-static int spawn_wait(char *const argv[])
-{
-    pid_t pid;
-    int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
-    if (r != 0)
-        return -r;
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return negative_errno();
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
-}
-
-static int remove_tree(const char *path)
-{
-    char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", (char *)path, NULL };
-    return spawn_wait(argv);
-}
 
 static int mkdir_mode(const char *p, mode_t m)
 {
@@ -626,7 +605,7 @@ void run_unmount_disk(const run_t *r)
         log_warn("run %s: cannot unmount its disk: %s", r->id.sandbox, strerror(-rc));
 }
 
-/* A helper process (rm, tar) the loop does not wait for: done() runs when it exits. */
+/* A helper process (a tree removal, tar) the loop does not wait for: done() runs when it exits. */
 typedef struct helper helper_t;
 struct helper {
     child_t child;
@@ -644,18 +623,6 @@ static void helper_exited(child_t *ch, int wstatus)
     free(h);
 }
 
-static int helper_spawn(node_t *n, helper_t *h, char *const argv[])
-{
-    pid_t pid;
-    int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
-    if (r != 0)
-        return -r;
-    h->n = n;
-    h->child = (child_t){ .pid = pid, .on_exit = helper_exited, .data = h };
-    reaper_add(&n->srv.reaper, &h->child);
-    return 0;
-}
-
 static void helper_adopt(node_t *n, helper_t *h, pid_t pid)
 {
     h->n = n;
@@ -667,14 +634,29 @@ static void trash_removed(helper_t *h, int wstatus)
 {
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
         /* the block stays taken: files of the old run may be left with its ids */
-        log_warn("cannot remove %s (rm status 0x%x)", h->path, wstatus);
+        log_warn("cannot remove %s (status 0x%x)", h->path, wstatus);
         return;
     }
     idrange_release(&h->n->ids, h->id_base);
 }
 
+/* Remove h->path (rmtree: by descriptor, never following a symlink, never leaving the tree's
+ * filesystem) in a child the loop does not wait for: a run's tree can be large. The child only
+ * walks and unlinks, then _exit()s. */
+static int helper_rmtree(node_t *n, helper_t *h)
+{
+    h->done = trash_removed;
+    pid_t pid = fork();
+    if (pid < 0)
+        return negative_errno();
+    if (pid == 0)
+        _exit(rmtree(h->path) < 0 ? 1 : 0);
+    helper_adopt(n, h, pid);
+    return 0;
+}
+
 /* Stop the run and forget it; its directory is renamed away at once (a later install of the
- * sandbox starts clean) and removed by an rm the loop does not wait for. */
+ * sandbox starts clean) and removed by a child the loop does not wait for. */
 void run_retire(node_t *n, run_t *r)
 {
     run_stop(n, r);
@@ -692,16 +674,14 @@ void run_retire(node_t *n, run_t *r)
                  r->id.sandbox, rnd) < (int)sizeof h->path &&
         rename(r->dir, h->path) == 0) {
         node_crash_point(n, "retire:after_rename");
-        char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
-        h->done = trash_removed;
         h->id_base = r->id_base;
-        rc = helper_spawn(n, h, argv);
+        rc = helper_rmtree(n, h);
         if (rc < 0)
-            rc = remove_tree(h->path);
+            rc = rmtree(h->path);
         else
             h = NULL; /* owned by the child record now */
     } else {
-        rc = remove_tree(r->dir);
+        rc = rmtree(r->dir);
     }
     if (h && rc >= 0)
         idrange_release(&n->ids, r->id_base);
@@ -713,7 +693,8 @@ void run_retire(node_t *n, run_t *r)
 }
 
 /* The run's directories, its root fresh, kept (resume here) or fetched from the node that held
- * it (a move). Blocking (rm, tar, HTTP): runs on an install thread; touches nothing shared. */
+ * it (a move). Blocking (tree removal, tar, HTTP): runs on an install thread; touches nothing
+ * shared. */
 /* An image run's writable layer on its disk: upper/ (the run's, owned by its root) and
  * work/ (overlayfs's, the node's). The disk's top directory is never visible inside an image
  * run (its root is upper/ over the image), so these are the node's to make. */
@@ -766,7 +747,7 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
         return rc;
     if (!keep_root) {
         (void)disk_umount(root);
-        (void)remove_tree(root);
+        (void)rmtree(root);
         (void)unlink(img);
     }
     rc = mkdir_mode(r->dir, 0700);
@@ -1156,8 +1137,8 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
     return 0;
 }
 
-/* A retired run's directory that a restart interrupted: its id block stays taken until an rm
- * the loop does not wait for has removed it. */
+/* A retired run's directory that a restart interrupted: its id block stays taken until a child
+ * the loop does not wait for has removed it (helper_rmtree). */
 static void load_trash(node_t *n, const char *dir, const char *name)
 {
     uint64_t base;
@@ -1170,10 +1151,8 @@ static void load_trash(node_t *n, const char *dir, const char *name)
         free(h);
         return;
     }
-    char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
-    h->done = trash_removed;
     h->id_base = (uint32_t)base;
-    if (helper_spawn(n, h, argv) < 0)
+    if (helper_rmtree(n, h) < 0)
         free(h);
 }
 
