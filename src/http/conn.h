@@ -13,6 +13,7 @@
 #include "common/sock.h"
 #include "connlimit.h"
 #include "http.h"
+#include "status.h"
 
 typedef struct httpd httpd_t;
 typedef struct conn conn_t;
@@ -100,8 +101,6 @@ int conn_respond(conn_t *c, int status, const char *content_type, const void *bo
                  const char *extra_headers);
 int conn_respond_json(conn_t *c, int status, json_t *j); /* steals j */
 int conn_respond_error(conn_t *c, int status, const char *fmt, ...) _printf_(3, 4);
-/* Map -errno to a status and answer with its message. */
-int conn_respond_errno(conn_t *c, int err, const char *what);
 int conn_respond_file(conn_t *c, int fd, uint64_t off, uint64_t len); /* takes fd */
 int conn_stream_begin(conn_t *c, int status, const char *content_type, const char *extra_headers);
 /* Append one chunk. The payload is written by fill(), which gets room for at most max bytes and

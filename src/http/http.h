@@ -51,8 +51,6 @@ bool http_te_chunked(const http_request_t *req);
  * length, or -EBADMSG when the framing is not a chunked body. */
 ssize_t http_chunked_decode(char *p, size_t n);
 
-const char *http_reason(int status);
-
 /* Where a chunked body ends, scanned as its bytes arrive (a zeroed state starts a body). */
 typedef struct {
     int st;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "http/http.h"
+#include "http/status.h"
 #include "tap.h"
 
 static http_request_t req;
