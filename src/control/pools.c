@@ -270,14 +270,6 @@ json_t *pool_sandbox_view(json_t *s, const char *ns, const char *pool)
 
 /* ---- the API: pools ----------------------------------------------------------------------------- */
 
-/* A store error is no answer about the pool: 503, not 404. */
-static void respond_store_error(conn_t *c, int r, const char *what)
-{
-    static const char body[] = "{\"error\":\"the control plane cannot read its store\"}";
-    conn_respond(c, 503, "application/json", body, sizeof body - 1, "Retry-After: 1\r\n");
-    log_warn("%s: the store: %s", what, strerror(-r));
-}
-
 typedef struct {
     char ns[64], principal[64];
     role_t role;
@@ -329,17 +321,17 @@ static void pool_create_done(conn_t *c)
     const char *e = b ? pool_from_request(ctl, b, &pool) : jerr.text;
     json_decref(b);
     if (e) {
-        conn_respond_error(c, 400, "pool: %s", e);
+        http_bad_request(c, 0, "pool: %s", e);
         return;
     }
     const char *image = jstr(pool, "image");
     if (streq(image, "host") && cx->role != ROLE_ADMIN && !streq(ctl->cfg.default_image, "host")) {
-        conn_respond_error(c, 403, "pool: image host (the node's own programs) is for admins");
+        http_forbidden(c, 0, "pool: image host (the node's own programs) is for admins");
         json_decref(pool);
         return;
     }
     if (!image_on_live_node(ctl->store, image, NULL)) {
-        conn_respond_error(c, 400, "pool: image %s: not available on any node", image);
+        http_bad_request(c, 0, "pool: image %s: not available on any node", image);
         json_decref(pool);
         return;
     }
@@ -350,14 +342,14 @@ static void pool_create_done(conn_t *c)
     pool_key(key, sizeof key, cx->ns, jstr(pool, "name"));
     int r = record_save(ctl->store, key, pool, STORE_REV_ABSENT, NULL);
     if (r == -ESTALE || r == -EEXIST) {
-        conn_respond_error(c, 409, "pool %s exists in namespace %s (DELETE it first)",
-                           jstr(pool, "name"), cx->ns);
+        http_conflict(c, 0, "pool %s exists in namespace %s (DELETE it first)", jstr(pool, "name"),
+                      cx->ns);
         json_decref(pool);
         return;
     }
     if (r < 0) {
         json_decref(pool);
-        respond_store_error(c, r, "pool create");
+        respond_store_err(c, r, "pool create", "pool create: not found");
         return;
     }
     log_info("pool %s/%s created by %s", cx->ns, jstr(pool, "name"), cx->principal);
@@ -373,10 +365,8 @@ static json_t *pool_or_answer(control_t *ctl, conn_t *c, const char *ns, const c
     json_t *pool;
     pool_key(key, sizeof key, ns, name);
     int r = record_load(ctl->store, key, &pool, ret_rev);
-    if (r == -ENOENT)
-        conn_respond_error(c, 404, "no pool %s in namespace %s", name, ns);
-    else if (r < 0)
-        respond_store_error(c, r, "pool");
+    if (r < 0)
+        respond_store_err(c, r, "pool", "no pool %s in namespace %s", name, ns);
     return r < 0 ? NULL : pool;
 }
 
@@ -391,7 +381,7 @@ static void pool_inspect(control_t *ctl, conn_t *c, const char *ns, const char *
         json_decref(hosts);
         json_decref(live);
         json_decref(pool);
-        respond_store_error(c, -EIO, "pool inspect");
+        respond_store_err(c, -EIO, "pool inspect", "pool inspect: not found");
         return;
     }
     json_t *view = json_array(), *h, *v;
@@ -426,7 +416,7 @@ static void pools_list(control_t *ctl, conn_t *c, const char *ns)
     size_t n;
     int r = store_list(ctl->store, prefix, &kvs, &n);
     if (r < 0) {
-        respond_store_error(c, r, "pools");
+        respond_store_err(c, r, "pools", "pools: not found");
         return;
     }
     json_t *arr = json_array();
@@ -456,7 +446,7 @@ static void pool_delete(control_t *ctl, conn_t *c, const char *ns, const char *n
         }
         if (r < 0) {
             json_decref(pool);
-            respond_store_error(c, r, "pool delete");
+            respond_store_err(c, r, "pool delete", "pool delete: not found");
             return;
         }
         log_info("pool %s/%s: draining (delete requested)", ns, name);
@@ -464,7 +454,7 @@ static void pool_delete(control_t *ctl, conn_t *c, const char *ns, const char *n
         conn_respond_json(c, 202, pool);
         return;
     }
-    conn_respond_error(c, 503, "pool delete: too much contention on the pool record");
+    http_unavailable(c, 0, "pool delete: too much contention on the pool record");
 }
 
 /* ---- the API: sandboxes --------------------------------------------------------------------------- */
@@ -477,7 +467,7 @@ static void alloc_body_done(conn_t *c)
     a->body = malloc(c->body.len + 1);
     if (!a->body) {
         pool_alloc_arg_free(a);
-        conn_respond_errno(c, -ENOMEM, "sandboxes");
+        http_errno(c, 0, -ENOMEM, "sandboxes");
         return;
     }
     memcpy(a->body, buf_head(&c->body), c->body.len);
@@ -501,16 +491,12 @@ static json_t *sandbox_or_answer(control_t *ctl, conn_t *c, const char *ns, cons
     json_t *rec;
     pool_sbx_key(key, sizeof key, ns, pool, id);
     int r = record_load(ctl->store, key, &rec, NULL);
-    if (r == -ENOENT) {
-        conn_respond_error(c, 404, "no sandbox %s in pool %s", id, pool);
-        return NULL;
-    }
     if (r < 0) {
-        respond_store_error(c, r, "sandbox");
+        respond_store_err(c, r, "sandbox", "no sandbox %s in pool %s", id, pool);
         return NULL;
     }
     if (*jstr(rec, "gone")) {
-        conn_respond_error(c, 410, "sandbox %s is gone: %s", id, jstr(rec, "gone"));
+        http_gone(c, 0, "sandbox %s is gone: %s", id, jstr(rec, "gone"));
         json_decref(rec);
         return NULL;
     }
@@ -524,7 +510,7 @@ static void sandbox_proxy(control_t *ctl, conn_t *c, const char *ns, const char 
     char path[HTTP_MAX_HEAD];
     int n = snprintf(path, sizeof path, "/v1/sandboxes/%s" SV_FMT, id, SV_ARG(rest));
     if (n < 0 || (size_t)n >= sizeof path) {
-        conn_respond_error(c, 414, "path too long");
+        http_uri_too_long(c, 0, "path too long");
         return;
     }
     sv_t agent_path = sv_make(path, (size_t)n);
@@ -539,13 +525,13 @@ static void sandbox_proxy(control_t *ctl, conn_t *c, const char *ns, const char 
     if (r < 0) {
         json_decref(rec);
         if (r != -ENOENT) {
-            conn_respond_error(c, 503, "sandbox %s: its token cannot be read", id);
+            http_unavailable(c, 0, "sandbox %s: its token cannot be read", id);
             return;
         }
         /* marked gone meanwhile (its token goes first): say so; else not recorded yet */
         rec = sandbox_or_answer(ctl, c, ns, pool, id);
         if (rec) {
-            conn_respond_error(c, 503, "sandbox %s: its token is not recorded yet", id);
+            http_unavailable(c, 0, "sandbox %s: its token is not recorded yet", id);
             json_decref(rec);
         }
         return;
@@ -572,7 +558,7 @@ static void sandboxes_list(control_t *ctl, conn_t *c, const char *ns, const char
     size_t n;
     int r = store_list(ctl->store, prefix, &kvs, &n);
     if (r < 0) {
-        respond_store_error(c, r, "sandboxes");
+        respond_store_err(c, r, "sandboxes", "sandboxes: not found");
         return;
     }
     json_t *arr = json_array();
@@ -595,19 +581,19 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
     sv_t m = c->req.method;
     bool get = sv_eq(m, SV("GET")), post = sv_eq(m, SV("POST")), del = sv_eq(m, SV("DELETE"));
     if (n < 1 || !sv_copy(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
-        conn_respond_error(c, 404, "expected /v1/pools/{namespace}[/{pool}[/sandboxes[/{id}]]]");
+        http_not_found(c, 0, "expected /v1/pools/{namespace}[/{pool}[/sandboxes[/{id}]]]");
         return;
     }
     if (n >= 2 && (!sv_copy(seg[1], pool, sizeof pool) || !valid_name(pool, 63))) {
-        conn_respond_error(c, 404, "no such pool");
+        http_not_found(c, 0, "no such pool");
         return;
     }
     if (n >= 3 && !sv_eq(seg[2], SV("sandboxes"))) {
-        conn_respond_error(c, 404, "no such route (expected .../sandboxes)");
+        http_not_found(c, 0, "no such route (expected .../sandboxes)");
         return;
     }
     if (n >= 4 && (!sv_copy(seg[3], id, sizeof id) || !pool_sandbox_id_valid(id))) {
-        conn_respond_error(c, 404, "no such sandbox (ids are 16 hex digits)");
+        http_not_found(c, 0, "no such sandbox (ids are 16 hex digits)");
         return;
     }
     if (n == 5) {
@@ -621,7 +607,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
             return;
         pool_ctx_t *cx = calloc(1, sizeof *cx);
         if (!cx) {
-            conn_respond_errno(c, -ENOMEM, "pool");
+            http_errno(c, 0, -ENOMEM, "pool");
             return;
         }
         memcpy(cx->ns, ns, strlen(ns) + 1);
@@ -643,7 +629,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
             return;
         pool_alloc_arg_t *a = calloc(1, sizeof *a);
         if (!a) {
-            conn_respond_errno(c, -ENOMEM, "sandboxes");
+            http_errno(c, 0, -ENOMEM, "sandboxes");
             return;
         }
         memcpy(a->ns, ns, strlen(ns) + 1);
@@ -666,7 +652,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
             return;
         pool_del_arg_t *a = calloc(1, sizeof *a);
         if (!a) {
-            conn_respond_errno(c, -ENOMEM, "delete");
+            http_errno(c, 0, -ENOMEM, "delete");
             return;
         }
         memcpy(a->ns, ns, strlen(ns) + 1);
@@ -674,6 +660,6 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
         memcpy(a->id, id, strlen(id) + 1);
         work_submit(ctl, c, pool_delete_fn, a, free);
     } else {
-        conn_respond_error(c, 405, "method not allowed");
+        http_method_not_allowed(c, 0, "method not allowed");
     }
 }

@@ -29,7 +29,6 @@
 #include "node.h"
 #include "substrate.h"
 
-
 #define ENV_MAX 256
 #define ARGV_MAX 256
 
@@ -1069,7 +1068,7 @@ static void archive_done(helper_t *h, int wstatus)
     struct stat st;
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || fd < 0 || fstat(fd, &st) < 0) {
         safe_close(fd);
-        conn_respond_error(c, 500, "state archive: tar failed (status 0x%x)", wstatus);
+        http_internal_error(c, 0, "state archive: tar failed (status 0x%x)", wstatus);
         return;
     }
     conn_respond_file(c, fd, 0, (uint64_t)st.st_size);

@@ -629,12 +629,12 @@ static void create_body(conn_t *c, json_t *o)
     uint64_t count;
     const char *err = NULL;
     if (parse_create(o, &opts, &count, &err) < 0) {
-        conn_respond_error(c, 400, "%s", err);
+        http_bad_request(c, 0, "%s", err);
         return;
     }
     json_t *arr = json_array();
     if (!arr) {
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     uint64_t created = 0;
@@ -661,7 +661,7 @@ static void create_body(conn_t *c, json_t *o)
                     (void)sandbox_delete(done, e2, sizeof e2);
             }
             json_decref(arr);
-            conn_respond_error(c, 500, "creating a sandbox failed: %s", strerror(-r));
+            http_internal_error(c, 0, "creating a sandbox failed: %s", strerror(-r));
             return;
         }
         json_array_append_new(arr, sandbox_json(sb, true));
@@ -889,7 +889,8 @@ void route_sandbox_delete(conn_t *c, sandbox_t *sb)
     if (sandbox_delete(sb, err, sizeof err))
         conn_respond_json(c, 200, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
     else
-        conn_respond_json(c, 500, json_pack("{s:s,s:b,s:s}", "id", id, "deleted", 1, "error", err));
+        conn_respond_json(c, HTTP_INTERNAL_ERROR,
+                          json_pack("{s:s,s:b,s:s}", "id", id, "deleted", 1, "error", err));
 }
 
 void route_sandboxes_delete_all(conn_t *c)
@@ -905,7 +906,7 @@ void route_sandboxes_delete_all(conn_t *c)
         n++;
     }
     if (json_array_size(errors) > 0)
-        conn_respond_json(c, 500,
+        conn_respond_json(c, HTTP_INTERNAL_ERROR,
                           json_pack("{s:I,s:o}", "deleted", (json_int_t)n, "errors", errors));
     else {
         json_decref(errors);
