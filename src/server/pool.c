@@ -351,10 +351,8 @@ pool_t *pool_free(pool_t *p)
 {
     if (!p)
         return NULL;
-    while (p->first) {
-        char err[128];
-        (void)sandbox_delete(p->first, err, sizeof err);
-    }
+    while (p->first)
+        (void)sandbox_delete(p->first, NULL);
     if (p->srv)
         p->srv->janitor = janitor_free(p->srv->janitor);
     trash_close(p);
@@ -656,9 +654,8 @@ static void create_body(conn_t *c, json_t *o)
             for (size_t k = 0; k < n; k++) {
                 const char *id = json_string_value(json_object_get(json_array_get(arr, k), "id"));
                 sandbox_t *done = pool_find(p, id, strlen(id));
-                char e2[128];
                 if (done)
-                    (void)sandbox_delete(done, e2, sizeof e2);
+                    (void)sandbox_delete(done, NULL);
             }
             json_decref(arr);
             http_internal_error(c, 0, "creating a sandbox failed: %s", strerror(-r));
@@ -850,7 +847,7 @@ static int remove_home(sandbox_t *sb, bool killed)
     return remove_tree(p->homes_fd, sb->id, sb->home_fd);
 }
 
-bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
+int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
 {
     pool_t *p = sb->pool;
     /* From here no request may spawn under this uid, even one authorized before: spawn checks
@@ -865,11 +862,11 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
     bool killed = teardown_processes(sb);
     int r = remove_home(sb, killed);
     bool removed = r >= 0 || r == -ENOENT;
-    err[0] = '\0';
+    int ret = 0;
     if (!killed)
-        (void)snprintf(err, errlen, "processes of uid %u survived the kill", sb->uid);
+        ret = sbx_err(err, -EBUSY, "processes of uid %u survived the kill", sb->uid);
     else if (!removed)
-        (void)snprintf(err, errlen, "home could not be removed: %s", strerror(-r));
+        ret = sbx_err(err, r, "home could not be removed: %s", strerror(-r));
     char cgp[24]; /* its commands' cgroup2 groups, empty now */
     (void)snprintf(cgp, sizeof cgp, "s%u-", sb->uid);
     cgroup_cmd_remove_prefix(&p->cg, cgp);
@@ -879,18 +876,19 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
     if (!(killed && removed))
         p->teardown_failures++;
     sandbox_unref(sb);
-    return killed && removed;
+    return ret;
 }
 
 void route_sandbox_delete(conn_t *c, sandbox_t *sb)
 {
-    char id[17], err[160];
+    char id[17];
+    sbx_err_t err;
     memcpy(id, sb->id, sizeof id);
-    if (sandbox_delete(sb, err, sizeof err))
-        conn_respond_json(c, 200, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
+    if (sandbox_delete(sb, &err) >= 0)
+        conn_respond_json(c, HTTP_OK, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
     else
         conn_respond_json(c, HTTP_INTERNAL_ERROR,
-                          json_pack("{s:s,s:b,s:s}", "id", id, "deleted", 1, "error", err));
+                          json_pack("{s:s,s:b,s:s}", "id", id, "deleted", 1, "error", err.msg));
 }
 
 void route_sandboxes_delete_all(conn_t *c)
@@ -899,10 +897,11 @@ void route_sandboxes_delete_all(conn_t *c)
     json_t *errors = json_array();
     size_t n = 0;
     while (p->first) {
-        char err[160], id[17];
+        char id[17];
+        sbx_err_t err;
         memcpy(id, p->first->id, sizeof id);
-        if (!sandbox_delete(p->first, err, sizeof err))
-            json_array_append_new(errors, json_pack("{s:s,s:s}", "id", id, "error", err));
+        if (sandbox_delete(p->first, &err) < 0)
+            json_array_append_new(errors, json_pack("{s:s,s:s}", "id", id, "error", err.msg));
         n++;
     }
     if (json_array_size(errors) > 0)
@@ -921,10 +920,9 @@ void pool_evict_idle(pool_t *p, uint64_t now_ms)
         sandbox_t *next = sb->next;
         if (sb->idle_timeout_ms > 0 && sb->ops == 0 && sb->running == 0 &&
             now_ms - sb->last_activity_ms >= sb->idle_timeout_ms) {
-            char err[160];
             log_info("sandbox %s idle for %llu s: evicting", sb->id,
                      (unsigned long long)(sb->idle_timeout_ms / 1000));
-            (void)sandbox_delete(sb, err, sizeof err);
+            (void)sandbox_delete(sb, NULL);
         }
         sb = next;
     }

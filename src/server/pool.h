@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/err.h"
 #include "common/loop.h"
 #include "http/conn.h"
 #include "isolation/cgroup.h"
@@ -133,8 +134,10 @@ void *landlock_json(int abi);
 /* Health detail: Landlock ABI and features in force. */
 void pool_health(pool_t *p, void *json_obj);
 /* Delete: kill everything of the uid (setsid escapees included), remove the home, recycle the
- * uid only when that converged. Returns true when teardown converged. */
-bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen);
+ * uid only when that converged. 0 when teardown converged; else -EBUSY (processes of the uid
+ * survived the kill) or the home's removal error, with err saying which. The sandbox is gone
+ * from the pool either way. */
+int sandbox_delete(sandbox_t *sb, sbx_err_t *err);
 /* Remove parent_fd/name however deep (the janitor's removal; no symlink followed). */
 int pool_remove_tree_at(int parent_fd, const char *name);
 /* Evict sandboxes idle past their own timeout with nothing running or in flight. */
