@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cap/cap.h"
+#include "common/err.h"
 #include "common/httpc.h"
 #include "http/httpd.h"
 #include "routecache.h"
@@ -235,9 +236,9 @@ void job_set_desired(json_t *job,
 /* jobs.c */
 void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
 /* Validate a create request (the Jobs API's body) and split it into the job record and its
- * secrets; NULL, or what is wrong (for a 400). */
-const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
-                             json_t **ret_secrets);
+ * secrets; -EINVAL (err: what is wrong, for a 400) or -ENOMEM. */
+int job_from_request(json_t *b, const char *default_image, json_t **ret_job, json_t **ret_secrets,
+                     sbx_err_t *err);
 /* Store a new job (stage SCHEDULING) with id and its secrets; -EEXIST/-ESTALE if id is taken. */
 int job_insert(store_t *st, const seal_keys_t *seal, const char *ns, const char *initiator,
                const char *id, json_t *job, json_t *sec);

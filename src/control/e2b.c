@@ -317,8 +317,9 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
     }
     tpl = NULL;
     const char *e = create_body(ctl, b, &req, &tpl);
-    if (!e)
-        e = job_from_request(req, ctl->cfg.default_image, &job, &sec);
+    sbx_err_t err;
+    if (!e && job_from_request(req, ctl->cfg.default_image, &job, &sec, &err) < 0)
+        e = err.msg;
     json_decref(req);
     if (e) {
         work_fail(res, HTTP_BAD_REQUEST, HTTP_BODY_CODE, "create: %s", e);

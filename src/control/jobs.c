@@ -119,9 +119,12 @@ static json_t *flavor_limits(const char *name)
     return NULL;
 }
 
-/* Validate a create request and split it into the job record and its secrets. */
-const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
-                             json_t **ret_secrets)
+static const char job_oom[] = "out of memory";
+
+/* Validate a create request and split it into the job record and its secrets: NULL, or what is
+ * wrong (job_oom: no memory). */
+static const char *job_validate(json_t *b, const char *default_image, json_t **ret_job,
+                                json_t **ret_secrets)
 {
     const char *image = default_image, *substrate = "process", *flavor = "cpu-basic";
     const char *mode = "dedicated", *network = "none", *on_loss = "wait";
@@ -206,10 +209,19 @@ const char *job_from_request(json_t *b, const char *default_image, json_t **ret_
     if (job)
         json_object_set_new(job, "on_node_loss", json_string(on_loss));
     if (!job)
-        return "out of memory";
+        return job_oom;
     *ret_job = job;
     *ret_secrets = secrets ? json_incref(secrets) : json_object();
     return NULL;
+}
+
+int job_from_request(json_t *b, const char *default_image, json_t **ret_job, json_t **ret_secrets,
+                     sbx_err_t *err)
+{
+    const char *e = job_validate(b, default_image, ret_job, ret_secrets);
+    if (e)
+        return sbx_err(err, e == job_oom ? -ENOMEM : -EINVAL, "%s", e);
+    return 0;
 }
 
 /* ---- secrets/<id> ------------------------------------------------------------------------- */
@@ -375,10 +387,12 @@ static void create_done(conn_t *c)
     create_ctx_t *cx = c->hdata;
     json_error_t jerr;
     json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr), *job = NULL, *sec = NULL;
-    const char *e = b ? job_from_request(b, ctl->cfg.default_image, &job, &sec) : jerr.text;
+    sbx_err_t err;
+    int r = b ? job_from_request(b, ctl->cfg.default_image, &job, &sec, &err)
+              : sbx_err(&err, -EINVAL, "%s", jerr.text);
     json_decref(b);
-    if (e) {
-        http_bad_request(c, 0, "create: %s", e);
+    if (r < 0) {
+        http_bad_request(c, 0, "create: %s", err.msg);
         return;
     }
     /* An image no live node has verified cannot run anywhere: say so now rather than leave the
@@ -416,7 +430,7 @@ static void create_done(conn_t *c)
     }
     char id[25];
     random_hex(id, 12);
-    int r = job_insert(ctl->store, &ctl->seal, cx->ns, cx->principal, id, job, sec);
+    r = job_insert(ctl->store, &ctl->seal, cx->ns, cx->principal, id, job, sec);
     json_decref(sec);
     if (r < 0) {
         json_decref(job);

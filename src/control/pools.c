@@ -215,7 +215,10 @@ int pool_host_job_create(store_t *st, const seal_keys_t *seal, const char *defau
                   "pool", "sbx-pool", jstr(pool, "name"), "sbx-pool-host", "1");
     sodium_memzero(tok, sizeof tok);
     json_t *job = NULL, *sec = NULL;
-    const char *e = body ? job_from_request(body, default_image, &job, &sec) : "out of memory";
+    sbx_err_t jerr;
+    const char *e = !body                                                          ? "out of memory"
+                    : job_from_request(body, default_image, &job, &sec, &jerr) < 0 ? jerr.msg
+                                                                                   : NULL;
     /* job and sec hold parts of body (the token is in sec's strings, wiped below) */
     if (e)
         pool_json_wipe(body);
@@ -275,7 +278,7 @@ typedef struct {
     role_t role;
 } pool_ctx_t;
 
-static const char *pool_from_request(control_t *ctl, json_t *b, json_t **ret)
+static int pool_from_request(control_t *ctl, json_t *b, json_t **ret, sbx_err_t *err)
 {
     const char *name = NULL, *image = ctl->cfg.default_image, *flavor = "cpu-small";
     json_int_t per_host = 32, warm = 0, max_hosts = 4, sbx_idle = 0, host_idle = 300;
@@ -283,33 +286,35 @@ static const char *pool_from_request(control_t *ctl, json_t *b, json_t **ret)
         json_unpack(b, "{s:s,s?s,s?s,s?I,s?I,s?I,s?I,s?I!}", "name", &name, "image", &image,
                     "flavor", &flavor, "per_host", &per_host, "warm", &warm, "max_hosts",
                     &max_hosts, "sandbox_idle_s", &sbx_idle, "host_idle_s", &host_idle) < 0)
-        return "expected {name, image, flavor, per_host, warm, max_hosts, sandbox_idle_s, "
-               "host_idle_s} (name required; unknown fields are refused)";
+        return sbx_err(err, -EINVAL,
+                       "expected {name, image, flavor, per_host, warm, max_hosts, sandbox_idle_s, "
+                       "host_idle_s} (name required; unknown fields are refused)");
     if (!valid_name(name, 63))
-        return "name: [a-z0-9][a-z0-9._-]*, at most 63 bytes";
+        return sbx_err(err, -EINVAL, "name: [a-z0-9][a-z0-9._-]*, at most 63 bytes");
     if (per_host < 1 || per_host > POOL_PER_HOST_MAX)
-        return "per_host: 1..4096 sandboxes per host";
+        return sbx_err(err, -EINVAL, "per_host: 1..4096 sandboxes per host");
     if (max_hosts < 1 || max_hosts > POOL_HOSTS_MAX)
-        return "max_hosts: 1..64";
+        return sbx_err(err, -EINVAL, "max_hosts: 1..64");
     if (warm < 0 || warm > max_hosts)
-        return "warm: 0..max_hosts hosts kept ready";
+        return sbx_err(err, -EINVAL, "warm: 0..max_hosts hosts kept ready");
     if (sbx_idle < 0 || sbx_idle > 31536000)
-        return "sandbox_idle_s: 0 (never) ..31536000 seconds";
+        return sbx_err(err, -EINVAL, "sandbox_idle_s: 0 (never) ..31536000 seconds");
     if (host_idle < 0 || host_idle > 31536000)
-        return "host_idle_s: 0..31536000 seconds";
+        return sbx_err(err, -EINVAL, "host_idle_s: 0..31536000 seconds");
     /* the host job must be one the Jobs API would take */
     json_t *probe = json_pack("{s:s,s:s,s:s}", "image", image, "flavor", flavor, "mode", "pool");
     json_t *job = NULL, *sec = NULL;
-    const char *e = probe ? job_from_request(probe, ctl->cfg.default_image, &job, &sec) : "oom";
+    int r = probe ? job_from_request(probe, ctl->cfg.default_image, &job, &sec, err)
+                  : sbx_err(err, -ENOMEM, "out of memory");
     json_decref(probe);
     json_decref(job);
     json_decref(sec);
-    if (e)
-        return e;
+    if (r < 0)
+        return r;
     *ret = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:s}", "name", name, "image", image,
                      "flavor", flavor, "per_host", per_host, "warm", warm, "max_hosts", max_hosts,
                      "sandbox_idle_s", sbx_idle, "host_idle_s", host_idle, "state", "active");
-    return *ret ? NULL : "out of memory";
+    return *ret ? 0 : sbx_err(err, -ENOMEM, "out of memory");
 }
 
 static void pool_create_done(conn_t *c)
@@ -318,10 +323,11 @@ static void pool_create_done(conn_t *c)
     pool_ctx_t *cx = c->hdata;
     json_error_t jerr;
     json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr), *pool = NULL;
-    const char *e = b ? pool_from_request(ctl, b, &pool) : jerr.text;
+    sbx_err_t err;
+    int r = b ? pool_from_request(ctl, b, &pool, &err) : sbx_err(&err, -EINVAL, "%s", jerr.text);
     json_decref(b);
-    if (e) {
-        http_bad_request(c, 0, "pool: %s", e);
+    if (r < 0) {
+        http_bad_request(c, 0, "pool: %s", err.msg);
         return;
     }
     const char *image = jstr(pool, "image");
@@ -340,7 +346,7 @@ static void pool_create_done(conn_t *c)
     json_object_set_new(pool, "created_ms", json_integer(wall_ms()));
     char key[160];
     pool_key(key, sizeof key, cx->ns, jstr(pool, "name"));
-    int r = record_save(ctl->store, key, pool, STORE_REV_ABSENT, NULL);
+    r = record_save(ctl->store, key, pool, STORE_REV_ABSENT, NULL);
     if (r == -ESTALE || r == -EEXIST) {
         http_conflict(c, 0, "pool %s exists in namespace %s (DELETE it first)", jstr(pool, "name"),
                       cx->ns);
