@@ -13,7 +13,7 @@
 
 #include "macro.h"
 
-#define SBX_ERR_MSG_MAX 256
+#define SBX_ERR_MSG_MAX 512
 
 typedef struct {
     int code; /* the negative errno returned with it */

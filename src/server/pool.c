@@ -248,12 +248,12 @@ static void trash_close(pool_t *p)
         (void)rmdir(p->warm_path);
 }
 
-int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen)
+int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *err)
 {
-    pool_t *p = calloc(1, sizeof *p);
+    _cleanup_(pool_freep) pool_t *p = calloc(1, sizeof *p);
     int r;
     if (!p)
-        return -ENOMEM;
+        return sbx_err(err, -ENOMEM, "out of memory");
     p->srv = srv;
     p->cfg = *cfg;
     p->homes_fd = -EBADF;
@@ -271,22 +271,17 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     if ((uint64_t)abi < cfg->min_abi && !cfg->allow_unconfined) {
         char have[128];
         landlock_features(abi, have, sizeof have);
-        (void)snprintf(err, errlen,
+        return sbx_err(err, -EOPNOTSUPP,
                        "Landlock ABI %d is below SBX_MIN_LANDLOCK_ABI=%llu (have: %s); refusing "
                        "to start (--allow-unconfined accepts uid-only isolation)",
                        abi, (unsigned long long)cfg->min_abi, have);
-        pool_free(p);
-        return -EOPNOTSUPP;
     }
     /* A private /proc with hidepid in one shared mount namespace, if the kernel allows it. */
     p->hidepid = sandbox_ns_start(&p->ns) >= 0;
     if (abi >= 1 && (uint64_t)abi >= cfg->min_abi) {
         r = landlock_base_init(&p->ll, p->hidepid ? p->ns.proc_path : "/proc");
-        if (r < 0) {
-            (void)snprintf(err, errlen, "cannot prepare Landlock rules: %s", strerror(-r));
-            pool_free(p);
-            return r;
-        }
+        if (r < 0)
+            return sbx_err(err, r, "cannot prepare Landlock rules: %s", strerror(-r));
     }
     r = uidpool_init(&p->uids, (uint32_t)cfg->uid_base, (uint32_t)cfg->uid_count);
     if (r >= 0)
@@ -299,11 +294,8 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     if (r >= 0 && uidpool_lock_file(&p->uids, POOL_UID_LOCK_FILE) < 0)
         log_warn("cannot open %s: uids are not coordinated with other pool hosts here",
                  POOL_UID_LOCK_FILE);
-    if (r < 0) {
-        (void)snprintf(err, errlen, "cannot set up the uid pool: %s", strerror(-r));
-        pool_free(p);
-        return r;
-    }
+    if (r < 0)
+        return sbx_err(err, r, "cannot set up the uid pool: %s", strerror(-r));
     /* the parents too (a fresh run root has no /sbx): root-owned, not writable by others */
     char parent[sizeof cfg->homes_dir];
     memcpy(parent, cfg->homes_dir, sizeof parent);
@@ -312,21 +304,13 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         (void)mkdir(parent, 0755);
         *sl = '/';
     }
-    if (mkdir(cfg->homes_dir, 0711) < 0 && errno != EEXIST) {
-        r = negative_errno();
-        (void)snprintf(err, errlen, "cannot create SBX_HOMES_DIR %s: %s", cfg->homes_dir,
+    if (mkdir(cfg->homes_dir, 0711) < 0 && errno != EEXIST)
+        return sbx_err(err, negative_errno(), "cannot create SBX_HOMES_DIR %s: %s", cfg->homes_dir,
                        strerror(errno));
-        pool_free(p);
-        return r;
-    }
     p->homes_fd = open(cfg->homes_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (p->homes_fd < 0) {
-        r = negative_errno();
-        (void)snprintf(err, errlen, "cannot open SBX_HOMES_DIR %s: %s", cfg->homes_dir,
+    if (p->homes_fd < 0)
+        return sbx_err(err, negative_errno(), "cannot open SBX_HOMES_DIR %s: %s", cfg->homes_dir,
                        strerror(errno));
-        pool_free(p);
-        return r;
-    }
     trash_open(p);
     char tag[48];
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
@@ -343,7 +327,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         p->ll.handled_net = 0;
     } else
         log_warn("cannot make network namespaces: pooled sandboxes share the host's network");
-    *ret = p;
+    *ret = TAKE_PTR(p);
     return 0;
 }
 

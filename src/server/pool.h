@@ -109,8 +109,9 @@ struct pool {
     bool test_kill_fails;
 };
 
-int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen);
+int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *err);
 pool_t *pool_free(pool_t *p);
+static inline void pool_freep(pool_t **p) { (void)pool_free(*p); }
 sandbox_t *pool_find(pool_t *p, const char *id, size_t len);
 sandbox_t *sandbox_ref(sandbox_t *sb);
 void sandbox_unref(sandbox_t *sb);
