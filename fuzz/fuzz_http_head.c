@@ -2,12 +2,13 @@
 /* libFuzzer harness: http_parse_request on arbitrary bytes.
  *
  * Beyond "no crash, no out-of-bounds read" (ASan), it checks what callers rely on:
- * - the result is 0, a head length, or one of -400/-431/-505;
+ * - the result is 0, a head length, or one of -EBADMSG/-EMSGSIZE/-EPROTONOSUPPORT;
  * - on success head_len == result <= len and <= HTTP_MAX_HEAD, and the head ends in CRLFCRLF;
  * - every view (method, target, path, query, header names and values) lies inside the head;
  * - names are non-empty tokens, values hold no CR/LF/NUL, content_length only with
  *   has_content_length, never Content-Length together with Transfer-Encoding;
  * - a complete head's strict prefixes all say "need more" (0), and parsing is deterministic. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *buf = (const char *)data;
 
     int r = http_parse_request(buf, size, &req);
-    CHECK(r >= 0 || r == -400 || r == -431 || r == -505);
+    CHECK(r >= 0 || r == -EBADMSG || r == -EMSGSIZE || r == -EPROTONOSUPPORT);
     CHECK(!(r == 0 && size >= HTTP_MAX_HEAD)); /* a full buffer is never "need more" */
 
     int r2 = http_parse_request(buf, size, &again); /* deterministic */

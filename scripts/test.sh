@@ -6,7 +6,8 @@
 #   bash scripts/test.sh unit format     only the named stages (they expect earlier outputs)
 #
 # Stages: setup, build (build/, static size), unit + integration against build/, the ASan+UBSan
-# build (build-asan/) with unit + integration again, clang-format, banned functions and the layers' includes (check-layers.sh), the static
+# build (build-asan/) with unit + integration again, clang-format, banned functions, the error
+# contract (check-errors.sh) and the layers' includes (check-layers.sh), the static
 # binary, every libFuzzer harness for FUZZ_SECONDS (default 20; as many at once as there are
 # CPUs) from a scratch copy of its corpus, and a fixed sample of security mutants (scripts/mutants.sh --quick).
 #
@@ -73,7 +74,9 @@ stage_asan_integration() { asan_env && integration build-asan 2; }
 
 stage_format() { bash scripts/check-format.sh; }
 
-stage_banned() { bash scripts/check-banned.sh && bash scripts/check-layers.sh; }
+stage_banned() {
+    bash scripts/check-banned.sh && bash scripts/check-errors.sh && bash scripts/check-layers.sh
+}
 
 stage_static() { bash scripts/check-static.sh; }
 

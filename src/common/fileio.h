@@ -19,3 +19,16 @@ int file_write_atomic(const char *path, const void *p, size_t n, mode_t mode);
 /* The whole of a regular file of at most max bytes, NUL-terminated, malloc'd in *ret (length in
  * *ret_len). -EFBIG when larger. Symlinks are not followed. */
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);
+
+/* Remove the directory pfd/name and everything below it, by descriptor: symlinks are unlinked,
+ * never followed (a directory swapped for a symlink meanwhile gives -ELOOP), and no directory
+ * on a filesystem other than dev is entered (-EBUSY: a mount point, rm --one-file-system).
+ * One open directory per level, at most RMTREE_MAX_DEPTH levels (deeper: -ENAMETOOLONG).
+ * Stops at the first error, with what came before it removed. */
+#define RMTREE_MAX_DEPTH 256
+int rmtree_at(int pfd, const char *name, dev_t dev);
+/* rm -rf --one-file-system path: path and everything below it on path's own filesystem,
+ * by rmtree_at; a path that is not there is fine. The removal allocates nothing but the
+ * directory streams, so a child forked from a threaded daemon may run it (glibc's malloc is
+ * fork-safe). */
+int rmtree(const char *path);

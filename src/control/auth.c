@@ -181,7 +181,7 @@ static void unauthorized(conn_t *c, const char *msg)
     json_t *j = json_pack("{s:s}", "error", msg);
     char *b = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    (void)conn_respond(c, 401, "application/json", b ? b : "{}", b ? strlen(b) : 2,
+    (void)conn_respond(c, HTTP_UNAUTHORIZED, "application/json", b ? b : "{}", b ? strlen(b) : 2,
                        "WWW-Authenticate: Bearer realm=\"sbx\"\r\n");
     free(b);
 }
@@ -192,11 +192,11 @@ static bool principal_allowed(conn_t *c, const principal_t *pr, const char *ns, 
     /* "" is a global operation: only principals of every namespace ("*") may */
     bool ns_ok = streq(pr->ns, "*") || (ns && *ns && streq(pr->ns, ns));
     if (!ns_ok || pr->role < need) {
-        conn_respond_error(c, 403, "token of %s may not %s in namespace %s", pr->principal,
-                           need == ROLE_ADMIN   ? "administer"
-                           : need == ROLE_WRITE ? "write"
-                                                : "read",
-                           ns && *ns ? ns : "(any)");
+        http_forbidden(c, 0, "token of %s may not %s in namespace %s", pr->principal,
+                       need == ROLE_ADMIN   ? "administer"
+                       : need == ROLE_WRITE ? "write"
+                                            : "read",
+                       ns && *ns ? ns : "(any)");
         return false;
     }
     if (ret)
@@ -216,18 +216,19 @@ bool auth_account(control_t *ctl, conn_t *c, const char *owner)
     if (r == -EUSERS) {
         log_debug("%s: over its %llu connections", owner,
                   (unsigned long long)ctl->cfg.max_conns_per_principal);
-        c->keep_alive = false;
+        conn_close_after(c);
         json_t *j = json_pack("{s:s}", "error", "too many connections for this principal");
         char *b = j ? json_dumps(j, JSON_COMPACT) : NULL;
         json_decref(j);
         char extra[64];
         (void)snprintf(extra, sizeof extra, "Retry-After: %d\r\n", CLIMIT_RETRY_AFTER_S);
-        (void)conn_respond(c, 429, "application/json", b ? b : "{}", b ? strlen(b) : 2, extra);
+        (void)conn_respond(c, HTTP_TOO_MANY_REQUESTS, "application/json", b ? b : "{}",
+                           b ? strlen(b) : 2, extra);
         free(b);
         return false;
     }
     if (r < 0) {
-        conn_respond_errno(c, r, "connection accounting");
+        http_errno(c, 0, r, "connection accounting");
         return false;
     }
     climit_authenticated(c);
@@ -283,9 +284,7 @@ bool auth_check(control_t *ctl, conn_t *c, const char *ns, role_t need, principa
         return false;
     }
     if (r < 0) {
-        conn_respond_error(c, r == -EBADMSG ? 500 : 503, "%s",
-                           r == -EBADMSG ? "corrupt token record"
-                                         : "the control plane cannot read its store");
+        respond_store_err(c, r, "token", "unknown API token");
         return false;
     }
     return auth_account(ctl, c, pr.principal) && principal_allowed(c, &pr, ns, need, ret);
@@ -308,16 +307,16 @@ static void tokens_create_done(conn_t *c)
         !valid_name(p, 63) || (!streq(ns, "*") && !valid_name(ns, 63)) ||
         role_parse(role) == ROLE_NONE) {
         json_decref(b);
-        conn_respond_error(c, 400,
-                           "expected {principal, namespace (or \"*\"), role: "
-                           "read|write|admin} with names [a-z0-9][a-z0-9._-]*");
+        http_bad_request(c, 0,
+                         "expected {principal, namespace (or \"*\"), role: "
+                         "read|write|admin} with names [a-z0-9][a-z0-9._-]*");
         return;
     }
     char tok[64];
     int r = token_create(ctl->store, p, ns, role_parse(role), tok);
     if (r < 0) {
         json_decref(b);
-        conn_respond_errno(c, r, "token");
+        http_errno(c, 0, r, "token");
         return;
     }
     char hash[65], id[TOKEN_ID_LEN + 1];
@@ -343,8 +342,9 @@ void route_tokens_list(control_t *ctl, conn_t *c)
         return;
     store_kv_t *kvs;
     size_t n;
-    if (store_list(ctl->store, "tokens/", &kvs, &n) < 0) {
-        conn_respond_error(c, 500, "store");
+    int rl = store_list(ctl->store, "tokens/", &kvs, &n);
+    if (rl < 0) {
+        respond_store_err(c, rl, "tokens", "tokens: not found");
         return;
     }
     json_t *arr = json_array();
@@ -373,20 +373,22 @@ void route_tokens_delete(control_t *ctl, conn_t *c, sv_t id)
     for (size_t i = 2; hex && i < id.len; i++)
         hex = (id.p[i] >= '0' && id.p[i] <= '9') || (id.p[i] >= 'a' && id.p[i] <= 'f');
     if (!hex) {
-        conn_respond_error(c, 404, "no such token (ids are t-<16 hex>)");
+        http_not_found(c, 0, "no such token (ids are t-<16 hex>)");
         return;
     }
     char prefix[32];
     (void)snprintf(prefix, sizeof prefix, "tokens/%.16s", id.p + 2);
     store_kv_t *kvs;
     size_t n;
-    if (store_list(ctl->store, prefix, &kvs, &n) < 0) {
-        conn_respond_error(c, 500, "store");
+    int rl = store_list(ctl->store, prefix, &kvs, &n);
+    if (rl < 0) {
+        respond_store_err(c, rl, "tokens", "tokens: not found");
         return;
     }
     if (n != 1) {
         store_kv_free(kvs, n);
-        conn_respond_error(c, n == 0 ? 404 : 409, n == 0 ? "no such token" : "ambiguous id");
+        http_error(c, n == 0 ? HTTP_NOT_FOUND : HTTP_CONFLICT, 0,
+                   n == 0 ? "no such token" : "ambiguous id");
         return;
     }
     char hash[65] = "";
@@ -395,7 +397,7 @@ void route_tokens_delete(control_t *ctl, conn_t *c, sv_t id)
     int r = store_del(ctl->store, kvs[0].key, kvs[0].rev);
     store_kv_free(kvs, n);
     if (r < 0) {
-        conn_respond_errno(c, r, "revoke");
+        http_errno(c, 0, r, "revoke");
         return;
     }
     for (size_t i = 0; i < CTL_TOKEN_CACHE_SLOTS; i++)

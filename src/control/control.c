@@ -49,7 +49,7 @@ static void rotate_done(conn_t *c)
     control_t *ctl = c->srv->app;
     int r = keys_rotate(ctl->store, &ctl->seal, ctl->cfg.publish_delay_ms);
     if (r < 0) {
-        conn_respond_errno(c, r, "rotate");
+        http_errno(c, 0, r, "rotate");
         return;
     }
     keys_tick(ctl->srv.loop, &ctl->keys_t);
@@ -140,7 +140,7 @@ static void control_dispatch(conn_t *c)
             conn_collect_body(c, 1024, rotate_done);
         return;
     }
-    conn_respond_error(c, 404, "no such route");
+    http_not_found(c, 0, "no such route");
 }
 
 /* The CA (made on the first start, or the operator's in --tls-dir), the control plane's own

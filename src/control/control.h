@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cap/cap.h"
+#include "common/err.h"
 #include "common/httpc.h"
 #include "http/httpd.h"
 #include "routecache.h"
@@ -214,6 +215,12 @@ int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, 
  * written by compare-and-swap against expect (STORE_REV_ABSENT: create only). */
 int record_load(store_t *st, const char *key, json_t **ret, int64_t *ret_rev);
 int record_save(store_t *st, const char *key, json_t *j, int64_t expect, int64_t *ret_rev);
+/* The one table of store errors to statuses: -ENOENT 404, -ESTALE 409, -EBADMSG 500 (a record
+ * that cannot be read), anything else 503 (the store failed: no answer about the record). */
+int status_from_store_err(int r);
+/* Answer a store error by that table: 404 with the caller's message, or the 5xx/409 (a 503 with
+ * Retry-After: 1), logged with `what`. */
+void respond_store_err(conn_t *c, int r, const char *what, const char *fmt, ...) _printf_(4, 5);
 int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev);
 int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t expect,
              int64_t *ret_rev);
@@ -229,9 +236,9 @@ void job_set_desired(json_t *job,
 /* jobs.c */
 void route_jobs(control_t *ctl, conn_t *c, sv_t rest);
 /* Validate a create request (the Jobs API's body) and split it into the job record and its
- * secrets; NULL, or what is wrong (for a 400). */
-const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
-                             json_t **ret_secrets);
+ * secrets; -EINVAL (err: what is wrong, for a 400) or -ENOMEM. */
+int job_from_request(json_t *b, const char *default_image, json_t **ret_job, json_t **ret_secrets,
+                     sbx_err_t *err);
 /* Store a new job (stage SCHEDULING) with id and its secrets; -EEXIST/-ESTALE if id is taken. */
 int job_insert(store_t *st, const seal_keys_t *seal, const char *ns, const char *initiator,
                const char *id, json_t *job, json_t *sec);
@@ -344,7 +351,8 @@ void work_stop(control_t *ctl);
  * afterwards in any case. */
 void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_arg)(void *));
 void work_answer(work_result_t *res, int status, json_t *j); /* steals j; NULL with 204 */
-void work_fail(work_result_t *res, int status, const char *fmt, ...) _printf_(3, 4);
+/* An error answer (http_error_vjson(): flags HTTP_BODY_CODE for E2B's body shape). */
+void work_fail(work_result_t *res, int status, unsigned flags, const char *fmt, ...) _printf_(4, 5);
 /* The worker's signing keys, loaded again when older than a second. */
 int worker_keys(worker_t *w);
 

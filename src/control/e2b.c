@@ -43,26 +43,6 @@ static const char *jstr(json_t *o, const char *k)
     return s ? s : "";
 }
 
-_printf_(3, 4) static void e2b_error(conn_t *c, int status, const char *fmt, ...)
-{
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    (void)vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    conn_respond_json(c, status, json_pack("{s:i,s:s}", "code", status, "message", msg));
-}
-
-void e2b_fail(work_result_t *res, int status, const char *fmt, ...)
-{
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    (void)vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    work_answer(res, status, json_pack("{s:i,s:s}", "code", status, "message", msg));
-}
-
 static void rfc3339(int64_t ms, char out[80])
 {
     time_t t = (time_t)(ms / 1000);
@@ -81,7 +61,8 @@ static bool e2b_auth(control_t *ctl, conn_t *c, role_t need, principal_t *ret)
     sv_t v;
     char tok[256];
     if (!http_header_get(&c->req, "x-api-key", &v) || v.len == 0 || v.len >= sizeof tok) {
-        e2b_error(c, 401, "an API key is required (X-API-KEY: an sbx API token)");
+        http_unauthorized(c, HTTP_BODY_CODE,
+                          "an API key is required (X-API-KEY: an sbx API token)");
         return false;
     }
     memcpy(tok, v.p, v.len);
@@ -90,18 +71,19 @@ static bool e2b_auth(control_t *ctl, conn_t *c, role_t need, principal_t *ret)
     int r = auth_token_lookup(ctl, tok, &pr);
     sodium_memzero(tok, sizeof tok);
     if (r == -ENOENT) {
-        e2b_error(c, 401, "unknown API key");
+        http_unauthorized(c, HTTP_BODY_CODE, "unknown API key");
         return false;
     }
     if (r < 0) {
-        e2b_error(c, 503, "the control plane cannot check API keys now: %s", strerror(-r));
+        http_unavailable(c, HTTP_BODY_CODE, "the control plane cannot check API keys now: %s",
+                         strerror(-r));
         return false;
     }
     if (!auth_account(ctl, c, pr.principal))
         return false;
     if (pr.role < need) {
-        e2b_error(c, 403, "the API key of %s may not %s sandboxes", pr.principal,
-                  need >= ROLE_WRITE ? "change" : "read");
+        http_forbidden(c, HTTP_BODY_CODE, "the API key of %s may not %s sandboxes", pr.principal,
+                       need >= ROLE_WRITE ? "change" : "read");
         return false;
     }
     *ret = pr;
@@ -326,7 +308,8 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
     int pooled = json_is_object(b) && tpl ? e2b_pool_exists(w->st, a->ns, tpl) : 0;
     if (pooled != 0) {
         if (pooled < 0)
-            e2b_fail(res, 503, "create: the control plane cannot read its store");
+            work_fail(res, HTTP_UNAVAILABLE, HTTP_BODY_CODE,
+                      "create: the control plane cannot read its store");
         else
             e2b_pool_create(w, a->ns, tpl, b, res);
         json_decref(b);
@@ -334,19 +317,22 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
     }
     tpl = NULL;
     const char *e = create_body(ctl, b, &req, &tpl);
-    if (!e)
-        e = job_from_request(req, ctl->cfg.default_image, &job, &sec);
+    sbx_err_t err;
+    if (!e && job_from_request(req, ctl->cfg.default_image, &job, &sec, &err) < 0)
+        e = err.msg;
     json_decref(req);
     if (e) {
-        e2b_fail(res, 400, "create: %s", e);
+        work_fail(res, HTTP_BAD_REQUEST, HTTP_BODY_CODE, "create: %s", e);
         json_decref(b);
         return;
     }
     const char *image = jstr(job, "image");
     if (streq(image, "host") && a->role != ROLE_ADMIN && !streq(ctl->cfg.default_image, "host")) {
-        e2b_fail(res, 403, "template host (the node's own programs) is for admins");
+        work_fail(res, HTTP_FORBIDDEN, HTTP_BODY_CODE,
+                  "template host (the node's own programs) is for admins");
     } else if (!image_on_live_node(w->st, image, NULL)) {
-        e2b_fail(res, 400, "template %s: no such image on any live node", tpl);
+        work_fail(res, HTTP_BAD_REQUEST, HTTP_BODY_CODE,
+                  "template %s: no such image on any live node", tpl);
     } else {
         char id[25];
         random_hex(id, 12);
@@ -354,7 +340,7 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
         (void)snprintf(tok, sizeof tok, "%s", jstr(sec, "SBX_TOKEN"));
         int r = job_insert(w->st, &ctl->seal, a->ns, a->principal, id, job, sec);
         if (r < 0) {
-            e2b_fail(res, 500, "create: %s", strerror(-r));
+            work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "create: %s", strerror(-r));
         } else {
             log_info("e2b: sandbox %s/%s (template %s) created by %s", a->ns, id, tpl,
                      a->principal);
@@ -362,14 +348,16 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
             char why[300];
             r = wait_running(w, a->ns, id, why, sizeof why);
             if (r < 0) {
-                e2b_fail(res, r == -ETIMEDOUT ? 504 : 500, "%s", why);
+                work_fail(res, r == -ETIMEDOUT ? HTTP_GATEWAY_TIMEOUT : HTTP_INTERNAL_ERROR,
+                          HTTP_BODY_CODE, "%s", why);
             } else {
                 json_t *fresh;
                 if (job_load(w->st, a->ns, id, &fresh, NULL) == 0) {
                     work_answer(res, 201, sandbox_json(ctl, fresh, tok));
                     json_decref(fresh);
                 } else {
-                    e2b_fail(res, 500, "sandbox %s: its record is gone", id);
+                    work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE,
+                              "sandbox %s: its record is gone", id);
                 }
             }
         }
@@ -388,7 +376,7 @@ static void pause_wait_fn(worker_t *w, void *arg, work_result_t *res)
     for (unsigned pause_ms = 20;; pause_ms = MIN(pause_ms * 2, 200u)) {
         json_t *job;
         if (job_load(w->st, a->ns, a->id, &job, NULL) < 0) {
-            e2b_fail(res, 404, "sandbox %s not found", a->id);
+            work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s not found", a->id);
             return;
         }
         job_stage_t st = STAGE_SCHEDULING;
@@ -399,12 +387,12 @@ static void pause_wait_fn(worker_t *w, void *arg, work_result_t *res)
             return;
         }
         if (job_stage_ended(st)) {
-            e2b_fail(res, 404, "sandbox %s ended", a->id);
+            work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s ended", a->id);
             return;
         }
         if (monotonic_ms() > deadline || w->ctl->stopping) {
-            e2b_fail(res, 504, "sandbox %s did not pause within %d s", a->id,
-                     E2B_START_WAIT_MS / 1000);
+            work_fail(res, HTTP_GATEWAY_TIMEOUT, HTTP_BODY_CODE,
+                      "sandbox %s did not pause within %d s", a->id, E2B_START_WAIT_MS / 1000);
             return;
         }
         struct timespec ts = { 0, (long)pause_ms * 1000000L };
@@ -422,7 +410,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
         int64_t rev;
         if (job_load(w->st, a->ns, a->id, &job, &rev) < 0 || !e2b_job(job) || !sandbox_state(job)) {
             json_decref(job);
-            e2b_fail(res, 404, "sandbox %s not found", a->id);
+            work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s not found", a->id);
             return;
         }
         job_desired_t d;
@@ -433,7 +421,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
             if (r == -ESTALE)
                 continue;
             if (r < 0) {
-                e2b_fail(res, 500, "resume: %s", strerror(-r));
+                work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "resume: %s", strerror(-r));
                 return;
             }
             resumed = true;
@@ -442,7 +430,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
         }
         json_decref(job);
         if (a->resume) {
-            e2b_fail(res, 409, "sandbox %s is not paused", a->id);
+            work_fail(res, HTTP_CONFLICT, HTTP_BODY_CODE, "sandbox %s is not paused", a->id);
             return;
         }
         break;
@@ -450,17 +438,22 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
     char why[300];
     int r = wait_running(w, a->ns, a->id, why, sizeof why);
     if (r < 0) {
-        e2b_fail(res, r == -ENOENT ? 404 : r == -ETIMEDOUT ? 504 : 500, "%s", why);
+        work_fail(res,
+                  r == -ENOENT      ? HTTP_NOT_FOUND
+                  : r == -ETIMEDOUT ? HTTP_GATEWAY_TIMEOUT
+                                    : HTTP_INTERNAL_ERROR,
+                  HTTP_BODY_CODE, "%s", why);
         return;
     }
     json_t *job, *sec;
     if (job_load(w->st, a->ns, a->id, &job, NULL) < 0) {
-        e2b_fail(res, 404, "sandbox %s not found", a->id);
+        work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s not found", a->id);
         return;
     }
     if (job_secrets_get(w->st, &w->ctl->seal, a->id, &sec) < 0) {
         json_decref(job);
-        e2b_fail(res, 500, "sandbox %s: its access token cannot be read", a->id);
+        work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE,
+                  "sandbox %s: its access token cannot be read", a->id);
         return;
     }
     work_answer(res, resumed ? 201 : 200, sandbox_json(w->ctl, job, jstr(sec, "SBX_TOKEN")));
@@ -546,7 +539,7 @@ static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
     }
     uint64_t limit = E2B_LIST_MAX;
     if (lim[0] && (parse_u64_str(lim, E2B_LIST_MAX, &limit) < 0 || limit == 0)) {
-        e2b_error(c, 400, "limit: 1..%d", E2B_LIST_MAX);
+        http_bad_request(c, HTTP_BODY_CODE, "limit: 1..%d", E2B_LIST_MAX);
         return;
     }
     /* dedicated sandboxes (jobs) and pooled ones (e2bpool.c), in one id order: nextToken is the
@@ -572,7 +565,7 @@ static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
     }
     if (r < 0) {
         json_decref(all);
-        e2b_error(c, 503, "list: the control plane cannot read its store");
+        http_unavailable(c, HTTP_BODY_CODE, "list: the control plane cannot read its store");
         return;
     }
     size_t total = json_array_size(all);
@@ -582,7 +575,7 @@ static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
         free(items);
         json_decref(all);
         json_decref(arr);
-        conn_respond_errno(c, -ENOMEM, "list");
+        http_errno(c, 0, -ENOMEM, "list");
         return;
     }
     for (size_t i = 0; i < total; i++)
@@ -600,7 +593,7 @@ static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
     _cleanup_free_ char *body = json_dumps(arr, JSON_COMPACT);
     json_decref(arr);
     if (!body)
-        conn_respond_errno(c, -ENOMEM, "list");
+        http_errno(c, 0, -ENOMEM, "list");
     else
         (void)conn_respond(c, 200, "application/json", body, strlen(body), extra[0] ? extra : NULL);
 }
@@ -611,12 +604,12 @@ static json_t *load_sandbox(control_t *ctl, conn_t *c, const char *ns, const cha
 {
     json_t *job;
     if (!cap_id_valid(id) || job_load(ctl->store, ns, id, &job, ret_rev) < 0) {
-        e2b_error(c, 404, "sandbox %s not found", id);
+        http_not_found(c, HTTP_BODY_CODE, "sandbox %s not found", id);
         return NULL;
     }
     if (!e2b_job(job) || !sandbox_state(job)) {
         json_decref(job);
-        e2b_error(c, 404, "sandbox %s not found", id);
+        http_not_found(c, HTTP_BODY_CODE, "sandbox %s not found", id);
         return NULL;
     }
     return job;
@@ -635,7 +628,7 @@ static void kill_sandbox(control_t *ctl, conn_t *c, const char *ns, const char *
         if (r == -ESTALE)
             continue;
         if (r < 0) {
-            e2b_error(c, 500, "kill: %s", strerror(-r));
+            http_internal_error(c, HTTP_BODY_CODE, "kill: %s", strerror(-r));
             return;
         }
         log_info("e2b: sandbox %s/%s killed", ns, id);
@@ -643,7 +636,7 @@ static void kill_sandbox(control_t *ctl, conn_t *c, const char *ns, const char *
         (void)conn_respond(c, 204, NULL, NULL, 0, NULL);
         return;
     }
-    e2b_error(c, 503, "kill: too much contention on the sandbox's record");
+    http_unavailable(c, HTTP_BODY_CODE, "kill: too much contention on the sandbox's record");
 }
 
 typedef struct {
@@ -660,7 +653,7 @@ static void change_done(conn_t *c)
     if (streq(bx->op, "timeout") &&
         (json_unpack(b, "{s:I}", "timeout", &secs) < 0 || secs < 0 || secs > 7 * 86400)) {
         json_decref(b);
-        e2b_error(c, 400, "timeout: expected {\"timeout\": 0..604800 seconds}");
+        http_bad_request(c, HTTP_BODY_CODE, "timeout: expected {\"timeout\": 0..604800 seconds}");
         return;
     }
     json_decref(b);
@@ -672,7 +665,7 @@ static void change_done(conn_t *c)
         if (streq(bx->op, "pause")) {
             if (streq(sandbox_state(job), "paused")) {
                 json_decref(job);
-                e2b_error(c, 409, "sandbox %s is paused already", bx->id);
+                http_conflict(c, HTTP_BODY_CODE, "sandbox %s is paused already", bx->id);
                 return;
             }
             job_set_desired(job, DESIRED_PAUSED);
@@ -687,7 +680,7 @@ static void change_done(conn_t *c)
         if (r == -ESTALE)
             continue;
         if (r < 0) {
-            e2b_error(c, 500, "%s: %s", bx->op, strerror(-r));
+            http_internal_error(c, HTTP_BODY_CODE, "%s: %s", bx->op, strerror(-r));
             return;
         }
         control_kick(ctl);
@@ -695,7 +688,7 @@ static void change_done(conn_t *c)
             principal_t pr = { .role = ROLE_WRITE };
             e2b_arg_t *a = new_arg(&pr, bx->id);
             if (!a) {
-                e2b_error(c, 500, "out of memory");
+                http_internal_error(c, HTTP_BODY_CODE, "out of memory");
                 return;
             }
             (void)snprintf(a->ns, sizeof a->ns, "%s", bx->ns);
@@ -707,7 +700,7 @@ static void change_done(conn_t *c)
         (void)conn_respond(c, 204, NULL, NULL, 0, NULL);
         return;
     }
-    e2b_error(c, 503, "%s: too much contention on the sandbox's record", bx->op);
+    http_unavailable(c, HTTP_BODY_CODE, "%s: too much contention on the sandbox's record", bx->op);
 }
 
 static e2b_arg_t *new_arg(const principal_t *pr, const char *id)
@@ -731,7 +724,7 @@ static void submit_done(conn_t *c)
     a->body = malloc(c->body.len + 1);
     if (!a->body) {
         arg_free(a);
-        e2b_error(c, 500, "out of memory");
+        http_internal_error(c, HTTP_BODY_CODE, "out of memory");
         return;
     }
     memcpy(a->body, buf_head(&c->body), c->body.len);
@@ -764,7 +757,7 @@ static bool pooled_route(control_t *ctl, conn_t *c, const char *id, const char *
     if (kill || connect) {
         e2b_pool_arg_t *a = calloc(1, sizeof *a);
         if (!a) {
-            e2b_error(c, 500, "out of memory");
+            http_internal_error(c, HTTP_BODY_CODE, "out of memory");
             return true;
         }
         (void)snprintf(a->ns, sizeof a->ns, "%s", caller_ns(&pr));
@@ -773,13 +766,15 @@ static bool pooled_route(control_t *ctl, conn_t *c, const char *id, const char *
         return true;
     }
     if (post && (streq(op, "timeout") || streq(op, "pause") || streq(op, "resume"))) {
-        e2b_error(c, 400,
-                  "sandbox %s is pooled: it ends after its idle timeout (the create's timeout) "
-                  "and cannot pause or resume",
-                  id);
+        http_bad_request(
+            c, HTTP_BODY_CODE,
+            "sandbox %s is pooled: it ends after its idle timeout (the create's timeout) "
+            "and cannot pause or resume",
+            id);
         return true;
     }
-    e2b_error(c, op[0] ? 404 : 405, op[0] ? "no such route" : "method not allowed");
+    http_error(c, op[0] ? HTTP_NOT_FOUND : HTTP_METHOD_NOT_ALLOWED, HTTP_BODY_CODE,
+               op[0] ? "no such route" : "method not allowed");
     return true;
 }
 
@@ -805,7 +800,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
         size_t il = slash ? (size_t)(slash - r.p) : r.len;
         size_t ol = slash ? r.len - il - 1 : 0;
         if (il == 0 || il >= sizeof id || ol >= sizeof op || memchr(r.p, 0, r.len)) {
-            e2b_error(c, 404, "no such route");
+            http_not_found(c, HTTP_BODY_CODE, "no such route");
             return true;
         }
         memcpy(id, r.p, il);
@@ -822,7 +817,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
         }
         e2b_arg_t *a = new_arg(&pr, NULL);
         if (!a) {
-            e2b_error(c, 500, "out of memory");
+            http_internal_error(c, HTTP_BODY_CODE, "out of memory");
             return true;
         }
         a->v2 = v2;
@@ -831,7 +826,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
         return true;
     }
     if (!id[0]) {
-        e2b_error(c, 405, "method not allowed");
+        http_method_not_allowed(c, HTTP_BODY_CODE, "method not allowed");
         return true;
     }
     if (e2b_pooled_id(id))
@@ -855,7 +850,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
             return true;
         body_ctx_t *bx = calloc(1, sizeof *bx);
         if (!bx) {
-            e2b_error(c, 500, "out of memory");
+            http_internal_error(c, HTTP_BODY_CODE, "out of memory");
             return true;
         }
         (void)snprintf(bx->ns, sizeof bx->ns, "%s", caller_ns(&pr));
@@ -870,7 +865,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
             return true;
         e2b_arg_t *a = new_arg(&pr, id);
         if (!a) {
-            e2b_error(c, 500, "out of memory");
+            http_internal_error(c, HTTP_BODY_CODE, "out of memory");
             return true;
         }
         a->resume = streq(op, "resume");
@@ -878,6 +873,7 @@ bool e2b_route(control_t *ctl, conn_t *c)
         conn_collect_body(c, 4096, submit_done);
         return true;
     }
-    e2b_error(c, op[0] ? 404 : 405, op[0] ? "no such route" : "method not allowed");
+    http_error(c, op[0] ? HTTP_NOT_FOUND : HTTP_METHOD_NOT_ALLOWED, HTTP_BODY_CODE,
+               op[0] ? "no such route" : "method not allowed");
     return true;
 }

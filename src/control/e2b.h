@@ -25,7 +25,6 @@ json_t *e2b_listed_json(const control_t *ctl, const e2b_listed_t *l, json_t *met
  * meta "k=v&k2=v2" (URL-encoded), states "running,paused" ("" any). */
 bool e2b_list_match(const char *state, json_t *metadata, const char *meta, const char *states);
 /* A worker's answer in E2B's error shape, {"code": status, "message"}. */
-void e2b_fail(work_result_t *res, int status, const char *fmt, ...) _printf_(3, 4);
 /* A sandbox's traffic token (trafficAccessToken): reaches its ports, not its agent. Derived
  * from its access token (BLAKE2b), so nothing more is stored. */
 #define E2B_TRAFFIC_TOKEN_HEX 64

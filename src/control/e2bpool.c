@@ -54,18 +54,19 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
     if (json_object_get(b, "timeout") && json_unpack(b, "{s:I}", "timeout", &timeout) < 0)
         timeout = -1;
     if (timeout < 1 || timeout > 7 * 86400) {
-        e2b_fail(res, 400, "create: timeout: 1..604800 seconds");
+        work_fail(res, HTTP_BAD_REQUEST, HTTP_BODY_CODE, "create: timeout: 1..604800 seconds");
         return;
     }
     const char *k;
     json_t *v;
     if (meta && !json_is_object(meta)) {
-        e2b_fail(res, 400, "create: metadata: an object of strings");
+        work_fail(res, HTTP_BAD_REQUEST, HTTP_BODY_CODE, "create: metadata: an object of strings");
         return;
     }
     json_object_foreach(meta, k, v) {
         if (!json_is_string(v) || strlen(k) > 54 || json_string_length(v) > 512) {
-            e2b_fail(res, 400, "create: metadata: string values, keys of at most 54 bytes");
+            work_fail(res, HTTP_BAD_REQUEST, HTTP_BODY_CODE,
+                      "create: metadata: string values, keys of at most 54 bytes");
             return;
         }
     }
@@ -80,7 +81,7 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
     in.body_len = in.body ? strlen(in.body) : 0;
     json_decref(req);
     if (!in.body) {
-        e2b_fail(res, 500, "create: out of memory");
+        work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "create: out of memory");
         return;
     }
     work_result_t made = { 0 };
@@ -89,9 +90,10 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
     json_t *s = json_array_get(json_object_get(made.json, "sandboxes"), 0);
     if (made.status != 200 || !s) {
         /* the pool's own refusal: 400 (bad env), 429 (at max_hosts), 503 (try again) */
-        int status = made.status == 200 ? 503 : made.status;
-        e2b_fail(res, status, "create in pool %s: %s", pool, answer_why(made.json));
-        if (status == 503 || status == 429)
+        int status = made.status == HTTP_OK ? HTTP_UNAVAILABLE : made.status;
+        work_fail(res, status, HTTP_BODY_CODE, "create in pool %s: %s", pool,
+                  answer_why(made.json));
+        if (status == HTTP_UNAVAILABLE || status == HTTP_TOO_MANY_REQUESTS)
             (void)snprintf(res->headers, sizeof res->headers, "Retry-After: 1\r\n");
         pool_json_wipe(made.json);
         return;
@@ -114,7 +116,8 @@ void e2b_pool_create(worker_t *w, const char *ns, const char *pool, json_t *b, w
         work_result_t gone = { 0 };
         pool_delete_fn(w, &del, &gone);
         json_decref(gone.json);
-        e2b_fail(res, 503, "create: the control plane cannot write its store");
+        work_fail(res, HTTP_UNAVAILABLE, HTTP_BODY_CODE,
+                  "create: the control plane cannot write its store");
         pool_json_wipe(made.json);
         return;
     }
@@ -196,7 +199,7 @@ void e2b_pool_detail(control_t *ctl, conn_t *c, const char *ns, const char *id)
     json_t *ix;
     int r = load(ctl->store, ns, id, &ix, NULL);
     if (r < 0) {
-        int status = r == -ESRCH ? 404 : 503;
+        int status = r == -ESRCH ? HTTP_NOT_FOUND : HTTP_UNAVAILABLE;
         conn_respond_json(c, status,
                           json_pack("{s:i,s:s}", "code", status, "message",
                                     r == -ESRCH ? "sandbox not found"
@@ -213,9 +216,9 @@ static json_t *load_or_fail(worker_t *w, const e2b_pool_arg_t *a, work_result_t 
     json_t *ix;
     int r = load(w->st, a->ns, a->id, &ix, NULL);
     if (r == -ESRCH)
-        e2b_fail(res, 404, "sandbox %s not found", a->id);
+        work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s not found", a->id);
     else if (r < 0)
-        e2b_fail(res, 503, "the control plane cannot read its store");
+        work_fail(res, HTTP_UNAVAILABLE, HTTP_BODY_CODE, "the control plane cannot read its store");
     return r < 0 ? NULL : ix;
 }
 
@@ -232,8 +235,8 @@ void e2b_pool_kill_fn(worker_t *w, void *arg, work_result_t *res)
     json_decref(ix);
     work_result_t done = { 0 };
     pool_delete_fn(w, &del, &done);
-    if (done.status != 200 && done.status != 404) {
-        e2b_fail(res, done.status, "kill: %s", answer_why(done.json));
+    if (done.status != HTTP_OK && done.status != HTTP_NOT_FOUND) {
+        work_fail(res, done.status, HTTP_BODY_CODE, "kill: %s", answer_why(done.json));
         json_decref(done.json);
         return;
     }
@@ -242,10 +245,10 @@ void e2b_pool_kill_fn(worker_t *w, void *arg, work_result_t *res)
     index_key(key, sizeof key, a->id);
     (void)store_del(w->st, key, STORE_REV_ANY);
     log_info("e2b: pooled sandbox %s/%s killed", a->ns, a->id);
-    work_answer(res, done.status == 200 ? 204 : 404,
-                done.status == 200
-                    ? NULL
-                    : json_pack("{s:i,s:s}", "code", 404, "message", "sandbox not found"));
+    if (done.status == HTTP_OK)
+        work_answer(res, HTTP_NO_CONTENT, NULL);
+    else
+        work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox not found");
 }
 
 void e2b_pool_connect_fn(worker_t *w, void *arg, work_result_t *res)
@@ -259,7 +262,8 @@ void e2b_pool_connect_fn(worker_t *w, void *arg, work_result_t *res)
     pool_token_key(tkey, sizeof tkey, a->ns, jstr(ix, "pool"), a->id);
     int r = sealed_get(w->st, &w->ctl->seal, tkey, &sec);
     if (r < 0)
-        e2b_fail(res, r == -ENOENT ? 404 : 503, "sandbox %s: its token cannot be read", a->id);
+        work_fail(res, r == -ENOENT ? HTTP_NOT_FOUND : HTTP_UNAVAILABLE, HTTP_BODY_CODE,
+                  "sandbox %s: its token cannot be read", a->id);
     else
         work_answer(res, 200,
                     e2b_sandbox_json(w->ctl, a->id, jstr(ix, "pool"), jstr(sec, "token")));

@@ -34,9 +34,9 @@ _printf_(4, 5) static void refuse(conn_t *c, uint16_t port, int status, const ch
     (void)vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     /* (502, the sandbox is not running, and 503 are both "unavailable" to a Connect client) */
-    const char *code = status == 401   ? "unauthenticated"
-                       : status == 400 ? "invalid_argument"
-                                       : "unavailable";
+    const char *code = status == HTTP_UNAUTHORIZED  ? "unauthenticated"
+                       : status == HTTP_BAD_REQUEST ? "invalid_argument"
+                                                    : "unavailable";
     conn_respond_json(c, status,
                       port == E2B_ENVD_PORT
                           ? json_pack("{s:s,s:s}", "code", code, "message", msg)
@@ -148,11 +148,11 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
     if (http_header_get(&c->req, "e2b-sandbox-id", &v)) {
         sv_t pv;
         if (http_header_get(&c->req, "e2b-sandbox-port", &pv) && !parse_port(pv, &port)) {
-            refuse(c, E2B_ENVD_PORT, 400, "E2b-Sandbox-Port: a port number (1-65535)");
+            refuse(c, E2B_ENVD_PORT, HTTP_BAD_REQUEST, "E2b-Sandbox-Port: a port number (1-65535)");
             return true;
         }
         if (!sv_copy(v, id, sizeof id) || !cap_id_valid(id)) {
-            refuse(c, port, 502, "sandbox not found");
+            refuse(c, port, HTTP_BAD_GATEWAY, "sandbox not found");
             return true;
         }
     } else if (!http_header_get(&c->req, "host", &v) || !host_route(v, id, &port)) {
@@ -168,7 +168,7 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
     }
     if (!presigned && ((!traffic && !http_header_get(&c->req, "x-access-token", &v)) ||
                        !sv_copy(v, tok, sizeof tok) || !tok[0])) {
-        refuse(c, port, 401,
+        refuse(c, port, HTTP_UNAUTHORIZED,
                "sandbox %s: its access token is required (X-Access-Token: the envdAccessToken "
                "of the create answer)",
                id);
@@ -180,9 +180,9 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
         sodium_memzero(tok, sizeof tok);
         /* E2B's SDKs read 502 (only) as "the sandbox is not running" */
         if (r == -ESRCH)
-            refuse(c, port, 502, "sandbox %s is not running", id);
+            refuse(c, port, HTTP_BAD_GATEWAY, "sandbox %s is not running", id);
         else
-            refuse(c, port, 503, "the control plane cannot read its store");
+            refuse(c, port, HTTP_UNAVAILABLE, "the control plane cannot read its store");
         return true;
     }
     char derived[E2B_TRAFFIC_TOKEN_HEX + 1] = "";
@@ -203,12 +203,13 @@ bool e2b_traffic_route(control_t *ctl, conn_t *c)
                 : snprintf(path, sizeof path, "/v1/sandboxes/%s/proxy/%u" SV_FMT, id,
                            (unsigned)port, SV_ARG(c->req.path));
     if (!ok)
-        refuse(c, port, 401, "sandbox %s: wrong access token", id);
+        refuse(c, port, HTTP_UNAUTHORIZED, "sandbox %s: wrong access token", id);
     else if (n < 0 || (size_t)n >= sizeof path)
-        refuse(c, port, 400, "path too long");
+        refuse(c, port, HTTP_BAD_REQUEST, "path too long");
     else if (t.pooled && !port_exposed(ctl, port))
-        refuse(c, port, 403, "port %u of sandbox %s is not exposed (sbx-control --e2b-ports)",
-               (unsigned)port, id);
+        refuse(c, port, HTTP_FORBIDDEN,
+               "port %u of sandbox %s is not exposed (sbx-control --e2b-ports)", (unsigned)port,
+               id);
     else if (auth_account(ctl, c, owner)) {
         /* to the run it has now, with its token for the agent (which also guards the ports) */
         edge_pin_t pin = { .generation = t.generation,

@@ -103,14 +103,14 @@ _printf_(3, 4) static void edge_fail(edge_t *e, int status, const char *fmt, ...
     va_end(ap);
     edge_release(e);
     if (c)
-        conn_respond_error(c, status, "%s", msg);
+        http_error(c, status, 0, "%s", msg);
 }
 
 /* A pooled sandbox whose host's run is not the one it was made in: it is gone (the new run's
  * agent never had it), and no other run answers for it. */
 static void edge_gone(edge_t *e, uint64_t now_gen)
 {
-    edge_fail(e, 410,
+    edge_fail(e, HTTP_GONE,
               "sandbox %s is gone: its pool host %s runs generation %llu, the sandbox lived in "
               "generation %llu",
               e->sandbox, e->job, (unsigned long long)now_gen, (unsigned long long)e->pin_gen);
@@ -133,9 +133,9 @@ _printf_(2, 3) static void edge_fail_sent(edge_t *e, const char *fmt, ...)
     json_decref(j);
     int n = snprintf(body, sizeof body, "%s", t ? t : "{\"outcome\":\"unknown\"}");
     free(t);
-    c->keep_alive = false;
-    (void)conn_respond(c, 502, "application/json", body, (size_t)MIN(n, (int)sizeof body - 1),
-                       "X-Sbx-Outcome: unknown\r\n");
+    conn_close_after(c);
+    (void)conn_respond(c, HTTP_BAD_GATEWAY, "application/json", body,
+                       (size_t)MIN(n, (int)sizeof body - 1), "X-Sbx-Outcome: unknown\r\n");
 }
 
 /* The job's route from the store: 0; -ENOENT (no run record in ns); -EAGAIN (a record that
@@ -396,7 +396,8 @@ static void start_attempt(edge_t *e)
     loop_t *l = e->ctl->srv.loop;
     int r = build_request(e);
     if (r < 0) {
-        edge_fail(e, r == -ENOKEY ? 503 : 500, "edge: cannot build the request: %s", strerror(-r));
+        edge_fail(e, r == -ENOKEY ? HTTP_UNAVAILABLE : HTTP_INTERNAL_ERROR,
+                  "edge: cannot build the request: %s", strerror(-r));
         return;
     }
     loop_unwatch(l, &e->w); /* a retry: the refused connection goes */
@@ -408,7 +409,7 @@ static void start_attempt(edge_t *e)
     if (fd < 0) {
         r = connect_node(&e->route, &fd);
         if (r < 0) {
-            edge_fail(e, 502, "edge: cannot connect to the node: %s", strerror(-r));
+            edge_fail(e, HTTP_BAD_GATEWAY, "edge: cannot connect to the node: %s", strerror(-r));
             return;
         }
     }
@@ -419,7 +420,7 @@ static void start_attempt(edge_t *e)
     buf_clear(&e->in);
     if (loop_watch(l, &e->w, EPOLLOUT) < 0 ||
         timer_arm(l, &e->deadline, EDGE_CONNECT_TIMEOUT_MS) < 0)
-        edge_fail(e, 500, "edge: %s", "cannot watch the node connection");
+        edge_fail(e, HTTP_INTERNAL_ERROR, "edge: %s", "cannot watch the node connection");
 }
 
 /* Hand the client socket to a tunnel with the node (what the node already answered goes
@@ -490,7 +491,7 @@ static void transport_failed(edge_t *e, int err)
     }
     routecache_drop(&e->ctl->routes, e->key, &e->route);
     if (err == -EPERM || err == -ENOKEY)
-        edge_fail(e, 502,
+        edge_fail(e, HTTP_BAD_GATEWAY,
                   "edge: node %s did not prove its registered TLS identity; nothing was "
                   "sent to it",
                   e->route.run.node);
@@ -500,7 +501,8 @@ static void transport_failed(edge_t *e, int err)
                        "(%s): it may have run; not retried",
                        strerror(-err));
     else
-        edge_fail(e, 502, "edge: the node did not answer: %s; nothing was sent", strerror(-err));
+        edge_fail(e, HTTP_BAD_GATEWAY, "edge: the node did not answer: %s; nothing was sent",
+                  strerror(-err));
 }
 
 /* The node's answer head is complete: RefreshRoute -> one retry; anything else -> commit. */
@@ -534,14 +536,15 @@ static void answered(edge_t *e)
     relay_head_t h;
     ssize_t hl = relay_parse_head(p, e->in.len, &h);
     /* a node's route verdict: 409 with X-Sbx-Verdict: RefreshRoute (docs/capabilities.md) */
-    bool refresh_route =
-        hl > 0 && h.status == 409 && head_has(p, (size_t)hl, "x-sbx-verdict", "RefreshRoute");
+    bool refresh_route = hl > 0 && h.status == HTTP_CONFLICT &&
+                         head_has(p, (size_t)hl, "x-sbx-verdict", "RefreshRoute");
     if (refresh_route && !e->retried) {
         route_t fresh, rejected = e->route;
         runrec_state_t state;
         bool again = refresh(e, &rejected, &fresh, &state);
         if (!again && state != RR_NONE) { /* the job stopped serving: say so, not the node's */
-            edge_fail(e, 409, "the sandbox is not running (run %s)", runrec_state_to_string(state));
+            edge_fail(e, HTTP_CONFLICT, "the sandbox is not running (run %s)",
+                      runrec_state_to_string(state));
             return;
         }
         if (again && e->pinned && fresh.run.generation != e->pin_gen) {
@@ -680,7 +683,8 @@ static void edge_on_timeout(loop_t *l, timer_t_ *t)
     if (e->st == E_CONNECTING || e->st == E_HANDSHAKE) /* nothing was sent */
         transport_failed(e, -ETIMEDOUT);
     else
-        edge_fail(e, 504, "edge: %s", "the node did not answer in time: the request may have run");
+        edge_fail(e, HTTP_GATEWAY_TIMEOUT, "edge: %s",
+                  "the node did not answer in time: the request may have run");
 }
 
 static void edge_begin(conn_t *c)
@@ -698,7 +702,7 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
     sv_t query = q ? sv_make(q, rq->target.len - (size_t)(q - rq->target.p)) : SV("");
     if (!e || asprintf(&e->rest, SV_FMT SV_FMT, SV_ARG(rest), SV_ARG(query)) < 0) {
         free(e);
-        conn_respond_errno(c, -ENOMEM, "edge");
+        http_errno(c, 0, -ENOMEM, "edge");
         return;
     }
     e->ctl = ctl;
@@ -724,27 +728,18 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
     if (!cached) {
         runrec_state_t state;
         int r = route_from_store(ctl, ns, job, &e->route, &state);
-        if (r == -ENOENT) {
-            edge_free(e);
-            conn_respond_error(c, 404, "no running job %s in namespace %s", job, ns);
-            return;
-        }
         if (r == -EAGAIN) {
             edge_free(e);
-            static const char starting[] = "{\"error\":\"the sandbox is starting\"}";
             if (state == RR_INSTALLING)
-                conn_respond(c, 503, "application/json", starting, sizeof starting - 1,
-                             "Retry-After: 1\r\n");
+                http_unavailable(c, HTTP_RETRY_SOON, "the sandbox is starting");
             else
-                conn_respond_error(c, 409, "the sandbox is not running (run %s)",
-                                   runrec_state_to_string(state));
+                http_conflict(c, 0, "the sandbox is not running (run %s)",
+                              runrec_state_to_string(state));
             return;
         }
-        if (r < 0) { /* the store cannot be read: not an answer about the job */
+        if (r < 0) { /* -ENOENT: 404; the store cannot be read: not an answer about the job */
             edge_free(e);
-            static const char nostore[] = "{\"error\":\"the control plane cannot read its store\"}";
-            conn_respond(c, 503, "application/json", nostore, sizeof nostore - 1,
-                         "Retry-After: 1\r\n");
+            respond_store_err(c, r, "edge", "no running job %s in namespace %s", job, ns);
             return;
         }
         (void)routecache_put(&ctl->routes, &e->route, now, CTL_ROUTE_TTL_MS);

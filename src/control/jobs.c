@@ -119,9 +119,12 @@ static json_t *flavor_limits(const char *name)
     return NULL;
 }
 
-/* Validate a create request and split it into the job record and its secrets. */
-const char *job_from_request(json_t *b, const char *default_image, json_t **ret_job,
-                             json_t **ret_secrets)
+static const char job_oom[] = "out of memory";
+
+/* Validate a create request and split it into the job record and its secrets: NULL, or what is
+ * wrong (job_oom: no memory). */
+static const char *job_validate(json_t *b, const char *default_image, json_t **ret_job,
+                                json_t **ret_secrets)
 {
     const char *image = default_image, *substrate = "process", *flavor = "cpu-basic";
     const char *mode = "dedicated", *network = "none", *on_loss = "wait";
@@ -206,10 +209,19 @@ const char *job_from_request(json_t *b, const char *default_image, json_t **ret_
     if (job)
         json_object_set_new(job, "on_node_loss", json_string(on_loss));
     if (!job)
-        return "out of memory";
+        return job_oom;
     *ret_job = job;
     *ret_secrets = secrets ? json_incref(secrets) : json_object();
     return NULL;
+}
+
+int job_from_request(json_t *b, const char *default_image, json_t **ret_job, json_t **ret_secrets,
+                     sbx_err_t *err)
+{
+    const char *e = job_validate(b, default_image, ret_job, ret_secrets);
+    if (e)
+        return sbx_err(err, e == job_oom ? -ENOMEM : -EINVAL, "%s", e);
+    return 0;
 }
 
 /* ---- secrets/<id> ------------------------------------------------------------------------- */
@@ -375,10 +387,12 @@ static void create_done(conn_t *c)
     create_ctx_t *cx = c->hdata;
     json_error_t jerr;
     json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr), *job = NULL, *sec = NULL;
-    const char *e = b ? job_from_request(b, ctl->cfg.default_image, &job, &sec) : jerr.text;
+    sbx_err_t err;
+    int r = b ? job_from_request(b, ctl->cfg.default_image, &job, &sec, &err)
+              : sbx_err(&err, -EINVAL, "%s", jerr.text);
     json_decref(b);
-    if (e) {
-        conn_respond_error(c, 400, "create: %s", e);
+    if (r < 0) {
+        http_bad_request(c, 0, "create: %s", err.msg);
         return;
     }
     /* An image no live node has verified cannot run anywhere: say so now rather than leave the
@@ -387,17 +401,17 @@ static void create_done(conn_t *c)
     /* "host" shows the node's own /usr to the run: an operator's choice (the platform's default
      * image) or an admin's, never a tenant's */
     if (streq(image, "host") && cx->role != ROLE_ADMIN && !streq(ctl->cfg.default_image, "host")) {
-        conn_respond_error(c, 403,
-                           "create: image host (the node's own programs) is for admins; "
-                           "name an image or leave it out for %s",
-                           ctl->cfg.default_image);
+        http_forbidden(c, 0,
+                       "create: image host (the node's own programs) is for admins; "
+                       "name an image or leave it out for %s",
+                       ctl->cfg.default_image);
         json_decref(job);
         json_decref(sec);
         return;
     }
     uint64_t isize = 0;
     if (!image_on_live_node(ctl->store, image, &isize)) {
-        conn_respond_error(c, 400, "create: image %s: not available on any node", image);
+        http_bad_request(c, 0, "create: image %s: not available on any node", image);
         json_decref(job);
         json_decref(sec);
         return;
@@ -405,23 +419,22 @@ static void create_done(conn_t *c)
     json_int_t disk_mb =
         json_integer_value(json_object_get(json_object_get(job, "flavor"), "disk_mb"));
     if (isize > (uint64_t)disk_mb << 20) {
-        conn_respond_error(
-            c, 400,
-            "create: flavor %s: its disk (%lld MiB) is smaller than image %s "
-            "(%llu MiB unpacked)",
-            json_string_value(json_object_get(json_object_get(job, "flavor"), "name")),
-            (long long)disk_mb, image, (unsigned long long)(isize >> 20));
+        http_bad_request(c, 0,
+                         "create: flavor %s: its disk (%lld MiB) is smaller than image %s "
+                         "(%llu MiB unpacked)",
+                         json_string_value(json_object_get(json_object_get(job, "flavor"), "name")),
+                         (long long)disk_mb, image, (unsigned long long)(isize >> 20));
         json_decref(job);
         json_decref(sec);
         return;
     }
     char id[25];
     random_hex(id, 12);
-    int r = job_insert(ctl->store, &ctl->seal, cx->ns, cx->principal, id, job, sec);
+    r = job_insert(ctl->store, &ctl->seal, cx->ns, cx->principal, id, job, sec);
     json_decref(sec);
     if (r < 0) {
         json_decref(job);
-        conn_respond_errno(c, r, "create");
+        http_errno(c, 0, r, "create");
         return;
     }
     log_info("job %s/%s created by %s", cx->ns, id, cx->principal);
@@ -465,7 +478,7 @@ static void list_jobs(control_t *ctl, conn_t *c, const char *ns)
     size_t n;
     int r = store_list(ctl->store, prefix, &kvs, &n);
     if (r < 0) {
-        conn_respond_errno(c, r, "list");
+        http_errno(c, 0, r, "list");
         return;
     }
     json_t *arr = json_array();
@@ -493,15 +506,15 @@ static void job_action(control_t *ctl, conn_t *c, const char *ns, const char *id
         json_t *job;
         int64_t rev;
         int r = job_load(ctl->store, ns, id, &job, &rev);
-        if (r < 0) {
-            conn_respond_error(c, 404, "no job %s in namespace %s", id, ns);
+        if (r < 0) { /* a store failure is no answer about the job: not 404 */
+            respond_store_err(c, r, "job", "no job %s in namespace %s", id, ns);
             return;
         }
         job_stage_t stage;
         job_desired_t desired;
         if (job_stage_of(job, &stage) < 0 || job_desired_of(job, &desired) < 0) {
             json_decref(job);
-            conn_respond_error(c, 500, "job %s: its record names no stage or desired state", id);
+            http_internal_error(c, 0, "job %s: its record names no stage or desired state", id);
             return;
         }
         bool ended = job_stage_ended(stage);
@@ -525,8 +538,7 @@ static void job_action(control_t *ctl, conn_t *c, const char *ns, const char *id
             json_object_set_new(job, "move_to", json_string(to ? to : "*"));
         }
         if (err) {
-            conn_respond_error(c, 409, "%s: %s (stage %s)", action, err,
-                               job_stage_to_string(stage));
+            http_conflict(c, 0, "%s: %s (stage %s)", action, err, job_stage_to_string(stage));
             json_decref(job); /* stage points into it */
             return;
         }
@@ -537,7 +549,7 @@ static void job_action(control_t *ctl, conn_t *c, const char *ns, const char *id
         }
         if (r < 0) {
             json_decref(job);
-            conn_respond_errno(c, r, action);
+            http_errno(c, 0, r, action);
             return;
         }
         log_info("job %s/%s: %s requested", ns, id, action);
@@ -546,7 +558,7 @@ static void job_action(control_t *ctl, conn_t *c, const char *ns, const char *id
         json_decref(job);
         return;
     }
-    conn_respond_error(c, 503, "%s: too much contention on the job record", action);
+    http_unavailable(c, 0, "%s: too much contention on the job record", action);
 }
 
 static void action_done(conn_t *c)
@@ -556,7 +568,7 @@ static void action_done(conn_t *c)
     json_t *body = c->body.len ? json_loadb(buf_head(&c->body), c->body.len, 0, NULL) : NULL;
     if (c->body.len && !json_is_object(body)) {
         json_decref(body);
-        conn_respond_error(c, 400, "%s: body must be a JSON object", ax->action);
+        http_bad_request(c, 0, "%s: body must be a JSON object", ax->action);
         return;
     }
     job_action(ctl, c, ax->ns, ax->id, ax->action, body);
@@ -571,11 +583,11 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
     size_t n = path_split(rest, seg, 4);
     bool get = sv_eq(c->req.method, SV("GET")), post = sv_eq(c->req.method, SV("POST"));
     if (n < 1 || !sv_copy(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
-        conn_respond_error(c, 404, "expected /v1/jobs/{namespace}[/{id}[/...]]");
+        http_not_found(c, 0, "expected /v1/jobs/{namespace}[/{id}[/...]]");
         return;
     }
     if (n >= 2 && (!sv_copy(seg[1], id, sizeof id) || !cap_id_valid(id))) {
-        conn_respond_error(c, 404, "no such job");
+        http_not_found(c, 0, "no such job");
         return;
     }
     if (n >= 3 && sv_eq(seg[2], SV("proxy"))) {
@@ -587,7 +599,7 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
         sv_t pnum = sv_make(num.p, slash ? (size_t)(slash - num.p) : num.len);
         uint64_t port;
         if (parse_u64(pnum, 65535, &port) < 0 || port == 0) {
-            conn_respond_error(c, 404, "proxy: invalid port (expected 1..65535)");
+            http_not_found(c, 0, "proxy: invalid port (expected 1..65535)");
             return;
         }
         sv_t prest = slash ? sv_make(slash, (size_t)(num.p + num.len - slash)) : SV("");
@@ -603,7 +615,7 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
             return;
         create_ctx_t *cx = calloc(1, sizeof *cx);
         if (!cx) {
-            conn_respond_errno(c, -ENOMEM, "create");
+            http_errno(c, 0, -ENOMEM, "create");
             return;
         }
         memcpy(cx->ns, ns, strlen(ns) + 1);
@@ -618,8 +630,9 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
         if (!auth_check(ctl, c, ns, ROLE_READ, NULL))
             return;
         json_t *job;
-        if (job_load(ctl->store, ns, id, &job, NULL) < 0) {
-            conn_respond_error(c, 404, "no job %s in namespace %s", id, ns);
+        int r = job_load(ctl->store, ns, id, &job, NULL);
+        if (r < 0) { /* a store failure is no answer about the job: not 404 */
+            respond_store_err(c, r, "job", "no job %s in namespace %s", id, ns);
             return;
         }
         conn_respond_json(c, 200, job_view(ctl, job));
@@ -631,7 +644,7 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
             return;
         action_ctx_t *ax = calloc(1, sizeof *ax);
         if (!ax) {
-            conn_respond_errno(c, -ENOMEM, "action");
+            http_errno(c, 0, -ENOMEM, "action");
             return;
         }
         memcpy(ax->ns, ns, strlen(ns) + 1);
@@ -640,8 +653,8 @@ void route_jobs(control_t *ctl, conn_t *c, sv_t rest)
         conn_set_handler(c, &ctl_hdata_free_ops, ax);
         conn_collect_body(c, 4096, action_done);
     } else if (n <= 3) {
-        conn_respond_error(c, 405, "method not allowed");
+        http_method_not_allowed(c, 0, "method not allowed");
     } else {
-        conn_respond_error(c, 404, "no such route");
+        http_not_found(c, 0, "no such route");
     }
 }

@@ -118,7 +118,7 @@ static void respond_keys(control_t *ctl, conn_t *c, int status, const char *toke
                          const char *tls_cert)
 {
     if (!ctl->keyset_wire[0]) {
-        conn_respond_error(c, 503, "no signed key set yet");
+        http_unavailable(c, 0, "no signed key set yet");
         return;
     }
     json_t *j = json_pack("{s:s,s:I,s:i}", "keyset", ctl->keyset_wire, "keyset_version",
@@ -136,13 +136,13 @@ static void register_done(conn_t *c)
     char hash[65];
     store_kv_t kv;
     if (!bearer_hash(c, hash) || store_get(ctl->store, "meta/join-token", &kv) < 0) {
-        conn_respond_error(c, 401, "register: the join token is required");
+        http_unauthorized(c, 0, "register: the join token is required");
         return;
     }
     bool ok = kv.value_len == 64 && hash_eq(kv.value, hash);
     store_kv_clear(&kv);
     if (!ok) {
-        conn_respond_error(c, 401, "register: wrong join token");
+        http_unauthorized(c, 0, "register: wrong join token");
         return;
     }
     json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, NULL);
@@ -158,9 +158,9 @@ static void register_done(conn_t *c)
         parse_hostport(url, host, sizeof host, &port) < 0 || capacity < 1) {
         json_decref(images);
         json_decref(b);
-        conn_respond_error(c, 400,
-                           "register: expected {name, url: \"ip:port\", capacity, images: "
-                           "[{name, digest, size}], tls_pubkey}");
+        http_bad_request(c, 0,
+                         "register: expected {name, url: \"ip:port\", capacity, images: "
+                         "[{name, digest, size}], tls_pubkey}");
         return;
     }
     /* TLS: the node's key is certified for its address and pinned in its record */
@@ -176,11 +176,11 @@ static void register_done(conn_t *c)
         if (tr < 0) {
             json_decref(images);
             json_decref(b);
-            conn_respond_error(c, 400,
-                               tr == -ENOKEY ? "register: this control plane speaks TLS: send "
-                                               "tls_pubkey (the node's public key, PEM)"
-                                             : "register: cannot certify tls_pubkey for %s: %s",
-                               host, tls_last_error());
+            http_bad_request(c, 0,
+                             tr == -ENOKEY ? "register: this control plane speaks TLS: send "
+                                             "tls_pubkey (the node's public key, PEM)"
+                                           : "register: cannot certify tls_pubkey for %s: %s",
+                             host, tls_last_error());
             return;
         }
         sodium_bin2base64(pin_b64, sizeof pin_b64, pin, sizeof pin,
@@ -215,9 +215,9 @@ static void register_done(conn_t *c)
         if (!same) {
             json_decref(images);
             json_decref(b);
-            conn_respond_error(c, 409,
-                               "register: the name is registered to another node "
-                               "(present its node token in X-Sbx-Node-Token)");
+            http_conflict(c, 0,
+                          "register: the name is registered to another node "
+                          "(present its node token in X-Sbx-Node-Token)");
             return;
         }
     }
@@ -240,11 +240,11 @@ static void register_done(conn_t *c)
     int r = v ? store_cas(ctl->store, key, v, strlen(v), expect, NULL) : -ENOMEM;
     free(v);
     if (r == -ESTALE) {
-        conn_respond_error(c, 409, "register: the node record changed meanwhile; try again");
+        http_conflict(c, 0, "register: the node record changed meanwhile; try again");
         return;
     }
     if (r < 0) {
-        conn_respond_errno(c, r, "register");
+        http_errno(c, 0, r, "register");
         return;
     }
     control_kick(ctl);
@@ -306,7 +306,7 @@ static void heartbeat_done(conn_t *c, const char *name)
     (void)snprintf(key, sizeof key, "nodes/%s", name);
     store_kv_t kv;
     if (!bearer_hash(c, hash) || store_get(ctl->store, key, &kv) < 0) {
-        conn_respond_error(c, 401, "heartbeat: unknown node or missing token");
+        http_unauthorized(c, 0, "heartbeat: unknown node or missing token");
         return;
     }
     json_t *rec = json_loadb(kv.value, kv.value_len, 0, NULL);
@@ -315,7 +315,7 @@ static void heartbeat_done(conn_t *c, const char *name)
     const char *th = json_string_value(json_object_get(rec, "token_hash"));
     if (!th || !hash_eq(th, hash)) {
         json_decref(rec);
-        conn_respond_error(c, 401, "heartbeat: wrong node token");
+        http_unauthorized(c, 0, "heartbeat: wrong node token");
         return;
     }
     char owner[96];
@@ -366,8 +366,9 @@ static void list_nodes(control_t *ctl, conn_t *c)
 {
     store_kv_t *kvs;
     size_t n;
-    if (store_list(ctl->store, "nodes/", &kvs, &n) < 0) {
-        conn_respond_error(c, 500, "store");
+    int rl = store_list(ctl->store, "nodes/", &kvs, &n);
+    if (rl < 0) {
+        respond_store_err(c, rl, "nodes", "nodes: not found");
         return;
     }
     json_t *arr = json_array();
@@ -404,21 +405,21 @@ void route_nodes(control_t *ctl, conn_t *c, sv_t rest)
         hb_ctx_t *h = calloc(1, sizeof *h);
         if (!h || nl >= sizeof h->name) {
             free(h);
-            conn_respond_error(c, 404, "no such node");
+            http_not_found(c, 0, "no such node");
             return;
         }
         memcpy(h->name, rest.p, nl);
         h->name[nl] = 0;
         if (!cap_id_valid(h->name)) {
             free(h);
-            conn_respond_error(c, 404, "no such node");
+            http_not_found(c, 0, "no such node");
             return;
         }
         conn_set_handler(c, &hb_ops, h);
         conn_collect_body(c, 256 * 1024, hb_body_done);
         return;
     }
-    conn_respond_error(c, 404, "no such route");
+    http_not_found(c, 0, "no such route");
 }
 
 int node_pin_load(store_t *st, const char *name, uint8_t pin[TLS_PIN_BYTES])

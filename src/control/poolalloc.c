@@ -64,7 +64,7 @@ static bool pool_active(alloc_t *a)
     bool active = r == 0 && streq(jstr(p, "state"), "active");
     json_decref(p == NULL ? NULL : p);
     if (!active) {
-        a->status = r == 0 || r == -ENOENT ? 409 : 503;
+        a->status = r == 0 || r == -ENOENT ? HTTP_CONFLICT : HTTP_UNAVAILABLE;
         (void)snprintf(a->why, sizeof a->why, "pool %s %s", jstr(a->pool, "name"),
                        r == 0 || r == -ENOENT ? "is being deleted" : "cannot be read");
     }
@@ -145,7 +145,7 @@ static int reserve_new_host(alloc_t *a, json_t *hosts)
             slot_used[slot] = true;
     }
     if ((json_int_t)json_array_size(hosts) >= max_hosts) {
-        a->status = 429;
+        a->status = HTTP_TOO_MANY_REQUESTS;
         (void)snprintf(a->why, sizeof a->why,
                        "pool %s is at max_hosts (%lld) and every host is full (%lld sandboxes "
                        "each)",
@@ -179,7 +179,7 @@ static int reserve_new_host(alloc_t *a, json_t *hosts)
                              a->ns, job_id, err, sizeof err);
     if (r < 0) {
         (void)store_del(a->w->st, key, STORE_REV_ANY);
-        a->status = 503;
+        a->status = HTTP_UNAVAILABLE;
         (void)snprintf(a->why, sizeof a->why, "%s", err);
         return 0;
     }
@@ -198,7 +198,7 @@ static void reserve(alloc_t *a)
         json_t *live = hosts ? pool_live_counts(a->w->st, a->ns, jstr(a->pool, "name")) : NULL;
         if (!live) {
             json_decref(hosts);
-            a->status = 503;
+            a->status = HTTP_UNAVAILABLE;
             (void)snprintf(a->why, sizeof a->why, "the pool's hosts cannot be read");
             return;
         }
@@ -210,7 +210,7 @@ static void reserve(alloc_t *a)
         json_decref(hosts);
         json_decref(live);
         if (r < 0) {
-            a->status = 503;
+            a->status = HTTP_UNAVAILABLE;
             (void)snprintf(a->why, sizeof a->why, "the store: %s", strerror(-r));
             return;
         }
@@ -218,7 +218,7 @@ static void reserve(alloc_t *a)
             return;
     }
     if (a->left > 0 && !a->why[0]) {
-        a->status = 503;
+        a->status = HTTP_UNAVAILABLE;
         (void)snprintf(a->why, sizeof a->why, "too much contention on the pool's hosts");
     }
 }
@@ -331,7 +331,7 @@ static json_int_t fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out,
         ans = NULL;
         r = agent_call(a->w->ctl, a->w->st, &a->w->kr, &rr, "POST", "/v1/sandboxes", token, body,
                        POOL_AGENT_CALL_MS, &status, &ans, msg, sizeof msg);
-        bool again = (r == -ECONNREFUSED || r == -ENOENT) || (r == 0 && status == 503);
+        bool again = (r == -ECONNREFUSED || r == -ENOENT) || (r == 0 && status == HTTP_UNAVAILABLE);
         if (!again || monotonic_ms() > a->deadline)
             break;
         pool_msleep(100);
@@ -416,9 +416,9 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
     int r = record_load(w->st, key, &pool, NULL);
     if (r < 0) {
         if (r == -ENOENT)
-            work_fail(res, 404, "no pool %s in namespace %s", in->pool, in->ns);
+            work_fail(res, HTTP_NOT_FOUND, 0, "no pool %s in namespace %s", in->pool, in->ns);
         else
-            work_fail(res, 503, "the control plane cannot read its store");
+            work_fail(res, HTTP_UNAVAILABLE, 0, "the control plane cannot read its store");
         return;
     }
     json_error_t jerr;
@@ -427,7 +427,7 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
     const char *e = b ? alloc_request(b, pool, &count, &req) : jerr.text;
     json_decref(b);
     if (e) {
-        work_fail(res, 400, "sandboxes: %s", e);
+        work_fail(res, HTTP_BAD_REQUEST, 0, "sandboxes: %s", e);
         json_decref(pool);
         return;
     }
@@ -442,9 +442,9 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
     if (pool_active(&a))
         reserve(&a);
     if (a.nr == 0) {
-        work_answer(res, a.status ? a.status : 503,
+        work_answer(res, a.status ? a.status : HTTP_UNAVAILABLE,
                     json_pack("{s:s,s:I,s:s}", "error", a.why, "rejected", count, "reason", a.why));
-        if (res->status == 503)
+        if (res->status == HTTP_UNAVAILABLE)
             (void)snprintf(res->headers, sizeof res->headers, "Retry-After: 1\r\n");
         json_decref(req);
         json_decref(pool);
@@ -475,11 +475,11 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
     const char *reason = a.why[0] ? a.why : why2;
     if (made == 0) {
         /* no room anywhere is 429 (try later or raise max_hosts); a host that failed is 503 */
-        int status = all_room ? 429 : 503;
+        int status = all_room ? HTTP_TOO_MANY_REQUESTS : HTTP_UNAVAILABLE;
         work_answer(
             res, status,
             json_pack("{s:s,s:I,s:s}", "error", reason, "rejected", count, "reason", reason));
-        if (status == 503)
+        if (status == HTTP_UNAVAILABLE)
             (void)snprintf(res->headers, sizeof res->headers, "Retry-After: 1\r\n");
         pool_json_wipe(out);
         return;
@@ -505,9 +505,9 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
     int r = record_load(w->st, key, &rec, &rev);
     if (r < 0) {
         if (r == -ENOENT)
-            work_fail(res, 404, "no sandbox %s in pool %s", a->id, a->pool);
+            work_fail(res, HTTP_NOT_FOUND, 0, "no sandbox %s in pool %s", a->id, a->pool);
         else
-            work_fail(res, 503, "the control plane cannot read its store");
+            work_fail(res, HTTP_UNAVAILABLE, 0, "the control plane cannot read its store");
         return;
     }
     bool gone = *jstr(rec, "gone");
@@ -517,7 +517,7 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
         int lr = runrec_load(w->st, jstr(rec, "host"), &rr, NULL);
         bool same_run = lr == 0 && rr.run.generation == (uint64_t)jint(rec, "generation");
         if (lr < 0 && lr != -ENOENT) {
-            work_fail(res, 503, "the control plane cannot read its store");
+            work_fail(res, HTTP_UNAVAILABLE, 0, "the control plane cannot read its store");
             json_decref(rec);
             return;
         }
@@ -535,9 +535,10 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
             }
             pool_json_wipe(sec);
             /* 200: deleted; 403: the agent has no such sandbox (its idle timeout took it) */
-            if (r < 0 || (status != 200 && status != 403)) {
-                work_fail(res, r < 0 ? 503 : 502, "sandbox %s was not deleted on its host: %s",
-                          a->id, msg[0] ? msg : strerror(r < 0 ? -r : EIO));
+            if (r < 0 || (status != HTTP_OK && status != HTTP_FORBIDDEN)) {
+                work_fail(res, r < 0 ? HTTP_UNAVAILABLE : HTTP_BAD_GATEWAY, 0,
+                          "sandbox %s was not deleted on its host: %s", a->id,
+                          msg[0] ? msg : strerror(r < 0 ? -r : EIO));
                 json_decref(rec);
                 return;
             }
@@ -548,11 +549,12 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
     r = store_del(w->st, key, rev);
     json_decref(rec);
     if (r == -ESTALE || r == -ENOENT) {
-        work_fail(res, 404, "no sandbox %s in pool %s (deleted meanwhile)", a->id, a->pool);
+        work_fail(res, HTTP_NOT_FOUND, 0, "no sandbox %s in pool %s (deleted meanwhile)", a->id,
+                  a->pool);
         return;
     }
     if (r < 0) {
-        work_fail(res, 503, "the control plane cannot write its store");
+        work_fail(res, HTTP_UNAVAILABLE, 0, "the control plane cannot write its store");
         return;
     }
     (void)store_del(w->st, tkey, STORE_REV_ANY);

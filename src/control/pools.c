@@ -215,7 +215,10 @@ int pool_host_job_create(store_t *st, const seal_keys_t *seal, const char *defau
                   "pool", "sbx-pool", jstr(pool, "name"), "sbx-pool-host", "1");
     sodium_memzero(tok, sizeof tok);
     json_t *job = NULL, *sec = NULL;
-    const char *e = body ? job_from_request(body, default_image, &job, &sec) : "out of memory";
+    sbx_err_t jerr;
+    const char *e = !body                                                          ? "out of memory"
+                    : job_from_request(body, default_image, &job, &sec, &jerr) < 0 ? jerr.msg
+                                                                                   : NULL;
     /* job and sec hold parts of body (the token is in sec's strings, wiped below) */
     if (e)
         pool_json_wipe(body);
@@ -270,20 +273,12 @@ json_t *pool_sandbox_view(json_t *s, const char *ns, const char *pool)
 
 /* ---- the API: pools ----------------------------------------------------------------------------- */
 
-/* A store error is no answer about the pool: 503, not 404. */
-static void respond_store_error(conn_t *c, int r, const char *what)
-{
-    static const char body[] = "{\"error\":\"the control plane cannot read its store\"}";
-    conn_respond(c, 503, "application/json", body, sizeof body - 1, "Retry-After: 1\r\n");
-    log_warn("%s: the store: %s", what, strerror(-r));
-}
-
 typedef struct {
     char ns[64], principal[64];
     role_t role;
 } pool_ctx_t;
 
-static const char *pool_from_request(control_t *ctl, json_t *b, json_t **ret)
+static int pool_from_request(control_t *ctl, json_t *b, json_t **ret, sbx_err_t *err)
 {
     const char *name = NULL, *image = ctl->cfg.default_image, *flavor = "cpu-small";
     json_int_t per_host = 32, warm = 0, max_hosts = 4, sbx_idle = 0, host_idle = 300;
@@ -291,33 +286,35 @@ static const char *pool_from_request(control_t *ctl, json_t *b, json_t **ret)
         json_unpack(b, "{s:s,s?s,s?s,s?I,s?I,s?I,s?I,s?I!}", "name", &name, "image", &image,
                     "flavor", &flavor, "per_host", &per_host, "warm", &warm, "max_hosts",
                     &max_hosts, "sandbox_idle_s", &sbx_idle, "host_idle_s", &host_idle) < 0)
-        return "expected {name, image, flavor, per_host, warm, max_hosts, sandbox_idle_s, "
-               "host_idle_s} (name required; unknown fields are refused)";
+        return sbx_err(err, -EINVAL,
+                       "expected {name, image, flavor, per_host, warm, max_hosts, sandbox_idle_s, "
+                       "host_idle_s} (name required; unknown fields are refused)");
     if (!valid_name(name, 63))
-        return "name: [a-z0-9][a-z0-9._-]*, at most 63 bytes";
+        return sbx_err(err, -EINVAL, "name: [a-z0-9][a-z0-9._-]*, at most 63 bytes");
     if (per_host < 1 || per_host > POOL_PER_HOST_MAX)
-        return "per_host: 1..4096 sandboxes per host";
+        return sbx_err(err, -EINVAL, "per_host: 1..4096 sandboxes per host");
     if (max_hosts < 1 || max_hosts > POOL_HOSTS_MAX)
-        return "max_hosts: 1..64";
+        return sbx_err(err, -EINVAL, "max_hosts: 1..64");
     if (warm < 0 || warm > max_hosts)
-        return "warm: 0..max_hosts hosts kept ready";
+        return sbx_err(err, -EINVAL, "warm: 0..max_hosts hosts kept ready");
     if (sbx_idle < 0 || sbx_idle > 31536000)
-        return "sandbox_idle_s: 0 (never) ..31536000 seconds";
+        return sbx_err(err, -EINVAL, "sandbox_idle_s: 0 (never) ..31536000 seconds");
     if (host_idle < 0 || host_idle > 31536000)
-        return "host_idle_s: 0..31536000 seconds";
+        return sbx_err(err, -EINVAL, "host_idle_s: 0..31536000 seconds");
     /* the host job must be one the Jobs API would take */
     json_t *probe = json_pack("{s:s,s:s,s:s}", "image", image, "flavor", flavor, "mode", "pool");
     json_t *job = NULL, *sec = NULL;
-    const char *e = probe ? job_from_request(probe, ctl->cfg.default_image, &job, &sec) : "oom";
+    int r = probe ? job_from_request(probe, ctl->cfg.default_image, &job, &sec, err)
+                  : sbx_err(err, -ENOMEM, "out of memory");
     json_decref(probe);
     json_decref(job);
     json_decref(sec);
-    if (e)
-        return e;
+    if (r < 0)
+        return r;
     *ret = json_pack("{s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:s}", "name", name, "image", image,
                      "flavor", flavor, "per_host", per_host, "warm", warm, "max_hosts", max_hosts,
                      "sandbox_idle_s", sbx_idle, "host_idle_s", host_idle, "state", "active");
-    return *ret ? NULL : "out of memory";
+    return *ret ? 0 : sbx_err(err, -ENOMEM, "out of memory");
 }
 
 static void pool_create_done(conn_t *c)
@@ -326,20 +323,21 @@ static void pool_create_done(conn_t *c)
     pool_ctx_t *cx = c->hdata;
     json_error_t jerr;
     json_t *b = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr), *pool = NULL;
-    const char *e = b ? pool_from_request(ctl, b, &pool) : jerr.text;
+    sbx_err_t err;
+    int r = b ? pool_from_request(ctl, b, &pool, &err) : sbx_err(&err, -EINVAL, "%s", jerr.text);
     json_decref(b);
-    if (e) {
-        conn_respond_error(c, 400, "pool: %s", e);
+    if (r < 0) {
+        http_bad_request(c, 0, "pool: %s", err.msg);
         return;
     }
     const char *image = jstr(pool, "image");
     if (streq(image, "host") && cx->role != ROLE_ADMIN && !streq(ctl->cfg.default_image, "host")) {
-        conn_respond_error(c, 403, "pool: image host (the node's own programs) is for admins");
+        http_forbidden(c, 0, "pool: image host (the node's own programs) is for admins");
         json_decref(pool);
         return;
     }
     if (!image_on_live_node(ctl->store, image, NULL)) {
-        conn_respond_error(c, 400, "pool: image %s: not available on any node", image);
+        http_bad_request(c, 0, "pool: image %s: not available on any node", image);
         json_decref(pool);
         return;
     }
@@ -348,16 +346,16 @@ static void pool_create_done(conn_t *c)
     json_object_set_new(pool, "created_ms", json_integer(wall_ms()));
     char key[160];
     pool_key(key, sizeof key, cx->ns, jstr(pool, "name"));
-    int r = record_save(ctl->store, key, pool, STORE_REV_ABSENT, NULL);
+    r = record_save(ctl->store, key, pool, STORE_REV_ABSENT, NULL);
     if (r == -ESTALE || r == -EEXIST) {
-        conn_respond_error(c, 409, "pool %s exists in namespace %s (DELETE it first)",
-                           jstr(pool, "name"), cx->ns);
+        http_conflict(c, 0, "pool %s exists in namespace %s (DELETE it first)", jstr(pool, "name"),
+                      cx->ns);
         json_decref(pool);
         return;
     }
     if (r < 0) {
         json_decref(pool);
-        respond_store_error(c, r, "pool create");
+        respond_store_err(c, r, "pool create", "pool create: not found");
         return;
     }
     log_info("pool %s/%s created by %s", cx->ns, jstr(pool, "name"), cx->principal);
@@ -373,10 +371,8 @@ static json_t *pool_or_answer(control_t *ctl, conn_t *c, const char *ns, const c
     json_t *pool;
     pool_key(key, sizeof key, ns, name);
     int r = record_load(ctl->store, key, &pool, ret_rev);
-    if (r == -ENOENT)
-        conn_respond_error(c, 404, "no pool %s in namespace %s", name, ns);
-    else if (r < 0)
-        respond_store_error(c, r, "pool");
+    if (r < 0)
+        respond_store_err(c, r, "pool", "no pool %s in namespace %s", name, ns);
     return r < 0 ? NULL : pool;
 }
 
@@ -391,7 +387,7 @@ static void pool_inspect(control_t *ctl, conn_t *c, const char *ns, const char *
         json_decref(hosts);
         json_decref(live);
         json_decref(pool);
-        respond_store_error(c, -EIO, "pool inspect");
+        respond_store_err(c, -EIO, "pool inspect", "pool inspect: not found");
         return;
     }
     json_t *view = json_array(), *h, *v;
@@ -426,7 +422,7 @@ static void pools_list(control_t *ctl, conn_t *c, const char *ns)
     size_t n;
     int r = store_list(ctl->store, prefix, &kvs, &n);
     if (r < 0) {
-        respond_store_error(c, r, "pools");
+        respond_store_err(c, r, "pools", "pools: not found");
         return;
     }
     json_t *arr = json_array();
@@ -456,7 +452,7 @@ static void pool_delete(control_t *ctl, conn_t *c, const char *ns, const char *n
         }
         if (r < 0) {
             json_decref(pool);
-            respond_store_error(c, r, "pool delete");
+            respond_store_err(c, r, "pool delete", "pool delete: not found");
             return;
         }
         log_info("pool %s/%s: draining (delete requested)", ns, name);
@@ -464,7 +460,7 @@ static void pool_delete(control_t *ctl, conn_t *c, const char *ns, const char *n
         conn_respond_json(c, 202, pool);
         return;
     }
-    conn_respond_error(c, 503, "pool delete: too much contention on the pool record");
+    http_unavailable(c, 0, "pool delete: too much contention on the pool record");
 }
 
 /* ---- the API: sandboxes --------------------------------------------------------------------------- */
@@ -477,7 +473,7 @@ static void alloc_body_done(conn_t *c)
     a->body = malloc(c->body.len + 1);
     if (!a->body) {
         pool_alloc_arg_free(a);
-        conn_respond_errno(c, -ENOMEM, "sandboxes");
+        http_errno(c, 0, -ENOMEM, "sandboxes");
         return;
     }
     memcpy(a->body, buf_head(&c->body), c->body.len);
@@ -501,16 +497,12 @@ static json_t *sandbox_or_answer(control_t *ctl, conn_t *c, const char *ns, cons
     json_t *rec;
     pool_sbx_key(key, sizeof key, ns, pool, id);
     int r = record_load(ctl->store, key, &rec, NULL);
-    if (r == -ENOENT) {
-        conn_respond_error(c, 404, "no sandbox %s in pool %s", id, pool);
-        return NULL;
-    }
     if (r < 0) {
-        respond_store_error(c, r, "sandbox");
+        respond_store_err(c, r, "sandbox", "no sandbox %s in pool %s", id, pool);
         return NULL;
     }
     if (*jstr(rec, "gone")) {
-        conn_respond_error(c, 410, "sandbox %s is gone: %s", id, jstr(rec, "gone"));
+        http_gone(c, 0, "sandbox %s is gone: %s", id, jstr(rec, "gone"));
         json_decref(rec);
         return NULL;
     }
@@ -524,7 +516,7 @@ static void sandbox_proxy(control_t *ctl, conn_t *c, const char *ns, const char 
     char path[HTTP_MAX_HEAD];
     int n = snprintf(path, sizeof path, "/v1/sandboxes/%s" SV_FMT, id, SV_ARG(rest));
     if (n < 0 || (size_t)n >= sizeof path) {
-        conn_respond_error(c, 414, "path too long");
+        http_uri_too_long(c, 0, "path too long");
         return;
     }
     sv_t agent_path = sv_make(path, (size_t)n);
@@ -539,13 +531,13 @@ static void sandbox_proxy(control_t *ctl, conn_t *c, const char *ns, const char 
     if (r < 0) {
         json_decref(rec);
         if (r != -ENOENT) {
-            conn_respond_error(c, 503, "sandbox %s: its token cannot be read", id);
+            http_unavailable(c, 0, "sandbox %s: its token cannot be read", id);
             return;
         }
         /* marked gone meanwhile (its token goes first): say so; else not recorded yet */
         rec = sandbox_or_answer(ctl, c, ns, pool, id);
         if (rec) {
-            conn_respond_error(c, 503, "sandbox %s: its token is not recorded yet", id);
+            http_unavailable(c, 0, "sandbox %s: its token is not recorded yet", id);
             json_decref(rec);
         }
         return;
@@ -572,7 +564,7 @@ static void sandboxes_list(control_t *ctl, conn_t *c, const char *ns, const char
     size_t n;
     int r = store_list(ctl->store, prefix, &kvs, &n);
     if (r < 0) {
-        respond_store_error(c, r, "sandboxes");
+        respond_store_err(c, r, "sandboxes", "sandboxes: not found");
         return;
     }
     json_t *arr = json_array();
@@ -595,19 +587,19 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
     sv_t m = c->req.method;
     bool get = sv_eq(m, SV("GET")), post = sv_eq(m, SV("POST")), del = sv_eq(m, SV("DELETE"));
     if (n < 1 || !sv_copy(seg[0], ns, sizeof ns) || !valid_name(ns, 63)) {
-        conn_respond_error(c, 404, "expected /v1/pools/{namespace}[/{pool}[/sandboxes[/{id}]]]");
+        http_not_found(c, 0, "expected /v1/pools/{namespace}[/{pool}[/sandboxes[/{id}]]]");
         return;
     }
     if (n >= 2 && (!sv_copy(seg[1], pool, sizeof pool) || !valid_name(pool, 63))) {
-        conn_respond_error(c, 404, "no such pool");
+        http_not_found(c, 0, "no such pool");
         return;
     }
     if (n >= 3 && !sv_eq(seg[2], SV("sandboxes"))) {
-        conn_respond_error(c, 404, "no such route (expected .../sandboxes)");
+        http_not_found(c, 0, "no such route (expected .../sandboxes)");
         return;
     }
     if (n >= 4 && (!sv_copy(seg[3], id, sizeof id) || !pool_sandbox_id_valid(id))) {
-        conn_respond_error(c, 404, "no such sandbox (ids are 16 hex digits)");
+        http_not_found(c, 0, "no such sandbox (ids are 16 hex digits)");
         return;
     }
     if (n == 5) {
@@ -621,7 +613,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
             return;
         pool_ctx_t *cx = calloc(1, sizeof *cx);
         if (!cx) {
-            conn_respond_errno(c, -ENOMEM, "pool");
+            http_errno(c, 0, -ENOMEM, "pool");
             return;
         }
         memcpy(cx->ns, ns, strlen(ns) + 1);
@@ -643,7 +635,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
             return;
         pool_alloc_arg_t *a = calloc(1, sizeof *a);
         if (!a) {
-            conn_respond_errno(c, -ENOMEM, "sandboxes");
+            http_errno(c, 0, -ENOMEM, "sandboxes");
             return;
         }
         memcpy(a->ns, ns, strlen(ns) + 1);
@@ -666,7 +658,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
             return;
         pool_del_arg_t *a = calloc(1, sizeof *a);
         if (!a) {
-            conn_respond_errno(c, -ENOMEM, "delete");
+            http_errno(c, 0, -ENOMEM, "delete");
             return;
         }
         memcpy(a->ns, ns, strlen(ns) + 1);
@@ -674,6 +666,6 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
         memcpy(a->id, id, strlen(id) + 1);
         work_submit(ctl, c, pool_delete_fn, a, free);
     } else {
-        conn_respond_error(c, 405, "method not allowed");
+        http_method_not_allowed(c, 0, "method not allowed");
     }
 }

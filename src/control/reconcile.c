@@ -297,7 +297,7 @@ static bool retire(rec_t *rc, const char *host, uint16_t port, const cap_run_t *
     int status = 0;
     char msg[256];
     int r = node_call(rc, host, port, run, "DELETE", "", NULL, &status, msg, sizeof msg);
-    if (r < 0 || (status != 200 && status != 409)) {
+    if (r < 0 || (status != HTTP_OK && status != HTTP_CONFLICT)) {
         log_warn("retire %s generation %llu on %s: %s (status %d)", run->sandbox,
                  (unsigned long long)run->generation, run->node, msg, status);
         return false;
@@ -475,7 +475,8 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     nr.attempts++;
     if (!nr.first_fail_ms)
         nr.first_fail_ms = now;
-    bool permanent = secrets_lost || (r >= 0 && (status == 400 || status == 422));
+    bool permanent =
+        secrets_lost || (r >= 0 && (status == HTTP_BAD_REQUEST || status == HTTP_UNPROCESSABLE));
     bool give_up = permanent || now - nr.first_fail_ms >= INSTALL_GIVE_UP_MS;
     nr.next_try_ms = now + install_backoff_ms(nr.attempts);
     if (give_up)

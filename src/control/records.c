@@ -8,7 +8,9 @@
  *   tokens/<sha256>    a principal's API token (hash only)
  *   signing-keys/<kid> Ed25519 signing keys, the secret part sealed (keys.c) */
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "cap/runjson.h"
@@ -244,4 +246,35 @@ int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t e
     char key[192];
     (void)snprintf(key, sizeof key, "jobs/%s/%s", ns, id);
     return record_save(st, key, job, expect, ret_rev);
+}
+
+/* ---- store errors as statuses: the one table ------------------------------------------------ */
+
+int status_from_store_err(int r)
+{
+    switch (r) {
+    case -ENOENT: return HTTP_NOT_FOUND;       /* no such record */
+    case -ESTALE: return HTTP_CONFLICT;        /* the record changed meanwhile */
+    case -EBADMSG: return HTTP_INTERNAL_ERROR; /* a record this control plane cannot read */
+    default: return HTTP_UNAVAILABLE;          /* no answer about the record: the store failed */
+    }
+}
+
+void respond_store_err(conn_t *c, int r, const char *what, const char *fmt, ...)
+{
+    int status = status_from_store_err(r);
+    if (status == HTTP_NOT_FOUND) {
+        va_list ap;
+        va_start(ap, fmt);
+        http_verror(c, status, 0, fmt, ap);
+        va_end(ap);
+        return;
+    }
+    log_warn("%s: the store: %s", what, strerror(-r));
+    if (status == HTTP_UNAVAILABLE)
+        http_unavailable(c, HTTP_RETRY_SOON, "the control plane cannot read its store");
+    else if (status == HTTP_CONFLICT)
+        http_conflict(c, 0, "%s: the record changed meanwhile; try again", what);
+    else
+        http_error(c, status, 0, "%s: its record cannot be read", what);
 }

@@ -92,7 +92,7 @@ static void *worker_main(void *p)
         if (w.st)
             t->fn(&w, t->arg, &t->res);
         else
-            work_fail(&t->res, 503, "the control plane cannot open its store");
+            work_fail(&t->res, HTTP_UNAVAILABLE, 0, "the control plane cannot open its store");
         pthread_mutex_lock(&q->lock);
         t->next = q->done;
         q->done = t;
@@ -118,12 +118,12 @@ static void answer(work_task_t *t)
         return;
     }
     if (!t->res.json) {
-        conn_respond_error(c, 500, "internal error: the task gave no answer");
+        http_internal_error(c, 0, "internal error: the task gave no answer");
         return;
     }
     _cleanup_free_ char *body = json_dumps(t->res.json, JSON_COMPACT);
     if (!body) {
-        conn_respond_errno(c, -ENOMEM, "answer");
+        http_errno(c, 0, -ENOMEM, "answer");
         return;
     }
     (void)conn_respond(c, t->res.status, "application/json", body, strlen(body), extra);
@@ -209,7 +209,7 @@ void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_a
     if (!t) {
         if (free_arg)
             free_arg(arg);
-        conn_respond_errno(c, -ENOMEM, "work");
+        http_errno(c, 0, -ENOMEM, "work");
         return;
     }
     *t = (work_task_t){ .conn = c, .fn = fn, .arg = arg, .free_arg = free_arg };
@@ -218,9 +218,8 @@ void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_a
         pthread_mutex_unlock(&q->lock);
         t->conn = NULL;
         task_free(t);
-        static const char busy[] =
-            "{\"error\":\"the control plane is busy with pool requests; try again\"}";
-        conn_respond(c, 503, "application/json", busy, sizeof busy - 1, "Retry-After: 1\r\n");
+        http_unavailable(c, HTTP_RETRY_SOON,
+                         "the control plane is busy with pool requests; try again");
         return;
     }
     q->queued++;
@@ -238,12 +237,10 @@ void work_answer(work_result_t *res, int status, json_t *j)
     res->json = j || status == 204 ? j : json_pack("{s:s}", "error", "out of memory");
 }
 
-void work_fail(work_result_t *res, int status, const char *fmt, ...)
+void work_fail(work_result_t *res, int status, unsigned flags, const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    work_answer(res, status, http_error_vjson(status, flags, fmt, ap));
     va_end(ap);
-    work_answer(res, status, json_pack("{s:s}", "error", msg));
 }

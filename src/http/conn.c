@@ -268,108 +268,6 @@ int conn_respond_json(conn_t *c, int status, json_t *j)
     return r;
 }
 
-int conn_respond_error(conn_t *c, int status, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    (void)vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    /* Messages may quote request bytes; keep them ASCII so the JSON can always be built
-     * (truncation could also have split a UTF-8 sequence). */
-    for (char *m = msg; *m; m++)
-        if ((unsigned char)*m >= 0x80 || (unsigned char)*m < 0x20)
-            *m = '?';
-    if (c->resp_started) {
-        conn_abort(c);
-        return -EALREADY;
-    }
-    return conn_respond_json(c, status, json_pack("{s:s}", "error", msg));
-}
-
-int conn_respond_errno(conn_t *c, int err, const char *what)
-{
-    int status;
-    const char *msg;
-    switch (err) {
-    case -ENOENT:
-        status = 404;
-        msg = "not found";
-        break;
-    case -EISDIR:
-        status = 409;
-        msg = "is a directory";
-        break;
-    case -ENOTDIR:
-        status = 409;
-        msg = "not a directory";
-        break;
-    case -EEXIST:
-        status = 409;
-        msg = "already exists";
-        break;
-    case -ENOTEMPTY:
-        status = 409;
-        msg = "directory not empty";
-        break;
-    case -EBUSY:
-        status = 409;
-        msg = "busy (a mount point or in use)";
-        break;
-    case -ENXIO:
-        status = 400;
-        msg = "not a regular file";
-        break;
-    case -EXDEV:
-        status = 400;
-        msg = "crosses a filesystem boundary";
-        break;
-    case -ELOOP:
-        status = 400;
-        msg = "a path component is a symlink, which this API does not follow";
-        break;
-    case -EACCES:
-    case -EPERM:
-        status = 400;
-        msg = "permission denied";
-        break; /* 403 is for credentials */
-    case -ENAMETOOLONG:
-        status = 400;
-        msg = "path too long";
-        break;
-    case -EINVAL:
-        status = 400;
-        msg = "invalid argument";
-        break;
-    case -EFBIG:
-    case -E2BIG:
-        status = 413;
-        msg = "too large";
-        break;
-    case -ENOSPC:
-    case -EDQUOT:
-        status = 507;
-        msg = "no space left";
-        break;
-    case -ENOMEM:
-        status = 503;
-        msg = "out of memory";
-        break;
-    case -EMFILE:
-    case -ENFILE:
-        status = 503;
-        msg = "too many open files";
-        break;
-    default:
-        status = 500;
-        msg = strerror(-err);
-        break;
-    }
-    if (status == 507)
-        status = 500;
-    return conn_respond_error(c, status, "%s: %s", what, msg);
-}
-
 int conn_respond_file(conn_t *c, int fd, uint64_t off, uint64_t len)
 {
     int r = conn_start(c, 200);
@@ -540,8 +438,7 @@ void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c))
 {
     if (c->req.has_transfer_encoding) {
         if (!http_te_chunked(&c->req)) {
-            c->keep_alive = false;
-            conn_respond_error(c, 501, "Transfer-Encoding: only \"chunked\" is supported");
+            http_not_implemented(c, HTTP_CLOSE, "Transfer-Encoding: only \"chunked\" is supported");
             return;
         }
         buf_init(&c->body, chunked_raw_cap(max));
@@ -556,8 +453,7 @@ void conn_collect_body(conn_t *c, size_t max, void (*done)(conn_t *c))
         return;
     }
     if (c->body_left > max) {
-        c->keep_alive = false;
-        conn_respond_error(c, 413, "request body too large (max %zu bytes)", max);
+        http_too_large(c, HTTP_CLOSE, "request body too large (max %zu bytes)", max);
         return;
     }
     buf_init(&c->body, max);
@@ -612,13 +508,13 @@ static bool conn_collect_chunks(conn_t *c)
     if (k < 0) {
         c->keep_alive = false;
         c->collecting = c->collect_chunked = false;
-        conn_respond_error(c, 400, "malformed chunked request body");
+        http_bad_request(c, 0, "malformed chunked request body");
         return false;
     }
     if (buf_append(&c->body, buf_head(&c->in), (size_t)k) < 0) {
         c->keep_alive = false;
         c->collecting = c->collect_chunked = false;
-        conn_respond_error(c, 413, "request body too large (max %zu bytes)", c->collect_max);
+        http_too_large(c, 0, "request body too large (max %zu bytes)", c->collect_max);
         return false;
     }
     buf_consume(&c->in, (size_t)k);
@@ -628,8 +524,8 @@ static bool conn_collect_chunks(conn_t *c)
     ssize_t n = http_chunked_decode(buf_head(&c->body), c->body.len);
     if (n < 0 || (size_t)n > c->collect_max) {
         c->keep_alive = n >= 0 && c->keep_alive;
-        conn_respond_error(c, n < 0 ? 400 : 413,
-                           n < 0 ? "malformed chunked request body" : "request body too large");
+        http_error(c, n < 0 ? HTTP_BAD_REQUEST : HTTP_CONTENT_TOO_LARGE, 0,
+                   n < 0 ? "malformed chunked request body" : "request body too large");
         return false;
     }
     c->body.len = (size_t)n;
@@ -647,15 +543,14 @@ static bool conn_deliver_body(conn_t *c)
         size_t n = (size_t)MIN((uint64_t)c->in.len, c->body_left);
         if (c->collecting) {
             if (buf_append(&c->body, buf_head(&c->in), n) < 0) {
-                c->keep_alive = false;
-                conn_respond_error(c, 413, "request body too large");
+                http_too_large(c, HTTP_CLOSE, "request body too large");
                 return false;
             }
         } else if (c->ops && c->ops->on_body) {
             int taken = c->ops->on_body(c, buf_head(&c->in), n);
             if (taken < 0) {
-                c->keep_alive = false;
-                conn_respond_error(c, -taken, "request body refused");
+                http_error(c, http_status_from_errno(taken, NULL), HTTP_CLOSE,
+                           "request body refused");
                 return false;
             }
             n = (size_t)taken;
@@ -720,16 +615,16 @@ static void conn_begin_request(conn_t *c, int head_len)
     c->srv->dispatch(c);
 }
 
-static void conn_fail_head(conn_t *c, int status)
+/* A head http_parse_request() refused (its -errno): answered, and the connection closes. */
+static void conn_fail_head(conn_t *c, int err)
 {
-    static const char *const msgs[] = { [0] = "malformed request",
-                                        [1] = "request head too large",
-                                        [2] = "HTTP version not supported" };
-    const char *m = status == 431 ? msgs[1] : status == 505 ? msgs[2] : msgs[0];
+    int status = http_status_from_head_error(err);
+    const char *m = status == HTTP_HEADERS_TOO_LARGE       ? "request head too large"
+                    : status == HTTP_VERSION_NOT_SUPPORTED ? "HTTP version not supported"
+                                                           : "malformed request";
     c->state = CS_REQUEST;
-    c->keep_alive = false;
     c->req.minor = 1;
-    conn_respond_error(c, status, "%s", m);
+    http_error(c, status, HTTP_CLOSE, "%s", m);
 }
 
 /* Read what the socket has, within the buffer cap. Returns bytes read, 0 on EOF, -EAGAIN. */
@@ -768,7 +663,7 @@ static void conn_process_input(conn_t *c)
                 c->head_started_ms = loop_now_ms(c->srv->loop);
             int r = http_parse_request(buf_head(&c->in), c->in.len, &c->req);
             if (r < 0) {
-                conn_fail_head(c, -r);
+                conn_fail_head(c, r);
                 return;
             }
             if (r > 0) {
@@ -949,7 +844,7 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
         }
         c->collecting = false;
         c->body_left = 0;
-        conn_respond_error(c, 408, "request timed out");
+        http_request_timeout(c, 0, "request timed out");
         return;
     }
     conn_abort(c);

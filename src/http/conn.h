@@ -13,6 +13,7 @@
 #include "common/sock.h"
 #include "connlimit.h"
 #include "http.h"
+#include "status.h"
 
 typedef struct httpd httpd_t;
 typedef struct conn conn_t;
@@ -25,7 +26,8 @@ typedef struct conn conn_t;
 
 typedef struct {
     /* Body bytes as they arrive. Return how many were taken (fewer pauses body reading until
-     * conn_resume_body()), or a negative HTTP status to fail the request. */
+     * conn_resume_body()), or -errno to fail the request (its status from
+     * http_status_from_errno(); the connection closes). */
     int (*on_body)(conn_t *c, const char *p, size_t n);
     /* The whole declared body has been delivered. */
     void (*on_body_end)(conn_t *c);
@@ -98,10 +100,7 @@ void conn_free_all(httpd_t *srv);
 /* Responses. Headers are "Name: value\r\n" lines (may be NULL). */
 int conn_respond(conn_t *c, int status, const char *content_type, const void *body, size_t len,
                  const char *extra_headers);
-int conn_respond_json(conn_t *c, int status, json_t *j); /* steals j */
-int conn_respond_error(conn_t *c, int status, const char *fmt, ...) _printf_(3, 4);
-/* Map -errno to a status and answer with its message. */
-int conn_respond_errno(conn_t *c, int err, const char *what);
+int conn_respond_json(conn_t *c, int status, json_t *j);              /* steals j */
 int conn_respond_file(conn_t *c, int fd, uint64_t off, uint64_t len); /* takes fd */
 int conn_stream_begin(conn_t *c, int status, const char *content_type, const char *extra_headers);
 /* Append one chunk. The payload is written by fill(), which gets room for at most max bytes and
@@ -115,6 +114,9 @@ int conn_stream_end(conn_t *c);
 int conn_raw_begin(conn_t *c, int status);
 int conn_raw_write(conn_t *c, const void *p, size_t n);
 void conn_raw_end(conn_t *c);
+/* The connection closes after this request's answer (an answer made by hand; the error helpers
+ * of status.h take HTTP_CLOSE instead). */
+static inline void conn_close_after(conn_t *c) { c->keep_alive = false; }
 size_t conn_out_pending(const conn_t *c);
 static inline bool conn_out_full(const conn_t *c) { return c->out.len >= CONN_OUT_HIGH; }
 void conn_flush(conn_t *c);

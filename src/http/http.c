@@ -23,12 +23,12 @@ static int find_eol(const char *buf, size_t len, size_t pos, size_t *ret_eol)
             if (i + 1 >= len)
                 return 0;
             if (buf[i + 1] != '\n')
-                return -400;
+                return -EBADMSG;
             *ret_eol = i;
             return 1;
         }
         if (buf[i] == '\n')
-            return -400;
+            return -EBADMSG;
     }
     return 0;
 }
@@ -39,23 +39,23 @@ static int parse_request_line(sv_t line, http_request_t *req)
     while (i < line.len && is_tchar((unsigned char)line.p[i]))
         i++;
     if (i == 0 || i >= line.len || line.p[i] != ' ')
-        return -400;
+        return -EBADMSG;
     req->method = sv_make(line.p, i);
     size_t t0 = ++i;
     while (i < line.len && is_vchar((unsigned char)line.p[i]))
         i++;
     if (i == t0 || i >= line.len || line.p[i] != ' ')
-        return -400;
+        return -EBADMSG;
     req->target = sv_make(line.p + t0, i - t0);
     sv_t ver = sv_make(line.p + i + 1, line.len - i - 1);
     if (ver.len != 8 || memcmp(ver.p, "HTTP/", 5) != 0 || ver.p[6] != '.' || ver.p[5] < '0' ||
         ver.p[5] > '9' || ver.p[7] < '0' || ver.p[7] > '9')
-        return -400;
+        return -EBADMSG;
     if (ver.p[5] != '1')
-        return -505;
+        return -EPROTONOSUPPORT;
     req->minor = ver.p[7] - '0';
     if (req->target.p[0] != '/')
-        return -400;
+        return -EBADMSG;
     const char *q = memchr(req->target.p, '?', req->target.len);
     if (q) {
         req->path = sv_make(req->target.p, (size_t)(q - req->target.p));
@@ -86,11 +86,11 @@ static int parse_header_line(sv_t line, http_header_t *h)
 {
     size_t i = 0;
     if (line.len > 0 && (line.p[0] == ' ' || line.p[0] == '\t'))
-        return -400; /* obs-fold */
+        return -EBADMSG; /* obs-fold */
     while (i < line.len && is_tchar((unsigned char)line.p[i]))
         i++;
     if (i == 0 || i >= line.len || line.p[i] != ':')
-        return -400; /* empty name, non-token byte, or space before the colon */
+        return -EBADMSG; /* empty name, non-token byte, or space before the colon */
     h->name = sv_make(line.p, i);
     i++;
     while (i < line.len && (line.p[i] == ' ' || line.p[i] == '\t'))
@@ -101,7 +101,7 @@ static int parse_header_line(sv_t line, http_header_t *h)
     for (size_t k = i; k < end; k++) {
         unsigned char c = (unsigned char)line.p[k];
         if (!(is_vchar(c) || c == ' ' || c == '\t'))
-            return -400; /* control or non-ASCII byte */
+            return -EBADMSG; /* control or non-ASCII byte */
     }
     h->value = sv_make(line.p + i, end - i);
     return 0;
@@ -113,16 +113,16 @@ static int apply_header(http_request_t *req, const http_header_t *h, sv_t *host)
     if (sv_eq_lit_nocase(h->name, "content-length")) {
         uint64_t v;
         if (parse_u64(h->value, HTTP_MAX_CONTENT_LENGTH, &v) < 0)
-            return -400;
+            return -EBADMSG;
         if (req->has_content_length && v != req->content_length)
-            return -400;
+            return -EBADMSG;
         req->has_content_length = true;
         req->content_length = v;
     } else if (sv_eq_lit_nocase(h->name, "transfer-encoding")) {
         req->has_transfer_encoding = true;
     } else if (sv_eq_lit_nocase(h->name, "host")) {
         if (host->p && !sv_eq(*host, h->value))
-            return -400;
+            return -EBADMSG;
         *host = h->value;
     } else if (sv_eq_lit_nocase(h->name, "connection")) {
         if (token_list_has(h->value, "close"))
@@ -148,7 +148,7 @@ int http_parse_request(const char *buf, size_t len, http_request_t *req)
 
     r = find_eol(buf, scan, 0, &eol);
     if (r <= 0)
-        return r < 0 ? r : (len >= HTTP_MAX_HEAD ? -431 : 0);
+        return r < 0 ? r : (len >= HTTP_MAX_HEAD ? -EMSGSIZE : 0);
     r = parse_request_line(sv_make(buf, eol), req);
     if (r < 0)
         return r;
@@ -159,11 +159,11 @@ int http_parse_request(const char *buf, size_t len, http_request_t *req)
     for (;;) {
         r = find_eol(buf, scan, pos, &eol);
         if (r <= 0)
-            return r < 0 ? r : (len >= HTTP_MAX_HEAD ? -431 : 0);
+            return r < 0 ? r : (len >= HTTP_MAX_HEAD ? -EMSGSIZE : 0);
         if (eol == pos)
             break;
         if (req->n_headers >= HTTP_MAX_HEADERS)
-            return -431;
+            return -EMSGSIZE;
         http_header_t *h = &req->headers[req->n_headers];
         r = parse_header_line(sv_make(buf + pos, eol - pos), h);
         if (r < 0)
@@ -175,7 +175,7 @@ int http_parse_request(const char *buf, size_t len, http_request_t *req)
         pos = eol + 2;
     }
     if (req->has_content_length && req->has_transfer_encoding)
-        return -400;
+        return -EBADMSG;
     req->head_len = eol + 2;
     return (int)req->head_len;
 }
@@ -188,36 +188,6 @@ bool http_header_get(const http_request_t *req, const char *name, sv_t *ret)
             return true;
         }
     return false;
-}
-
-const char *http_reason(int status)
-{
-    switch (status) {
-    case 101: return "Switching Protocols";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 416: return "Range Not Satisfiable";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Unknown";
-    }
 }
 
 enum { CK_SIZE, CK_EXT, CK_SIZE_LF, CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_TRAILER, CK_TLINE, CK_END };

@@ -36,8 +36,9 @@ typedef struct {
 } http_request_t;
 
 /* Parse a request head from buf[0..len).
- * Returns the head length (> 0) when complete, 0 when more bytes are needed, or a negative
- * HTTP status (-400, -431, -505) when the head is refused. */
+ * Returns the head length (> 0) when complete, 0 when more bytes are needed, or -errno when the
+ * head is refused: -EBADMSG (malformed), -EMSGSIZE (larger than HTTP_MAX_HEAD or too many
+ * headers), -EPROTONOSUPPORT (not HTTP/1.x); http_status_from_head_error() gives the status. */
 int http_parse_request(const char *buf, size_t len, http_request_t *req);
 
 /* Case-insensitive header lookup; the first match. */
@@ -50,8 +51,6 @@ bool http_te_chunked(const http_request_t *req);
  * relay_scan_chunks() found them) in place: its payload ends up at p. Returns the payload's
  * length, or -EBADMSG when the framing is not a chunked body. */
 ssize_t http_chunked_decode(char *p, size_t n);
-
-const char *http_reason(int status);
 
 /* Where a chunked body ends, scanned as its bytes arrive (a zeroed state starts a body). */
 typedef struct {

@@ -281,13 +281,13 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
     size_t total;
     if (!t || !size_add_ok(head->len, c->in.len, &total)) {
         free(t);
-        conn_respond_error(c, 503, "proxy: cannot set up a tunnel: %s", strerror(ENOMEM));
+        http_unavailable(c, 0, "proxy: cannot set up a tunnel: %s", strerror(ENOMEM));
         return NULL;
     }
     head->max = MAX(total, (size_t)PROXY_CHUNK);
     if (buf_reserve(head, c->in.len, &space) < 0) {
         free(t);
-        conn_respond_error(c, 503, "proxy: cannot set up a tunnel: %s", strerror(ENOMEM));
+        http_unavailable(c, 0, "proxy: cannot set up a tunnel: %s", strerror(ENOMEM));
         return NULL;
     }
     int cfd;

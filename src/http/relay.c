@@ -164,8 +164,7 @@ _printf_(2, 3) static void relay_fail(relay_t *r, const char *fmt, ...)
     if (c) {
         conn_set_handler(c, NULL, NULL);
         if (!r->passed) {
-            c->keep_alive = false;
-            conn_respond_error(c, 502, "%s", msg);
+            http_bad_gateway(c, HTTP_CLOSE, "%s", msg);
         } else
             conn_abort(c); /* the answer was cut: the client sees the cut */
     }
@@ -403,7 +402,7 @@ relay_t *proxy_relay_start(conn_t *c, int bfd, sockio_t *bio, buf_t *out, buf_t 
         buf_free(out);
         if (in)
             buf_free(in);
-        conn_respond_errno(c, -ENOMEM, "relay");
+        http_errno(c, 0, -ENOMEM, "relay");
         return NULL;
     }
     *r = (relay_t){ .srv = c->srv, .c = c, .io = bio, .out = *out, .cb = cb, .data = data };

@@ -223,9 +223,11 @@ int confine_spawn(confine_spec_t *spec, pid_t *ret_pid)
     return 0;
 }
 
+/* kill(-1, sig) as exactly uid, from a vfork()ed helper: -errno when the helper could not
+ * become uid, else 0 with kill's errno (0: sent) in *ret_errno. */
 static int run_as_uid(uint32_t uid, int sig, int *ret_errno)
 {
-    volatile int result = 0;
+    volatile int setid_errno = 0, kill_errno = 0; /* written by the child (vfork: shared) */
     pid_t pid = vfork();
     if (pid < 0)
         return negative_errno();
@@ -234,19 +236,19 @@ static int run_as_uid(uint32_t uid, int sig, int *ret_errno)
          * process of that uid (and only those), including setsid() escapees. */
         if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, uid, uid, uid) < 0 ||
             syscall(SYS_setresuid, uid, uid, uid) < 0) {
-            result = -1000 - errno;
+            setid_errno = errno ? errno : EPERM;
             syscall(SYS_exit_group, 1);
         }
         long r = syscall(SYS_kill, -1, sig);
-        result = r < 0 ? errno : 0;
+        kill_errno = r < 0 ? errno : 0;
         syscall(SYS_exit_group, 0);
     }
     int st;
     while (waitpid(pid, &st, __WALL) < 0 && errno == EINTR)
         ;
-    if (result <= -1000)
-        return -(-result - 1000);
-    *ret_errno = result;
+    if (setid_errno)
+        return -setid_errno;
+    *ret_errno = kill_errno;
     return 0;
 }
 

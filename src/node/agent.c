@@ -46,7 +46,7 @@ static int call(node_t *n, const char *target, const char *bearer, const char *e
     int status = resp.status;
     json_t *j = status == 200 ? json_loadb(resp.body, resp.body_len, 0, NULL) : NULL;
     httpc_response_free(&resp);
-    if (status == 401 || status == 403 || status == 404)
+    if (status == HTTP_UNAUTHORIZED || status == HTTP_FORBIDDEN || status == HTTP_NOT_FOUND)
         return -EACCES;
     if (!j)
         return -EPROTO;

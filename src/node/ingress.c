@@ -30,9 +30,19 @@
 
 #define VERDICT_BODY_MAX 512
 
+/* The one table of capability refusals to statuses: a stale route is 409 (the control plane
+ * refreshes it, docs/capabilities.md), a capability that does not parse 401, any other refusal
+ * 403. */
+int status_from_cap_verdict(cap_verdict_t v, cap_reason_t why)
+{
+    if (v == CAP_REFRESH_ROUTE)
+        return HTTP_CONFLICT;
+    return why == CAP_E_MALFORMED ? HTTP_UNAUTHORIZED : HTTP_FORBIDDEN;
+}
+
 void node_refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg)
 {
-    int status = v == CAP_REFRESH_ROUTE ? 409 : why == CAP_E_MALFORMED ? 401 : 403;
+    int status = status_from_cap_verdict(v, why);
     char hdr[64];
     (void)snprintf(hdr, sizeof hdr, "X-Sbx-Verdict: %s\r\n", cap_verdict_str(v));
     json_t *j = json_pack("{s:s,s:s,s:s}", "error", msg, "verdict", cap_verdict_str(v), "reason",
@@ -43,7 +53,7 @@ void node_refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg)
         conn_abort(c);
         return;
     }
-    c->keep_alive = false;
+    conn_close_after(c);
     (void)conn_respond(c, status, "application/json", body, strlen(body), hdr);
     free(body);
 }
@@ -54,8 +64,9 @@ static void not_ready(conn_t *c)
     static const char body[] =
         "{\"error\":\"this node has no current key set from the control plane yet: retry\","
         "\"reason\":\"no_keyset\"}";
-    c->keep_alive = false;
-    (void)conn_respond(c, 503, "application/json", body, sizeof body - 1, "Retry-After: 1\r\n");
+    conn_close_after(c);
+    (void)conn_respond(c, HTTP_UNAVAILABLE, "application/json", body, sizeof body - 1,
+                       "Retry-After: 1\r\n");
 }
 
 static int64_t now_s(void) { return (int64_t)time(NULL); }
@@ -216,9 +227,9 @@ static void manage_body_done(conn_t *c)
     } else {
         int rc = run_state_archive_start(n, r, c);
         if (rc == -EBUSY)
-            conn_respond_error(c, 409, "the run is still running: pause it first");
+            http_conflict(c, 0, "the run is still running: pause it first");
         else if (rc < 0)
-            conn_respond_errno(c, rc, "state archive");
+            http_errno(c, 0, rc, "state archive");
     }
 }
 
@@ -237,7 +248,7 @@ static void route_manage(node_t *n, conn_t *c, const char *sandbox, const char *
     }
     manage_ctx_t *m = calloc(1, sizeof *m);
     if (!m) {
-        conn_respond_errno(c, -ENOMEM, "manage");
+        http_errno(c, 0, -ENOMEM, "manage");
         return;
     }
     m->cap = cap;
@@ -295,7 +306,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
                                     : snprintf(target, sizeof target, "/v1/proxy/%u" SV_FMT SV_FMT,
                                                port, SV_ARG(rest), SV_ARG(query));
     if (tl < 0 || (size_t)tl >= sizeof target) {
-        conn_respond_error(c, 414, "target too long");
+        http_uri_too_long(c, 0, "target too long");
         return;
     }
     /* A request known in full (no body, or the body collected) goes through a relay: the
@@ -311,7 +322,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     int rc = fd >= 0 ? 0 : bridge_connect(r, &fd, err, sizeof err);
     if (rc < 0) {
         log_warn("run %s: bridge refused: %s", sandbox, err);
-        conn_respond_error(c, rc == -EAGAIN ? 503 : 502, "bridge: %s", err);
+        http_error(c, rc == -EAGAIN ? HTTP_UNAVAILABLE : HTTP_BAD_GATEWAY, 0, "bridge: %s", err);
         return;
     }
     static const char *const drop[] = { "x-sbx-capability", "authorization", NULL };
@@ -324,14 +335,14 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     if (rc < 0) {
         safe_close(fd);
         buf_free(&head);
-        conn_respond_errno(c, rc, "forward");
+        http_errno(c, 0, rc, "forward");
         return;
     }
     lease_t *l = run_lease_new(r);
     if (!l) {
         safe_close(fd);
         buf_free(&head);
-        conn_respond_errno(c, -ENOMEM, "forward");
+        http_errno(c, 0, -ENOMEM, "forward");
         return;
     }
     /* The stream is leased to this run: replacing or retiring it cuts the relay or tunnel. */
@@ -376,7 +387,7 @@ static void forward_body_done(conn_t *c)
     sv_t tail, rest;
     uint16_t port;
     if (!parse_runs_path(c->req.path, sandbox, &tail) || !parse_ports_tail(tail, &port, &rest)) {
-        conn_respond_error(c, 404, "no such route");
+        http_not_found(c, 0, "no such route");
         return;
     }
     if (!cap_body_matches(&cap, buf_head(&c->body), c->body.len)) {
@@ -398,7 +409,7 @@ static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
     uint16_t port;
     sv_t rest;
     if (!parse_ports_tail(tail, &port, &rest)) {
-        conn_respond_error(c, 404, "expected /v1/runs/{sandbox}/ports/{port}/...");
+        http_not_found(c, 0, "expected /v1/runs/{sandbox}/ports/{port}/...");
         return;
     }
     cap_t cap;
@@ -448,7 +459,7 @@ static void route_forward(node_t *n, conn_t *c, const char *sandbox, sv_t tail)
     }
     fwd_ctx_t *f = calloc(1, sizeof *f);
     if (!f) {
-        conn_respond_errno(c, -ENOMEM, "forward");
+        http_errno(c, 0, -ENOMEM, "forward");
         return;
     }
     f->cap = cap;
@@ -483,7 +494,7 @@ void node_dispatch(conn_t *c)
         return;
     }
     if (!parse_runs_path(path, sandbox, &tail)) {
-        conn_respond_error(c, 404, "no such route");
+        http_not_found(c, 0, "no such route");
         return;
     }
     bool get = sv_eq(rq->method, SV("GET")), post = sv_eq(rq->method, SV("POST"));
@@ -498,7 +509,7 @@ void node_dispatch(conn_t *c)
     else if (sv_has_prefix(tail, SV("/ports/")))
         route_forward(n, c, sandbox, tail);
     else if (tail.len == 0 || sv_eq(tail, SV("/pause")) || sv_eq(tail, SV("/state")))
-        conn_respond_error(c, 405, "method not allowed");
+        http_method_not_allowed(c, 0, "method not allowed");
     else
-        conn_respond_error(c, 404, "no such route");
+        http_not_found(c, 0, "no such route");
 }

@@ -52,7 +52,7 @@ static void install_free(void *p)
 static int install_status(int rc)
 {
     switch (-rc) {
-    case EINVAL: return 400;
+    case EINVAL: return HTTP_BAD_REQUEST;
     case EPERM:
     case EACCES:
     case ELOOP:
@@ -61,8 +61,8 @@ static int install_status(int rc)
     case EISDIR:
     case EXDEV:
     case ENOEXEC:
-    case ESRCH: return 422;
-    default: return 500;
+    case ESRCH: return HTTP_UNPROCESSABLE;
+    default: return HTTP_INTERNAL_ERROR;
     }
 }
 
@@ -91,7 +91,7 @@ static void install_end(install_t *in)
         if (in->rc >= 0)
             conn_respond_json(c, 201, json_pack("{s:o}", "run", run_json(r)));
         else
-            conn_respond_error(c, install_status(in->rc), "install failed: %s", in->err);
+            http_error(c, install_status(in->rc), 0, "install failed: %s", in->err);
     }
     if (loop_defer(l, install_free, in) < 0)
         install_free(in);
@@ -178,18 +178,18 @@ static void body_done(conn_t *c)
     json_t *spec = json_loadb(buf_head(&c->body), c->body.len, 0, &jerr);
     if (!json_is_object(spec)) {
         json_decref(spec);
-        conn_respond_error(c, 400, "install: body must be a JSON object: %s", jerr.text);
+        http_bad_request(c, 0, "install: body must be a JSON object: %s", jerr.text);
         return;
     }
     if (install_in_progress(n, id.sandbox)) {
         json_decref(spec);
-        conn_respond_error(c, 409, "install: another install of this sandbox is in progress");
+        http_conflict(c, 0, "install: another install of this sandbox is in progress");
         return;
     }
     install_t *in = calloc(1, sizeof *in);
     if (!in) {
         json_decref(spec);
-        conn_respond_errno(c, -ENOMEM, "install");
+        http_errno(c, 0, -ENOMEM, "install");
         return;
     }
     *in = (install_t){ .n = n, .spec = spec, .efd = -1 };
@@ -207,7 +207,7 @@ static void body_done(conn_t *c)
         return;
     }
     if (rc < 0) {
-        conn_respond_error(c, install_status(rc), "install failed: %s", in->err);
+        http_error(c, install_status(rc), 0, "install failed: %s", in->err);
         install_free(in);
         return;
     }
@@ -235,7 +235,7 @@ void install_start(node_t *n, conn_t *c, const cap_run_t *id)
     pending_t *pd = calloc(1, sizeof *pd);
     (void)n;
     if (!pd) {
-        conn_respond_errno(c, -ENOMEM, "install");
+        http_errno(c, 0, -ENOMEM, "install");
         return;
     }
     pd->id = *id;

@@ -215,4 +215,5 @@ void install_abandon_all(node_t *n);
 
 /* ingress.c */
 void node_dispatch(conn_t *c);
+int status_from_cap_verdict(cap_verdict_t v, cap_reason_t why);
 void node_refuse(conn_t *c, cap_verdict_t v, cap_reason_t why, const char *msg);

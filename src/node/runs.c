@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -16,6 +15,7 @@
 #include <sodium.h>
 
 #include "cap/runjson.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/httpc.h"
 #include "common/log.h"
@@ -28,8 +28,6 @@
 #include "isolation/userns.h"
 #include "node.h"
 #include "substrate.h"
-
-extern char **environ;
 
 #define ENV_MAX 256
 #define ARGV_MAX 256
@@ -124,25 +122,6 @@ void run_cut_leases(run_t *r)
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static int spawn_wait(char *const argv[])
-{
-    pid_t pid;
-    int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
-    if (r != 0)
-        return -r;
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return negative_errno();
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
-}
-
-static int remove_tree(const char *path)
-{
-    char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", (char *)path, NULL };
-    return spawn_wait(argv);
-}
-
 static int mkdir_mode(const char *p, mode_t m)
 {
     if (mkdir(p, m) < 0 && errno != EEXIST)
@@ -234,54 +213,26 @@ static void strv_clear(strv_t *s)
     s->n = 0;
 }
 
-static int strv_addf(strv_t *s, const char *k, const char *v)
-{
-    if (s->n >= ENV_MAX)
-        return -E2BIG;
-    if (asprintf(&s->v[s->n], "%s=%s", k, v) < 0)
-        return -ENOMEM;
-    s->v[++s->n] = NULL;
-    return 0;
-}
-
 /* The run's environment: a fixed base, then the job's env, then its secrets (environment for
  * the command only: never stored in the run record, never logged). The node's own settings
- * (SBX_LISTEN) cannot be overridden. */
-static int build_env(json_t *spec, bool pool_host, strv_t *env, const char **err)
+ * (SBX_LISTEN, SBX_HOST_MODE) cannot be overridden. A pool job: the node starts the agent in
+ * host mode itself. */
+static int build_env(json_t *spec, bool pool_host, char ***ret, sbx_err_t *err)
 {
-    static const char *const fixed[][2] = {
-        { "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.sbx/bin" },
-        { "HOME", "/root" },
-        { "SBX_LISTEN", "fd:3" },
+    static const char *const reserved[] = { "SBX_LISTEN", "SBX_HOST_MODE", NULL };
+    char *const base[] = {
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.sbx/bin",
+        "HOME=/root",
+        "SBX_LISTEN=fd:3",
+        pool_host ? "SBX_HOST_MODE=1" : NULL,
+        NULL,
     };
-    int r = 0;
-    for (size_t i = 0; i < 3 && r >= 0; i++)
-        r = strv_addf(env, fixed[i][0], fixed[i][1]);
-    const char *groups[] = { "env", "secrets" };
-    for (size_t g = 0; g < 2 && r >= 0; g++) {
-        json_t *o = json_object_get(spec, groups[g]), *val;
-        const char *k;
-        if (!o)
-            continue;
-        if (!json_is_object(o)) {
-            *err = "env and secrets must be objects of strings";
-            return -EINVAL;
-        }
-        json_object_foreach(o, k, val) {
-            if (!json_is_string(val) || strlen(json_string_value(val)) != json_string_length(val) ||
-                !env_name_valid(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE")) {
-                *err = "env and secrets: names [A-Za-z_][A-Za-z0-9_]*, string values without NUL "
-                       "(SBX_LISTEN and SBX_HOST_MODE are the node's)";
-                return -EINVAL;
-            }
-            r = strv_addf(env, k, json_string_value(val));
-            if (r < 0)
-                break;
-        }
-    }
-    if (r >= 0 && pool_host) /* a pool job: the node starts the agent in host mode itself */
-        r = strv_addf(env, "SBX_HOST_MODE", "1");
-    return r;
+    const env_overlay_t ov[] = { { "env", json_object_get(spec, "env") },
+                                 { "secrets", json_object_get(spec, "secrets") } };
+    const env_rules_t rules = { .portable_names = true,
+                                .reserved = reserved,
+                                .max_entries = ENV_MAX };
+    return env_build(base, ov, ELEMENTSOF(ov), &rules, ret, err);
 }
 
 static int build_argv(json_t *spec, bool pool_host, strv_t *argv, const char **err)
@@ -653,7 +604,7 @@ void run_unmount_disk(const run_t *r)
         log_warn("run %s: cannot unmount its disk: %s", r->id.sandbox, strerror(-rc));
 }
 
-/* A helper process (rm, tar) the loop does not wait for: done() runs when it exits. */
+/* A helper process (a tree removal, tar) the loop does not wait for: done() runs when it exits. */
 typedef struct helper helper_t;
 struct helper {
     child_t child;
@@ -671,18 +622,6 @@ static void helper_exited(child_t *ch, int wstatus)
     free(h);
 }
 
-static int helper_spawn(node_t *n, helper_t *h, char *const argv[])
-{
-    pid_t pid;
-    int r = posix_spawn(&pid, argv[0], NULL, NULL, argv, environ);
-    if (r != 0)
-        return -r;
-    h->n = n;
-    h->child = (child_t){ .pid = pid, .on_exit = helper_exited, .data = h };
-    reaper_add(&n->srv.reaper, &h->child);
-    return 0;
-}
-
 static void helper_adopt(node_t *n, helper_t *h, pid_t pid)
 {
     h->n = n;
@@ -694,14 +633,29 @@ static void trash_removed(helper_t *h, int wstatus)
 {
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
         /* the block stays taken: files of the old run may be left with its ids */
-        log_warn("cannot remove %s (rm status 0x%x)", h->path, wstatus);
+        log_warn("cannot remove %s (status 0x%x)", h->path, wstatus);
         return;
     }
     idrange_release(&h->n->ids, h->id_base);
 }
 
+/* Remove h->path (rmtree: by descriptor, never following a symlink, never leaving the tree's
+ * filesystem) in a child the loop does not wait for: a run's tree can be large. The child only
+ * walks and unlinks, then _exit()s. */
+static int helper_rmtree(node_t *n, helper_t *h)
+{
+    h->done = trash_removed;
+    pid_t pid = fork();
+    if (pid < 0)
+        return negative_errno();
+    if (pid == 0)
+        _exit(rmtree(h->path) < 0 ? 1 : 0);
+    helper_adopt(n, h, pid);
+    return 0;
+}
+
 /* Stop the run and forget it; its directory is renamed away at once (a later install of the
- * sandbox starts clean) and removed by an rm the loop does not wait for. */
+ * sandbox starts clean) and removed by a child the loop does not wait for. */
 void run_retire(node_t *n, run_t *r)
 {
     run_stop(n, r);
@@ -719,16 +673,14 @@ void run_retire(node_t *n, run_t *r)
                  r->id.sandbox, rnd) < (int)sizeof h->path &&
         rename(r->dir, h->path) == 0) {
         node_crash_point(n, "retire:after_rename");
-        char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
-        h->done = trash_removed;
         h->id_base = r->id_base;
-        rc = helper_spawn(n, h, argv);
+        rc = helper_rmtree(n, h);
         if (rc < 0)
-            rc = remove_tree(h->path);
+            rc = rmtree(h->path);
         else
             h = NULL; /* owned by the child record now */
     } else {
-        rc = remove_tree(r->dir);
+        rc = rmtree(r->dir);
     }
     if (h && rc >= 0)
         idrange_release(&n->ids, r->id_base);
@@ -740,7 +692,8 @@ void run_retire(node_t *n, run_t *r)
 }
 
 /* The run's directories, its root fresh, kept (resume here) or fetched from the node that held
- * it (a move). Blocking (rm, tar, HTTP): runs on an install thread; touches nothing shared. */
+ * it (a move). Blocking (tree removal, tar, HTTP): runs on an install thread; touches nothing
+ * shared. */
 /* An image run's writable layer on its disk: upper/ (the run's, owned by its root) and
  * work/ (overlayfs's, the node's). The disk's top directory is never visible inside an image
  * run (its root is upper/ over the image), so these are the node's to make. */
@@ -793,7 +746,7 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
         return rc;
     if (!keep_root) {
         (void)disk_umount(root);
-        (void)remove_tree(root);
+        (void)rmtree(root);
         (void)unlink(img);
     }
     rc = mkdir_mode(r->dir, 0700);
@@ -883,13 +836,17 @@ static int run_cloned(void *arg, pid_t pid, uint64_t start_time)
 int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
 {
     const char *why = "invalid job spec";
-    strv_t env = { 0 }, argv = { 0 };
-    int rc = build_env(spec, r->pool_host, &env, &why);
-    if (rc >= 0)
-        rc = build_argv(spec, r->pool_host, &argv, &why);
+    sbx_err_t e;
+    _cleanup_strv_free_ char **env = NULL;
+    strv_t argv = { 0 };
+    int rc = build_env(spec, r->pool_host, &env, &e);
+    if (rc < 0) {
+        (void)snprintf(err, errlen, "%s", e.msg);
+        return rc;
+    }
+    rc = build_argv(spec, r->pool_host, &argv, &why);
     if (rc < 0) {
         (void)snprintf(err, errlen, "%s", why);
-        strv_clear(&env);
         strv_clear(&argv);
         return rc;
     }
@@ -943,7 +900,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
                                 .agent_ino = r->exe_ino,
                                 .hostname = r->id.sandbox,
                                 .argv = argv.v,
-                                .envp = env.v,
+                                .envp = env,
                                 .bridge_fd = sock,
                                 .log_fd = out,
                                 .userns_fd = userns,
@@ -968,7 +925,6 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     safe_close(netns);
     for (int i = 0; i < SUBSTRATE_MAX_CGROUPS + 1; i++)
         safe_close(cgfds[i]);
-    strv_clear(&env);
     strv_clear(&argv);
     if (rc < 0) {
         pasta_stop(n, r);
@@ -1112,7 +1068,7 @@ static void archive_done(helper_t *h, int wstatus)
     struct stat st;
     if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || fd < 0 || fstat(fd, &st) < 0) {
         safe_close(fd);
-        conn_respond_error(c, 500, "state archive: tar failed (status 0x%x)", wstatus);
+        http_internal_error(c, 0, "state archive: tar failed (status 0x%x)", wstatus);
         return;
     }
     conn_respond_file(c, fd, 0, (uint64_t)st.st_size);
@@ -1180,8 +1136,8 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
     return 0;
 }
 
-/* A retired run's directory that a restart interrupted: its id block stays taken until an rm
- * the loop does not wait for has removed it. */
+/* A retired run's directory that a restart interrupted: its id block stays taken until a child
+ * the loop does not wait for has removed it (helper_rmtree). */
 static void load_trash(node_t *n, const char *dir, const char *name)
 {
     uint64_t base;
@@ -1194,10 +1150,8 @@ static void load_trash(node_t *n, const char *dir, const char *name)
         free(h);
         return;
     }
-    char *const argv[] = { "/bin/rm", "-rf", "--one-file-system", h->path, NULL };
-    h->done = trash_removed;
     h->id_base = (uint32_t)base;
-    if (helper_spawn(n, h, argv) < 0)
+    if (helper_rmtree(n, h) < 0)
         free(h);
 }
 

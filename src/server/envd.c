@@ -17,22 +17,22 @@ static const struct {
     const char *name;
     int status;
 } connect_codes[] = {
-    [CONNECT_CANCELED] = { "canceled", 499 },
-    [CONNECT_UNKNOWN] = { "unknown", 500 },
-    [CONNECT_INVALID_ARGUMENT] = { "invalid_argument", 400 },
-    [CONNECT_DEADLINE_EXCEEDED] = { "deadline_exceeded", 504 },
-    [CONNECT_NOT_FOUND] = { "not_found", 404 },
-    [CONNECT_ALREADY_EXISTS] = { "already_exists", 409 },
-    [CONNECT_PERMISSION_DENIED] = { "permission_denied", 403 },
-    [CONNECT_RESOURCE_EXHAUSTED] = { "resource_exhausted", 429 },
-    [CONNECT_FAILED_PRECONDITION] = { "failed_precondition", 400 },
-    [CONNECT_ABORTED] = { "aborted", 409 },
-    [CONNECT_OUT_OF_RANGE] = { "out_of_range", 400 },
-    [CONNECT_UNIMPLEMENTED] = { "unimplemented", 501 },
-    [CONNECT_INTERNAL] = { "internal", 500 },
-    [CONNECT_UNAVAILABLE] = { "unavailable", 503 },
-    [CONNECT_DATA_LOSS] = { "data_loss", 500 },
-    [CONNECT_UNAUTHENTICATED] = { "unauthenticated", 401 },
+    [CONNECT_CANCELED] = { "canceled", HTTP_CLIENT_CLOSED },
+    [CONNECT_UNKNOWN] = { "unknown", HTTP_INTERNAL_ERROR },
+    [CONNECT_INVALID_ARGUMENT] = { "invalid_argument", HTTP_BAD_REQUEST },
+    [CONNECT_DEADLINE_EXCEEDED] = { "deadline_exceeded", HTTP_GATEWAY_TIMEOUT },
+    [CONNECT_NOT_FOUND] = { "not_found", HTTP_NOT_FOUND },
+    [CONNECT_ALREADY_EXISTS] = { "already_exists", HTTP_CONFLICT },
+    [CONNECT_PERMISSION_DENIED] = { "permission_denied", HTTP_FORBIDDEN },
+    [CONNECT_RESOURCE_EXHAUSTED] = { "resource_exhausted", HTTP_TOO_MANY_REQUESTS },
+    [CONNECT_FAILED_PRECONDITION] = { "failed_precondition", HTTP_BAD_REQUEST },
+    [CONNECT_ABORTED] = { "aborted", HTTP_CONFLICT },
+    [CONNECT_OUT_OF_RANGE] = { "out_of_range", HTTP_BAD_REQUEST },
+    [CONNECT_UNIMPLEMENTED] = { "unimplemented", HTTP_NOT_IMPLEMENTED },
+    [CONNECT_INTERNAL] = { "internal", HTTP_INTERNAL_ERROR },
+    [CONNECT_UNAVAILABLE] = { "unavailable", HTTP_UNAVAILABLE },
+    [CONNECT_DATA_LOSS] = { "data_loss", HTTP_INTERNAL_ERROR },
+    [CONNECT_UNAUTHENTICATED] = { "unauthenticated", HTTP_UNAUTHORIZED },
 };
 
 const char *connect_code_name(connect_code_t code)
@@ -45,7 +45,7 @@ const char *connect_code_name(connect_code_t code)
 int connect_code_status(connect_code_t code)
 {
     if (code < CONNECT_CANCELED || code > CONNECT_UNAUTHENTICATED)
-        return 500;
+        return HTTP_INTERNAL_ERROR;
     return connect_codes[code].status;
 }
 
@@ -184,14 +184,14 @@ void envd_reply(envd_call_t *call, json_t *j)
     }
     call->ended = true;
     if (!j) {
-        conn_respond(call->c, 500, "application/json",
+        conn_respond(call->c, HTTP_INTERNAL_ERROR, "application/json",
                      "{\"code\":\"internal\",\"message\":\"out of memory\"}", 46, NULL);
         return;
     }
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!s) {
-        conn_respond(call->c, 500, "application/json",
+        conn_respond(call->c, HTTP_INTERNAL_ERROR, "application/json",
                      "{\"code\":\"internal\",\"message\":\"out of memory\"}", 46, NULL);
         return;
     }
@@ -383,24 +383,25 @@ static void envd_rpc(conn_t *c, sv_t path)
                                    "application/connect+json)\"}";
     if (!method_is(c, "POST")) {
         c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
-        conn_respond(c, 405, "application/json",
+        conn_respond(c, HTTP_METHOD_NOT_ALLOWED, "application/json",
                      "{\"code\":\"unimplemented\",\"message\":\"use POST\"}", 45,
                      "Allow: POST\r\n");
         return;
     }
     if (!known) {
         c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
-        conn_respond_error(c, 404, "no such method");
+        http_not_found(c, 0, "no such method");
         return;
     }
     if ((!is_stream && !is_unary) || is_stream != streams) {
         c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
-        conn_respond(c, 415, "application/json", bad_type, sizeof bad_type - 1, NULL);
+        conn_respond(c, HTTP_UNSUPPORTED_MEDIA_TYPE, "application/json", bad_type,
+                     sizeof bad_type - 1, NULL);
         return;
     }
     envd_call_t *call = calloc(1, sizeof *call);
     if (!call) {
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     bool bad = false;
@@ -441,7 +442,7 @@ void envd_dispatch(conn_t *c, sv_t path)
             envd_files_post(c);
         else {
             c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
-            conn_respond(c, 405, "application/json",
+            conn_respond(c, HTTP_METHOD_NOT_ALLOWED, "application/json",
                          "{\"code\":405,\"message\":\"method not allowed\"}", 43,
                          "Allow: GET, POST\r\n");
         }
@@ -456,10 +457,10 @@ void envd_refuse(conn_t *c, sv_t path)
     if (sv_eq(path, SV("/files"))) {
         static const char body[] = "{\"code\":401,\"message\":\"missing or invalid "
                                    "X-Access-Token\"}";
-        conn_respond(c, 401, "application/json", body, sizeof body - 1, NULL);
+        conn_respond(c, HTTP_UNAUTHORIZED, "application/json", body, sizeof body - 1, NULL);
         return;
     }
     static const char body[] = "{\"code\":\"unauthenticated\",\"message\":\"missing or invalid "
                                "X-Access-Token\"}";
-    conn_respond(c, 401, "application/json", body, sizeof body - 1, NULL);
+    conn_respond(c, HTTP_UNAUTHORIZED, "application/json", body, sizeof body - 1, NULL);
 }

@@ -35,16 +35,16 @@ static void files_error(conn_t *c, int status, const char *fmt, ...)
 static int errno_status(int err)
 {
     switch (-err) {
-    case ENOENT: return 404;
+    case ENOENT: return HTTP_NOT_FOUND;
     case EACCES:
     case EPERM:
-    case EROFS: return 403;
+    case EROFS: return HTTP_FORBIDDEN;
     case ENOSPC:
-    case EDQUOT: return 507;
+    case EDQUOT: return HTTP_INSUFFICIENT_STORAGE;
     case ENOMEM:
     case EMFILE:
-    case ENFILE: return 503;
-    default: return 400;
+    case ENFILE: return HTTP_UNAVAILABLE;
+    default: return HTTP_BAD_REQUEST;
     }
 }
 
@@ -52,7 +52,8 @@ static int path_query(conn_t *c, char *out, size_t cap)
 {
     int r = query_param(c, "path", out, cap);
     if (r < 0)
-        files_error(c, 400, "path is not a valid encoded path (max %d bytes)", FS_PATH_MAX - 1);
+        files_error(c, HTTP_BAD_REQUEST, "path is not a valid encoded path (max %d bytes)",
+                    FS_PATH_MAX - 1);
     return r;
 }
 
@@ -109,7 +110,7 @@ void envd_files_get(conn_t *c)
     if (r < 0)
         return;
     if (r == 0 || path[0] == '\0') {
-        files_error(c, 400, "the path query parameter is required");
+        files_error(c, HTTP_BAD_REQUEST, "the path query parameter is required");
         return;
     }
     fs_root_t root = files_root(c);
@@ -117,7 +118,7 @@ void envd_files_get(conn_t *c)
     int fd;
     r = fs_open_read(&root, path, &fd, &st);
     if (r == -EISDIR || r == -ENXIO) {
-        files_error(c, 400, "%s is not a regular file", path);
+        files_error(c, HTTP_BAD_REQUEST, "%s is not a regular file", path);
         return;
     }
     if (r < 0) {
@@ -328,12 +329,12 @@ static void files_post_octet(conn_t *c, const char *path)
     sv_t enc;
     if (http_header_get(&c->req, "content-encoding", &enc) && !sv_eq_lit_nocase(enc, "identity")) {
         if (!sv_eq_lit_nocase(enc, "gzip")) {
-            files_error(c, 406, "Content-Encoding must be gzip or identity");
+            files_error(c, HTTP_NOT_ACCEPTABLE, "Content-Encoding must be gzip or identity");
             return;
         }
         int r = gunzip(d, n, ENVD_FILES_MAX, &inflated, &n);
         if (r < 0) {
-            files_error(c, r == -EFBIG ? 413 : 400, "%s",
+            files_error(c, r == -EFBIG ? HTTP_CONTENT_TOO_LARGE : HTTP_BAD_REQUEST, "%s",
                         r == -EFBIG ? "the inflated body is too large" : "bad gzip body");
             return;
         }
@@ -354,7 +355,7 @@ static void files_post_multipart(conn_t *c, sv_t ctype, const char *qpath, bool 
 {
     char boundary[80];
     if (envd_multipart_boundary(ctype, boundary, sizeof boundary) < 0) {
-        files_error(c, 400, "multipart/form-data needs a boundary");
+        files_error(c, HTTP_BAD_REQUEST, "multipart/form-data needs a boundary");
         return;
     }
     const char *body = buf_head(&c->body);
@@ -366,7 +367,7 @@ static void files_post_multipart(conn_t *c, sv_t ctype, const char *qpath, bool 
     while ((r = envd_multipart_next(body, len, boundary, &pos, &part)) > 0)
         nparts++;
     if (r < 0 || nparts == 0) {
-        files_error(c, 400, "malformed multipart/form-data body");
+        files_error(c, HTTP_BAD_REQUEST, "malformed multipart/form-data body");
         return;
     }
     json_t *arr = json_array();
@@ -377,7 +378,8 @@ static void files_post_multipart(conn_t *c, sv_t ctype, const char *qpath, bool 
         const char *path = has_qpath && nparts == 1 ? qpath : part.filename;
         if (!path[0]) {
             json_decref(arr);
-            files_error(c, 400, "a part names no destination (filename) and ?path= is absent");
+            files_error(c, HTTP_BAD_REQUEST,
+                        "a part names no destination (filename) and ?path= is absent");
             return;
         }
         r = write_file(c, path, part.data, part.len);
@@ -390,7 +392,7 @@ static void files_post_multipart(conn_t *c, sv_t ctype, const char *qpath, bool 
     }
     if (!arr || json_array_size(arr) == 0) {
         json_decref(arr);
-        files_error(c, 400, "no part named \"file\"");
+        files_error(c, HTTP_BAD_REQUEST, "no part named \"file\"");
         return;
     }
     conn_respond_json(c, 200, arr);
@@ -411,7 +413,7 @@ static void files_post_body(conn_t *c)
         return;
     }
     if (!has_path) {
-        files_error(c, 400, "the path query parameter is required for a raw body");
+        files_error(c, HTTP_BAD_REQUEST, "the path query parameter is required for a raw body");
         return;
     }
     files_post_octet(c, path);

@@ -297,16 +297,17 @@ static void rpc_start(envd_call_t *call, json_t *req)
         return;
     }
     call->on_deadline = start_deadline;
-    const char *err = "invalid request";
-    json_t *o = exec_request(req, &err);
+    const char *bad = "invalid request";
+    json_t *o = exec_request(req, &bad);
     exec_spec_t spec;
+    sbx_err_t err = { 0 };
     int r = o ? exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err)
-              : -EINVAL;
+              : sbx_err(&err, -EINVAL, "%s", bad);
     json_decref(o);
     if (r < 0) {
         free(sp);
         envd_fail(call, r == -EINVAL ? CONNECT_INVALID_ARGUMENT : CONNECT_RESOURCE_EXHAUSTED, "%s",
-                  err ? err : "out of memory");
+                  err.msg);
         return;
     }
     json_t *pty = json_object_get(req, "pty");

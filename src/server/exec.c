@@ -364,9 +364,9 @@ static void exec_started(void *data, int r, spawned_t *sp, const char *why)
         if (c) {
             conn_set_handler(c, NULL, NULL);
             if (r == -ESRCH)
-                conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+                http_bad_request(c, 0, "%s", why); /* the sandbox was deleted */
             else
-                conn_respond_error(c, 400, "failed to start %s: %s", e->argv0, why);
+                http_bad_request(c, 0, "failed to start %s: %s", e->argv0, why);
         }
         exec_op_end(e);
         sandbox_unref(e->sb);
@@ -413,7 +413,7 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
     exec_t *e = calloc(1, sizeof *e);
     if (!e || !(e->argv0 = strdup(spec->argv[0]))) {
         free(e);
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     e->srv = s;
@@ -436,9 +436,9 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
     int r = spawn_command(s, spec, conn_sandbox(c), exec_started, e, why, sizeof why);
     if (r < 0) {
         if (r == -ESRCH)
-            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+            http_bad_request(c, 0, "%s", why); /* the sandbox was deleted */
         else
-            conn_respond_error(c, 400, "failed to start %s: %s", spec->argv[0], why);
+            http_bad_request(c, 0, "failed to start %s: %s", spec->argv[0], why);
         free(e->in_data);
         free(e->argv0);
         free(e);
@@ -456,16 +456,16 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
 static void exec_body(conn_t *c, json_t *o)
 {
     exec_spec_t spec;
-    const char *err = NULL;
+    sbx_err_t err = { 0 };
     int r = exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err);
     if (r < 0) {
-        conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
+        http_error(c, r == -EINVAL ? HTTP_BAD_REQUEST : HTTP_UNAVAILABLE, 0, "%s", err.msg);
         return;
     }
     if (spec.background)
         proc_start(c, &spec, true);
     else if (spec.stdin_stream)
-        conn_respond_error(c, 400, "stdin:true (a stdin stream) needs background:true");
+        http_bad_request(c, 0, "stdin:true (a stdin stream) needs background:true");
     else
         exec_start_foreground(c, &spec);
     exec_spec_done(&spec);

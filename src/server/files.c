@@ -82,7 +82,7 @@ static const char *files_display(const char *path, char *out, size_t cap)
 static void files_fail(conn_t *c, int err, const char *path)
 {
     char shown[256];
-    conn_respond_errno(c, err, files_display(path, shown, sizeof shown));
+    http_errno(c, 0, err, files_display(path, shown, sizeof shown));
 }
 
 /* The path query parameter, or a 400 (then returns < 0). */
@@ -90,15 +90,15 @@ static int files_path_param(conn_t *c, const char *name, char *out, size_t cap)
 {
     int r = query_param(c, name, out, cap);
     if (r == 0 || (r > 0 && out[0] == '\0')) {
-        conn_respond_error(c, 400, "missing '%s' query parameter", name);
+        http_bad_request(c, 0, "missing '%s' query parameter", name);
         return -EINVAL;
     }
     if (r == -E2BIG) {
-        conn_respond_error(c, 400, "'%s' is too long (max %d bytes)", name, FS_PATH_MAX - 1);
+        http_bad_request(c, 0, "'%s' is too long (max %d bytes)", name, FS_PATH_MAX - 1);
         return r;
     }
     if (r < 0) {
-        conn_respond_error(c, 400, "'%s' is not a valid encoded path", name);
+        http_bad_request(c, 0, "'%s' is not a valid encoded path", name);
         return r;
     }
     return 0;
@@ -152,13 +152,13 @@ static const handler_ops_t json_stream_ops = { .on_drain = json_stream_pump,
 static void files_respond_json(conn_t *c, json_t *j)
 {
     if (!j) {
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!s) {
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     size_t len = strlen(s);
@@ -170,7 +170,7 @@ static void files_respond_json(conn_t *c, json_t *j)
     json_stream_t *js = calloc(1, sizeof *js);
     if (!js) {
         free(s);
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     *js = (json_stream_t){ .s = s, .len = len };
@@ -231,7 +231,7 @@ void route_files_read(conn_t *c, const route_params_t *p)
         return;
     if (query_u64(c, "offset", INT64_MAX, &has_off, &off) < 0 ||
         query_u64(c, "length", INT64_MAX, &has_len, &len) < 0) {
-        conn_respond_error(c, 400, "offset and length must be non-negative integers");
+        http_bad_request(c, 0, "offset and length must be non-negative integers");
         return;
     }
     fs_root_t root = files_root(c);
@@ -311,19 +311,19 @@ static int write_options(conn_t *c, fs_write_opts_t *o, bool *has_off, uint64_t 
     int r = query_param(c, "mode", mode, sizeof mode);
     uint32_t m = 0;
     if (r < 0 || (r > 0 && parse_octal(sv_make(mode, strlen(mode)), FILES_MODE_MAX, &m) < 0)) {
-        conn_respond_error(c, 400, "mode must be an octal permission string such as 644");
+        http_bad_request(c, 0, "mode must be an octal permission string such as 644");
         return -EINVAL;
     }
     *o = (fs_write_opts_t){
         .set_mode = r > 0, .mode = (mode_t)m, .create_mode = 0666, .dir_mode = 0777
     };
     if (query_bool(c, "mkdir", true, &o->mkdir) < 0) {
-        conn_respond_error(c, 400, "mkdir must be true or false");
+        http_bad_request(c, 0, "mkdir must be true or false");
         return -EINVAL;
     }
     if (query_u64(c, "offset", INT64_MAX, has_off, off) < 0 ||
         query_u64(c, "truncate_to", INT64_MAX, has_trunc, trunc) < 0) {
-        conn_respond_error(c, 400, "offset and truncate_to must be non-negative integers");
+        http_bad_request(c, 0, "offset and truncate_to must be non-negative integers");
         return -EINVAL;
     }
     o->truncate = !*has_off;
@@ -342,7 +342,7 @@ void route_files_write(conn_t *c, const route_params_t *p)
         write_options(c, &o, &has_off, &off, &has_trunc, &trunc) < 0)
         return;
     if (__builtin_add_overflow(off, conn_body_left(c), &end) || end > INT64_MAX) {
-        conn_respond_error(c, 413, "offset plus body length is too large");
+        http_too_large(c, 0, "offset plus body length is too large");
         return;
     }
     fs_root_t root = files_root(c);
@@ -355,7 +355,7 @@ void route_files_write(conn_t *c, const route_params_t *p)
     upload_t *u = malloc(sizeof *u + plen + 1);
     if (!u) {
         safe_close(fd);
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     *u = (upload_t){ .fd = fd, .pos = off, .has_truncate = has_trunc, .truncate_to = trunc };
@@ -411,14 +411,14 @@ void route_files_list(conn_t *c, const route_params_t *p)
     if (files_path_param(c, "path", path, sizeof path) < 0)
         return;
     if (query_u64(c, "limit", FS_LIST_MAX, &has_limit, &limit) < 0 || (has_limit && limit == 0)) {
-        conn_respond_error(c, 400, "limit must be an integer from 1 to %d", FS_LIST_MAX);
+        http_bad_request(c, 0, "limit must be an integer from 1 to %d", FS_LIST_MAX);
         return;
     }
     if (!has_limit)
         limit = FILES_LIST_DEFAULT;
     int r = query_param(c, "after", after, sizeof after);
     if (r < 0) {
-        conn_respond_error(c, 400, "after must be an entry name");
+        http_bad_request(c, 0, "after must be an entry name");
         return;
     }
     fs_root_t root = files_root(c);
@@ -471,7 +471,7 @@ void route_files_delete(conn_t *c, const route_params_t *p)
     if (files_path_param(c, "path", path, sizeof path) < 0)
         return;
     if (query_bool(c, "recursive", false, &recursive) < 0) {
-        conn_respond_error(c, 400, "recursive must be true or false");
+        http_bad_request(c, 0, "recursive must be true or false");
         return;
     }
     fs_root_t root = files_root(c);
@@ -504,11 +504,11 @@ static const char *rename_member(conn_t *c, json_t *obj, const char *key)
     json_t *v = json_object_get(obj, key);
     const char *s = json_string_value(v);
     if (!s || s[0] == '\0') {
-        conn_respond_error(c, 400, "'%s' must be a non-empty string", key);
+        http_bad_request(c, 0, "'%s' must be a non-empty string", key);
         return NULL;
     }
     if (json_string_length(v) >= FS_PATH_MAX || strlen(s) != json_string_length(v)) {
-        conn_respond_error(c, 400, "'%s' is not a valid path", key);
+        http_bad_request(c, 0, "'%s' is not a valid path", key);
         return NULL;
     }
     return s;
@@ -524,7 +524,7 @@ static void rename_body(conn_t *c, json_t *obj)
         return;
     json_t *ov = json_object_get(obj, "overwrite");
     if (ov && !json_is_boolean(ov)) {
-        conn_respond_error(c, 400, "'overwrite' must be a boolean");
+        http_bad_request(c, 0, "'overwrite' must be a boolean");
         return;
     }
     fs_root_t root = files_root(c);

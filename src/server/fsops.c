@@ -525,59 +525,6 @@ void fs_listing_free(fs_listing_t *l)
 
 /* ---- delete and rename ------------------------------------------------------------------- */
 
-static int fs_remove_tree(int pfd, const char *name, dev_t dev, unsigned depth);
-
-/* Remove everything inside the directory d. Symlinks are unlinked, never followed. */
-static int fs_empty_dir(DIR *d, dev_t dev, unsigned depth)
-{
-    for (;;) {
-        errno = 0;
-        struct dirent *de = readdir(d);
-        if (!de)
-            return errno ? negative_errno() : 0;
-        if (is_dot_name(de->d_name))
-            continue;
-        if (de->d_type != DT_DIR) {
-            if (unlinkat(dirfd(d), de->d_name, 0) == 0 || errno == ENOENT)
-                continue;
-            if (errno != EISDIR) /* d_type may be DT_UNKNOWN: a directory says EISDIR */
-                return negative_errno();
-        }
-        int k = fs_remove_tree(dirfd(d), de->d_name, dev, depth + 1);
-        if (k < 0 && k != -ENOENT)
-            return k;
-    }
-}
-
-static int fs_remove_tree(int pfd, const char *name, dev_t dev, unsigned depth)
-{
-    _cleanup_(closedirp) DIR *d = NULL;
-    struct stat st;
-    if (depth >= FS_DELETE_MAX_DEPTH)
-        return -ENAMETOOLONG;
-    /* O_NOFOLLOW: if `name` was swapped for a symlink since we looked, this fails with ELOOP
-     * instead of emptying the symlink's target. */
-    int fd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return negative_errno();
-    d = fdopendir(fd);
-    if (!d) {
-        int k = negative_errno();
-        safe_close(fd);
-        return k;
-    }
-    if (fstat(fd, &st) < 0)
-        return negative_errno();
-    if (st.st_dev != dev)
-        return -EBUSY; /* a mount point: never empty another filesystem */
-    int k = fs_empty_dir(d, dev, depth);
-    if (k < 0)
-        return k;
-    if (unlinkat(pfd, name, AT_REMOVEDIR) < 0)
-        return negative_errno();
-    return 0;
-}
-
 int fs_delete(const fs_root_t *r, const char *path, bool recursive)
 {
     char buf[FS_PATH_MAX];
@@ -597,7 +544,7 @@ int fs_delete(const fs_root_t *r, const char *path, bool recursive)
         return unlinkat(pfd, name, AT_REMOVEDIR) < 0 ? negative_errno() : 0;
     if (fstat(pfd, &pst) < 0)
         return negative_errno();
-    return fs_remove_tree(pfd, name, pst.st_dev, 0);
+    return rmtree_at(pfd, name, pst.st_dev);
 }
 
 int fs_rename(const fs_root_t *r, const char *from, const char *to, bool overwrite)

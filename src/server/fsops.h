@@ -18,9 +18,11 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include "common/fileio.h"
+
 #define FS_PATH_MAX 4096
 #define FS_LIST_MAX 50000
-#define FS_DELETE_MAX_DEPTH 256 /* recursive delete holds one open directory per level */
+#define FS_DELETE_MAX_DEPTH RMTREE_MAX_DEPTH /* one open directory per level (rmtree_at) */
 
 typedef struct {
     int dirfd;     /* where paths start: AT_FDCWD, or the opened home (confined) */

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "fsops.h"
 #include "isolation/confine.h"
@@ -109,13 +110,6 @@ const conn_owner_ops_t sandbox_owner_ops = { .release = sandbox_owner_release };
 void conn_scope_sandbox(conn_t *c, sandbox_t *sb)
 {
     conn_set_owner(c, &sandbox_owner_ops, sandbox_hold(sb));
-}
-
-static void strv_free(char **v)
-{
-    for (char **e = v; e && *e; e++)
-        free(*e);
-    free(v);
 }
 
 void sandbox_unref(sandbox_t *sb)
@@ -257,12 +251,12 @@ static void trash_close(pool_t *p)
         (void)rmdir(p->warm_path);
 }
 
-int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen)
+int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *err)
 {
-    pool_t *p = calloc(1, sizeof *p);
+    _cleanup_(pool_freep) pool_t *p = calloc(1, sizeof *p);
     int r;
     if (!p)
-        return -ENOMEM;
+        return sbx_err(err, -ENOMEM, "out of memory");
     p->srv = srv;
     p->cfg = *cfg;
     p->homes_fd = -EBADF;
@@ -280,22 +274,17 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     if ((uint64_t)abi < cfg->min_abi && !cfg->allow_unconfined) {
         char have[128];
         landlock_features(abi, have, sizeof have);
-        (void)snprintf(err, errlen,
+        return sbx_err(err, -EOPNOTSUPP,
                        "Landlock ABI %d is below SBX_MIN_LANDLOCK_ABI=%llu (have: %s); refusing "
                        "to start (--allow-unconfined accepts uid-only isolation)",
                        abi, (unsigned long long)cfg->min_abi, have);
-        pool_free(p);
-        return -EOPNOTSUPP;
     }
     /* A private /proc with hidepid in one shared mount namespace, if the kernel allows it. */
     p->hidepid = sandbox_ns_start(&p->ns) >= 0;
     if (abi >= 1 && (uint64_t)abi >= cfg->min_abi) {
         r = landlock_base_init(&p->ll, p->hidepid ? p->ns.proc_path : "/proc");
-        if (r < 0) {
-            (void)snprintf(err, errlen, "cannot prepare Landlock rules: %s", strerror(-r));
-            pool_free(p);
-            return r;
-        }
+        if (r < 0)
+            return sbx_err(err, r, "cannot prepare Landlock rules: %s", strerror(-r));
     }
     r = uidpool_init(&p->uids, (uint32_t)cfg->uid_base, (uint32_t)cfg->uid_count);
     if (r >= 0)
@@ -308,11 +297,8 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
     if (r >= 0 && uidpool_lock_file(&p->uids, POOL_UID_LOCK_FILE) < 0)
         log_warn("cannot open %s: uids are not coordinated with other pool hosts here",
                  POOL_UID_LOCK_FILE);
-    if (r < 0) {
-        (void)snprintf(err, errlen, "cannot set up the uid pool: %s", strerror(-r));
-        pool_free(p);
-        return r;
-    }
+    if (r < 0)
+        return sbx_err(err, r, "cannot set up the uid pool: %s", strerror(-r));
     /* the parents too (a fresh run root has no /sbx): root-owned, not writable by others */
     char parent[sizeof cfg->homes_dir];
     memcpy(parent, cfg->homes_dir, sizeof parent);
@@ -321,21 +307,13 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         (void)mkdir(parent, 0755);
         *sl = '/';
     }
-    if (mkdir(cfg->homes_dir, 0711) < 0 && errno != EEXIST) {
-        r = negative_errno();
-        (void)snprintf(err, errlen, "cannot create SBX_HOMES_DIR %s: %s", cfg->homes_dir,
+    if (mkdir(cfg->homes_dir, 0711) < 0 && errno != EEXIST)
+        return sbx_err(err, negative_errno(), "cannot create SBX_HOMES_DIR %s: %s", cfg->homes_dir,
                        strerror(errno));
-        pool_free(p);
-        return r;
-    }
     p->homes_fd = open(cfg->homes_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (p->homes_fd < 0) {
-        r = negative_errno();
-        (void)snprintf(err, errlen, "cannot open SBX_HOMES_DIR %s: %s", cfg->homes_dir,
+    if (p->homes_fd < 0)
+        return sbx_err(err, negative_errno(), "cannot open SBX_HOMES_DIR %s: %s", cfg->homes_dir,
                        strerror(errno));
-        pool_free(p);
-        return r;
-    }
     trash_open(p);
     char tag[48];
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
@@ -355,7 +333,7 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, s
         p->ll.handled_net = 0;
     } else
         log_warn("cannot make network namespaces: pooled sandboxes share the host's network");
-    *ret = p;
+    *ret = TAKE_PTR(p);
     return 0;
 }
 
@@ -363,10 +341,8 @@ pool_t *pool_free(pool_t *p)
 {
     if (!p)
         return NULL;
-    while (p->first) {
-        char err[128];
-        (void)sandbox_delete(p->first, err, sizeof err);
-    }
+    while (p->first)
+        (void)sandbox_delete(p->first, NULL);
     if (p->srv)
         p->srv->janitor = janitor_free(p->srv->janitor);
     trash_close(p);
@@ -391,56 +367,26 @@ typedef struct {
     uint64_t max_procs, max_mem_mb, idle_ms;
 } create_opts_t;
 
+/* The sandbox's base environment, then its create-time env (checked by parse_create_opts),
+ * which replaces a base entry of the same name. */
 static int build_env(const sandbox_t *sb, json_t *env, char ***ret)
 {
-    size_t n = json_object_size(env) + 9, k = 0;
-    char **v = calloc(n, sizeof *v);
-    if (!v)
-        return -ENOMEM;
-    char line[512];
-#define PUT(...)                                                                                   \
-    do {                                                                                           \
-        (void)snprintf(line, sizeof line, __VA_ARGS__);                                            \
-        if (!(v[k++] = strdup(line)))                                                              \
-            goto oom;                                                                              \
-    } while (0)
-    PUT("PATH=%s/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    char b[8][512];
+    (void)snprintf(
+        b[0], sizeof b[0],
+        "PATH=%s/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         sb->home);
-    PUT("HOME=%s", sb->home);
-    PUT("TMPDIR=%s/.tmp", sb->home);
-    PUT("USER=sbx-%s", sb->id);
-    PUT("LOGNAME=sbx-%s", sb->id);
-    PUT("SBX_SANDBOX_ID=%s", sb->id);
-    PUT("SBX_PROXY_DIR=%s/.sbx/proxy", sb->home);
-    PUT("LANG=C.UTF-8");
-#undef PUT
-    const char *key;
-    json_t *val;
-    json_object_foreach(env, key, val) {
-        const char *s = json_is_string(val) ? json_string_value(val) : "";
-        size_t len = strlen(key) + strlen(s) + 2;
-        char *e = malloc(len);
-        if (!e)
-            goto oom;
-        (void)snprintf(e, len, "%s=%s", key, s);
-        /* create-time env overrides the base entry of the same name */
-        size_t kl = strlen(key) + 1;
-        size_t i;
-        for (i = 0; i < k; i++)
-            if (strncmp(v[i], e, kl) == 0)
-                break;
-        if (i < k) {
-            free(v[i]);
-            v[i] = e;
-        } else {
-            v[k++] = e;
-        }
-    }
-    *ret = v;
-    return 0;
-oom:
-    strv_free(v);
-    return -ENOMEM;
+    (void)snprintf(b[1], sizeof b[1], "HOME=%s", sb->home);
+    (void)snprintf(b[2], sizeof b[2], "TMPDIR=%s/.tmp", sb->home);
+    (void)snprintf(b[3], sizeof b[3], "USER=sbx-%s", sb->id);
+    (void)snprintf(b[4], sizeof b[4], "LOGNAME=sbx-%s", sb->id);
+    (void)snprintf(b[5], sizeof b[5], "SBX_SANDBOX_ID=%s", sb->id);
+    (void)snprintf(b[6], sizeof b[6], "SBX_PROXY_DIR=%s/.sbx/proxy", sb->home);
+    (void)snprintf(b[7], sizeof b[7], "LANG=C.UTF-8");
+    char *const base[] = { b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], NULL };
+    const env_overlay_t ov = { "env", env };
+    const env_rules_t rules = { .replace = true };
+    return env_build(base, &ov, 1, &rules, ret, NULL);
 }
 
 /* A home the janitor made ahead: one rename into the homes, then it is the uid's (root made
@@ -722,12 +668,12 @@ static void create_body(conn_t *c, json_t *o)
     uint64_t count;
     const char *err = NULL;
     if (parse_create(o, &opts, &count, &err) < 0) {
-        conn_respond_error(c, 400, "%s", err);
+        http_bad_request(c, 0, "%s", err);
         return;
     }
     json_t *arr = json_array();
     if (!arr) {
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     uint64_t created = 0;
@@ -749,12 +695,11 @@ static void create_body(conn_t *c, json_t *o)
             for (size_t k = 0; k < n; k++) {
                 const char *id = json_string_value(json_object_get(json_array_get(arr, k), "id"));
                 sandbox_t *done = pool_find(p, id, strlen(id));
-                char e2[128];
                 if (done)
-                    (void)sandbox_delete(done, e2, sizeof e2);
+                    (void)sandbox_delete(done, NULL);
             }
             json_decref(arr);
-            conn_respond_error(c, 500, "creating a sandbox failed: %s", strerror(-r));
+            http_internal_error(c, 0, "creating a sandbox failed: %s", strerror(-r));
             return;
         }
         json_array_append_new(arr, sandbox_json(sb, true));
@@ -943,7 +888,7 @@ static int remove_home(sandbox_t *sb, bool killed)
     return remove_tree(p->homes_fd, sb->id, sb->home_fd);
 }
 
-bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
+int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
 {
     pool_t *p = sb->pool;
     /* From here no request may spawn under this uid, even one authorized before: spawn checks
@@ -960,11 +905,11 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
         netns_return(p, sb);
     int r = remove_home(sb, killed);
     bool removed = r >= 0 || r == -ENOENT;
-    err[0] = '\0';
+    int ret = 0;
     if (!killed)
-        (void)snprintf(err, errlen, "processes of uid %u survived the kill", sb->uid);
+        ret = sbx_err(err, -EBUSY, "processes of uid %u survived the kill", sb->uid);
     else if (!removed)
-        (void)snprintf(err, errlen, "home could not be removed: %s", strerror(-r));
+        ret = sbx_err(err, r, "home could not be removed: %s", strerror(-r));
     char cgp[24]; /* its commands' cgroup2 groups, empty now */
     (void)snprintf(cgp, sizeof cgp, "s%u-", sb->uid);
     cgroup_cmd_remove_prefix(&p->cg, cgp);
@@ -974,17 +919,19 @@ bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen)
     if (!(killed && removed))
         p->teardown_failures++;
     sandbox_unref(sb);
-    return killed && removed;
+    return ret;
 }
 
 void route_sandbox_delete(conn_t *c, sandbox_t *sb)
 {
-    char id[17], err[160];
+    char id[17];
+    sbx_err_t err;
     memcpy(id, sb->id, sizeof id);
-    if (sandbox_delete(sb, err, sizeof err))
-        conn_respond_json(c, 200, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
+    if (sandbox_delete(sb, &err) >= 0)
+        conn_respond_json(c, HTTP_OK, json_pack("{s:s,s:b}", "id", id, "deleted", 1));
     else
-        conn_respond_json(c, 500, json_pack("{s:s,s:b,s:s}", "id", id, "deleted", 1, "error", err));
+        conn_respond_json(c, HTTP_INTERNAL_ERROR,
+                          json_pack("{s:s,s:b,s:s}", "id", id, "deleted", 1, "error", err.msg));
 }
 
 void route_sandboxes_delete_all(conn_t *c)
@@ -993,14 +940,15 @@ void route_sandboxes_delete_all(conn_t *c)
     json_t *errors = json_array();
     size_t n = 0;
     while (p->first) {
-        char err[160], id[17];
+        char id[17];
+        sbx_err_t err;
         memcpy(id, p->first->id, sizeof id);
-        if (!sandbox_delete(p->first, err, sizeof err))
-            json_array_append_new(errors, json_pack("{s:s,s:s}", "id", id, "error", err));
+        if (sandbox_delete(p->first, &err) < 0)
+            json_array_append_new(errors, json_pack("{s:s,s:s}", "id", id, "error", err.msg));
         n++;
     }
     if (json_array_size(errors) > 0)
-        conn_respond_json(c, 500,
+        conn_respond_json(c, HTTP_INTERNAL_ERROR,
                           json_pack("{s:I,s:o}", "deleted", (json_int_t)n, "errors", errors));
     else {
         json_decref(errors);
@@ -1015,10 +963,9 @@ void pool_evict_idle(pool_t *p, uint64_t now_ms)
         sandbox_t *next = sb->next;
         if (sb->idle_timeout_ms > 0 && sb->ops == 0 && sb->running == 0 &&
             now_ms - sb->last_activity_ms >= sb->idle_timeout_ms) {
-            char err[160];
             log_info("sandbox %s idle for %llu s: evicting", sb->id,
                      (unsigned long long)(sb->idle_timeout_ms / 1000));
-            (void)sandbox_delete(sb, err, sizeof err);
+            (void)sandbox_delete(sb, NULL);
         }
         sb = next;
     }

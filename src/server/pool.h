@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/err.h"
 #include "common/loop.h"
 #include "http/conn.h"
 #include "isolation/cgroup.h"
@@ -111,8 +112,9 @@ struct pool {
     bool test_kill_fails;
 };
 
-int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, char *err, size_t errlen);
+int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *err);
 pool_t *pool_free(pool_t *p);
+static inline void pool_freep(pool_t **p) { (void)pool_free(*p); }
 sandbox_t *pool_find(pool_t *p, const char *id, size_t len);
 sandbox_t *sandbox_ref(sandbox_t *sb);
 void sandbox_unref(sandbox_t *sb);
@@ -136,8 +138,10 @@ void *landlock_json(int abi);
 /* Health detail: Landlock ABI and features in force. */
 void pool_health(pool_t *p, void *json_obj);
 /* Delete: kill everything of the uid (setsid escapees included), remove the home, recycle the
- * uid only when that converged. Returns true when teardown converged. */
-bool sandbox_delete(sandbox_t *sb, char *err, size_t errlen);
+ * uid only when that converged. 0 when teardown converged; else -EBUSY (processes of the uid
+ * survived the kill) or the home's removal error, with err saying which. The sandbox is gone
+ * from the pool either way. */
+int sandbox_delete(sandbox_t *sb, sbx_err_t *err);
 /* Remove parent_fd/name however deep (the janitor's removal; no symlink followed). */
 int pool_remove_tree_at(int parent_fd, const char *name);
 /* Evict sandboxes idle past their own timeout with nothing running or in flight. */

@@ -91,13 +91,13 @@ static void proxy_fail(conn_t *c, int err, uint16_t port)
     case -ENOBUFS:
     case -EMFILE:
     case -ENFILE:
-        conn_respond_error(c, 503, "proxy: cannot open a backend connection: %s", strerror(-err));
+        http_unavailable(c, 0, "proxy: cannot open a backend connection: %s", strerror(-err));
         break;
     case -ETIMEDOUT:
-        conn_respond_error(c, 504, "proxy: port %u did not accept the connection", port);
+        http_gateway_timeout(c, 0, "proxy: port %u did not accept the connection", port);
         break;
     default:
-        conn_respond_error(c, 502, "proxy: cannot connect to port %u: %s", port, strerror(-err));
+        http_bad_gateway(c, 0, "proxy: cannot connect to port %u: %s", port, strerror(-err));
         break;
     }
 }
@@ -207,7 +207,7 @@ void route_proxy(conn_t *c, const route_params_t *p)
     loop_t *l = server_of(c)->loop;
     int fd = -EBADF;
     if (p->port == 0) {
-        conn_respond_error(c, 404, "proxy: invalid port (expected 1..65535)");
+        http_not_found(c, 0, "proxy: invalid port (expected 1..65535)");
         return;
     }
     pending_t *pc = calloc(1, sizeof *pc);

@@ -91,14 +91,14 @@ static proc_t *proc_lookup_or_answer(conn_t *c, sv_t id)
     uint64_t n;
     if (id.len < 3 || id.p[0] != 'p' || id.p[1] != '-' ||
         parse_u64(sv_make(id.p + 2, id.len - 2), UINT64_MAX, &n) < 0) {
-        conn_respond_error(c, 400, "process id must look like p-<n> (not an OS pid)");
+        http_bad_request(c, 0, "process id must look like p-<n> (not an OS pid)");
         return NULL;
     }
     proc_t *p = proc_find(server_of(c), id);
     if (p && p->sb != conn_sandbox(c))
         p = NULL; /* another sandbox's process does not exist for this one */
     if (!p)
-        conn_respond_error(c, 404, "no such process");
+        http_not_found(c, 0, "no such process");
     return p;
 }
 
@@ -468,9 +468,9 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
     }
     if (r < 0) {
         if (c && r == -ESRCH)
-            conn_respond_error(c, 400, "%s", why); /* the sandbox was deleted */
+            http_bad_request(c, 0, "%s", why); /* the sandbox was deleted */
         else if (c)
-            conn_respond_error(c, 400, "failed to start %s: %s", pp->argv0, why);
+            http_bad_request(c, 0, "failed to start %s: %s", pp->argv0, why);
         proc_free(p);
         free(pp->argv0);
         free(pp);
@@ -576,7 +576,7 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
 {
     proc_pending_t *pp = calloc(1, sizeof *pp);
     if (!pp) {
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     pp->conn = c;
@@ -584,7 +584,8 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
     char why[256];
     int r = proc_begin(server_of(c), conn_sandbox(c), spec, pp, why, sizeof why);
     if (r < 0) {
-        conn_respond_error(c, r == -EAGAIN || r == -ENOMEM ? 503 : 400, "%s", why);
+        http_error(c, r == -EAGAIN || r == -ENOMEM ? HTTP_UNAVAILABLE : HTTP_BAD_REQUEST, 0, "%s",
+                   why);
         return;
     }
     conn_set_handler(c, &proc_pending_ops, pp);
@@ -622,10 +623,10 @@ void procs_kill_all(server_t *s)
 static void proc_create_body(conn_t *c, json_t *o)
 {
     exec_spec_t spec;
-    const char *err = NULL;
+    sbx_err_t err = { 0 };
     int r = exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err);
     if (r < 0) {
-        conn_respond_error(c, r == -EINVAL ? 400 : 503, "%s", err ? err : "out of memory");
+        http_error(c, r == -EINVAL ? HTTP_BAD_REQUEST : HTTP_UNAVAILABLE, 0, "%s", err.msg);
         return;
     }
     proc_start(c, &spec, false);
@@ -648,7 +649,7 @@ void route_proc_list(conn_t *c, const route_params_t *rp)
     if (!arr || !v) {
         free(v);
         json_decref(arr);
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     for (proc_t *p = server_of(c)->procs; p && i > 0; p = p->next)
@@ -728,13 +729,13 @@ static void proc_signal_body(conn_t *c, json_t *o)
         return;
     int sig;
     if (parse_signal(json_object_get(o, "signal"), &sig) < 0) {
-        conn_respond_error(c, 400, "signal must be a number 1..64 or a name like \"TERM\"");
+        http_bad_request(c, 0, "signal must be a number 1..64 or a name like \"TERM\"");
         return;
     }
     json_t *g = json_object_get(o, "grace_secs");
     double grace = 0;
     if (g && (!json_is_number(g) || (grace = json_number_value(g)) < 0 || grace > 3600)) {
-        conn_respond_error(c, 400, "grace_secs must be a number between 0 and 3600");
+        http_bad_request(c, 0, "grace_secs must be a number between 0 and 3600");
         return;
     }
     bool sent = proc_signal_with_grace(p, sig, (uint64_t)(grace * 1000));
@@ -758,7 +759,7 @@ void route_proc_delete(conn_t *c, const route_params_t *rp)
     bool present;
     uint64_t grace = 0;
     if (query_u64(c, "grace", 3600, &present, &grace) < 0) {
-        conn_respond_error(c, 400, "grace must be whole seconds (0..3600)");
+        http_bad_request(c, 0, "grace must be whole seconds (0..3600)");
         return;
     }
     bool killed = present && grace > 0 ? proc_signal_with_grace(p, SIGTERM, grace * 1000)
@@ -807,7 +808,7 @@ static int stdin_on_body(conn_t *c, const char *d, size_t n)
     }
     if (w < 0) {
         stdin_detach(c, p);
-        return -409; /* the command closed its stdin */
+        return -EPIPE; /* the command closed its stdin: 409 (http_status_from_errno) */
     }
     p->stdin_written += (uint64_t)w;
     return (int)w;
@@ -844,16 +845,16 @@ void route_proc_stdin(conn_t *c, const route_params_t *rp)
     if (!p)
         return;
     if (p->stdin_fd < 0) {
-        conn_respond_error(c, 409, "stdin is not open (start with \"stdin\": true, background)");
+        http_conflict(c, 0, "stdin is not open (start with \"stdin\": true, background)");
         return;
     }
     if (p->stdin_conn) {
-        conn_respond_error(c, 409, "another stdin write is in progress");
+        http_conflict(c, 0, "another stdin write is in progress");
         return;
     }
     bool close_after;
     if (query_bool(c, "close", false, &close_after) < 0) {
-        conn_respond_error(c, 400, "close must be true or false");
+        http_bad_request(c, 0, "close must be true or false");
         return;
     }
     p->stdin_close_after = close_after;
@@ -883,12 +884,12 @@ void route_proc_output(conn_t *c, const route_params_t *rp)
         query_param(c, "encoding", enc, sizeof enc) < 0 ||
         (!streq(enc, "utf8") && !streq(enc, "base64")) ||
         query_u64(c, "since", UINT64_MAX, &since_present, &since) < 0) {
-        conn_respond_error(c, 400, "bad query: follow=bool, encoding=utf8|base64, since=<seq>");
+        http_bad_request(c, 0, "bad query: follow=bool, encoding=utf8|base64, since=<seq>");
         return;
     }
     attach_t *a = calloc(1, sizeof *a);
     if (!a) {
-        conn_respond_error(c, 503, "out of memory");
+        http_unavailable(c, 0, "out of memory");
         return;
     }
     *a = (attach_t){ .p = p,

@@ -146,15 +146,15 @@ static void dispatch_dedicated_table(conn_t *c, sv_t path)
         return;
     }
     if (path_known)
-        conn_respond_error(c, 405, "method not allowed");
+        http_method_not_allowed(c, 0, "method not allowed");
     else
-        conn_respond_error(c, 404, "not found");
+        http_not_found(c, 0, "not found");
 }
 
 static bool refuse_unauthorized(conn_t *c)
 {
     c->keep_alive = c->keep_alive && c->body_left <= CONN_DRAIN_MAX;
-    conn_respond_error(c, 403, "missing or invalid X-Sandbox-Token");
+    http_forbidden(c, 0, "missing or invalid X-Sandbox-Token");
     return true;
 }
 
@@ -168,8 +168,7 @@ static bool refuse_transfer_encoding(conn_t *c, sv_t path)
         return false;
     if (sv_has_prefix(path, SV("/v1/proxy/")) || sv_has_prefix(path, SV("/proxy/")))
         return false;
-    c->keep_alive = false;
-    conn_respond_error(c, 411, "Transfer-Encoding is not supported; send Content-Length");
+    http_length_required(c, HTTP_CLOSE, "Transfer-Encoding is not supported; send Content-Length");
     return true;
 }
 
@@ -188,7 +187,7 @@ static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
         if (method_is(c, "GET") || method_is(c, "HEAD"))
             conn_respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
         else
-            conn_respond_error(c, 405, "method not allowed");
+            http_method_not_allowed(c, 0, "method not allowed");
         return;
     }
     conn_scope_sandbox(c, sb); /* released when the request ends (conn.c) */
@@ -218,7 +217,7 @@ static void dispatch_host(conn_t *c, sv_t path)
         else if (method_is(c, "DELETE"))
             route_sandboxes_delete_all(c);
         else
-            conn_respond_error(c, 405, "method not allowed");
+            http_method_not_allowed(c, 0, "method not allowed");
         return;
     }
     if (!sv_has_prefix(path, prefix)) {
@@ -227,7 +226,7 @@ static void dispatch_host(conn_t *c, sv_t path)
             return;
         if (refuse_transfer_encoding(c, SV("")))
             return;
-        conn_respond_error(c, 404, "not found (dedicated route; this server is a pool host)");
+        http_not_found(c, 0, "not found (dedicated route; this server is a pool host)");
         return;
     }
     sv_t tail = sv_make(path.p + prefix.len, path.len - prefix.len);
@@ -259,7 +258,7 @@ static void dispatch_host(conn_t *c, sv_t path)
         if (method_is(c, "DELETE"))
             route_sandbox_delete(c, sb);
         else
-            conn_respond_error(c, 405, "method not allowed");
+            http_method_not_allowed(c, 0, "method not allowed");
         return;
     }
     /* /v1/sandboxes/<id>/<rest> -> /v1/<rest>: the three bytes before <rest> become "/v1"
@@ -279,7 +278,7 @@ void router_dispatch(conn_t *c)
     /* A body framed by Transfer-Encoding is never read, so nothing after this head can be
      * trusted as the next request: whatever the answer, the connection closes after it. */
     if (c->req.has_transfer_encoding)
-        c->keep_alive = false;
+        conn_close_after(c);
     if (sv_eq(path, SV("/health")) && (method_is(c, "GET") || method_is(c, "HEAD"))) {
         c->authed = token_ok(s, c) && s->cfg.token; /* detail only with a real token */
         if (!s->cfg.token)
@@ -309,7 +308,7 @@ void router_dispatch(conn_t *c)
         return;
     server_touch(s);
     if (is_host_route(path)) {
-        conn_respond_error(c, 404, "not found (host-mode route; this server is dedicated)");
+        http_not_found(c, 0, "not found (host-mode route; this server is dedicated)");
         return;
     }
     dispatch_dedicated_table(c, path);
@@ -331,12 +330,12 @@ static void json_body_done(conn_t *c)
         j = json_loadb(buf_head(&c->body), c->body.len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
                        &err);
     if (!j) {
-        conn_respond_error(c, 400, "invalid JSON body: %s", err.text);
+        http_bad_request(c, 0, "invalid JSON body: %s", err.text);
         return;
     }
     if (!json_is_object(j)) {
         json_decref(j);
-        conn_respond_error(c, 400, "JSON body must be an object");
+        http_bad_request(c, 0, "JSON body must be an object");
         return;
     }
     fn(c, j);

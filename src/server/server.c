@@ -85,10 +85,10 @@ int server_init(server_t *s, const server_config_t *cfg)
     s->http.reaper.on_stray = on_stray_child;
     s->http.reaper.stray_data = s;
     if (s->cfg.host_mode) {
-        char err[512];
-        r = pool_new(s, &s->cfg.pool, &s->pool, err, sizeof err);
+        sbx_err_t err;
+        r = pool_new(s, &s->cfg.pool, &s->pool, &err);
         if (r < 0) {
-            log_error("%s", err);
+            log_error("%s", err.msg);
             return r;
         }
         s->pool_empty_since_ms = s->http.start_ms;

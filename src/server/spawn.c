@@ -9,20 +9,12 @@
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 
+#include "common/env.h"
 #include "common/macro.h"
 #include "common/strutil.h"
 #include "pool.h"
 #include "server.h"
 #include "spawner.h"
-
-static void strv_free(char **v)
-{
-    if (!v)
-        return;
-    for (char **p = v; *p; p++)
-        free(*p);
-    free(v);
-}
 
 void exec_spec_done(exec_spec_t *spec)
 {
@@ -35,33 +27,27 @@ void exec_spec_done(exec_spec_t *spec)
     *spec = (exec_spec_t){ 0 };
 }
 
-static int parse_argv(json_t *cmd, json_t *shell, char ***ret, const char **err)
+static int parse_argv(json_t *cmd, json_t *shell, char ***ret, sbx_err_t *err)
 {
     bool is_str = json_is_string(cmd), is_arr = json_is_array(cmd);
     if (!is_str && !is_arr) {
-        *err = "cmd must be a string or an array of strings";
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "cmd must be a string or an array of strings");
     }
     if (shell && !json_is_boolean(shell)) {
-        *err = "shell must be a boolean";
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "shell must be a boolean");
     }
     if (shell && json_is_true(shell) && !is_str) {
-        *err = "shell:true requires cmd to be a string";
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "shell:true requires cmd to be a string");
     }
     if (shell && json_is_false(shell) && !is_arr) {
-        *err = "shell:false requires cmd to be an array";
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "shell:false requires cmd to be an array");
     }
     size_t n = is_str ? 3 : json_array_size(cmd);
     if (n == 0) {
-        *err = "cmd must not be empty";
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "cmd must not be empty");
     }
     if (n > 65536) {
-        *err = "cmd has too many arguments";
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "cmd has too many arguments");
     }
     char **v = calloc(n + 1, sizeof *v);
     if (!v)
@@ -70,8 +56,7 @@ static int parse_argv(json_t *cmd, json_t *shell, char ***ret, const char **err)
         const char *s = json_string_value(cmd);
         if (strlen(s) != json_string_length(cmd)) {
             free(v);
-            *err = "cmd must not contain NUL";
-            return -EINVAL;
+            return sbx_err(err, -EINVAL, "cmd must not contain NUL");
         }
         v[0] = strdup("/bin/sh");
         v[1] = strdup("-c");
@@ -81,8 +66,7 @@ static int parse_argv(json_t *cmd, json_t *shell, char ***ret, const char **err)
             json_t *a = json_array_get(cmd, i);
             if (!json_is_string(a) || strlen(json_string_value(a)) != json_string_length(a)) {
                 strv_free(v);
-                *err = "cmd array items must be strings without NUL";
-                return -EINVAL;
+                return sbx_err(err, -EINVAL, "cmd array items must be strings without NUL");
             }
             v[i] = strdup(json_string_value(a));
             if (!v[i]) {
@@ -100,98 +84,39 @@ static int parse_argv(json_t *cmd, json_t *shell, char ***ret, const char **err)
     return 0;
 }
 
-static bool env_key_ok(const char *k) { return *k && !strchr(k, '='); }
-
-/* base env (minus keys the request overrides) + request env. */
-static int build_env(json_t *env, char *const *base, char ***ret, const char **err)
+/* base env (minus names the request sets) + request env. */
+static int build_env(json_t *env, char *const *base, char ***ret, sbx_err_t *err)
 {
-    size_t nbase = 0, nreq = 0, bytes = 0;
-    if (env && !json_is_object(env)) {
-        *err = "env must be an object of strings";
-        return -EINVAL;
-    }
-    while (base && base[nbase])
-        nbase++;
-    nreq = env ? json_object_size(env) : 0;
-    char **v = calloc(nbase + nreq + 1, sizeof *v);
-    if (!v)
-        return -ENOMEM;
-    size_t k = 0;
-    for (size_t i = 0; i < nbase; i++) {
-        const char *eq = strchr(base[i], '=');
-        if (!eq)
-            continue;
-        if (env) {
-            char key[256];
-            size_t kl = (size_t)(eq - base[i]);
-            if (kl < sizeof key) {
-                memcpy(key, base[i], kl);
-                key[kl] = '\0';
-                if (json_object_get(env, key))
-                    continue;
-            }
-        }
-        if (!(v[k++] = strdup(base[i])))
-            goto oom;
-    }
-    const char *key;
-    json_t *val;
-    json_object_foreach(env, key, val) {
-        const char *sv = json_is_string(val) ? json_string_value(val) : "";
-        size_t vl = json_is_string(val) ? json_string_length(val) : 0;
-        if (!env_key_ok(key) || strlen(sv) != vl) {
-            strv_free(v);
-            *err = "env keys must be non-empty without '=', values without NUL";
-            return -EINVAL;
-        }
-        bytes += strlen(key) + vl + 2;
-        if (bytes > EXEC_MAX_ENV_BYTES) {
-            strv_free(v);
-            *err = "env is too large (max 64 KiB)";
-            return -EINVAL;
-        }
-        size_t len = strlen(key) + vl + 2;
-        char *e = malloc(len);
-        if (!e)
-            goto oom;
-        (void)snprintf(e, len, "%s=%s", key, sv);
-        v[k++] = e;
-    }
-    *ret = v;
-    return 0;
-oom:
-    strv_free(v);
-    return -ENOMEM;
+    const env_overlay_t ov = { "env", env };
+    const env_rules_t rules = { .replace = true, .max_bytes = EXEC_MAX_ENV_BYTES };
+    return env_build(base, &ov, 1, &rules, ret, err);
 }
 
-static int get_opt_string(json_t *o, const char *name, char **ret, const char **err,
-                          const char *msg)
+static int get_opt_string(json_t *o, const char *name, char **ret, sbx_err_t *err, const char *msg)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
-        *err = msg;
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "%s", msg);
     }
     *ret = strdup(json_string_value(v));
     return *ret ? 0 : -ENOMEM;
 }
 
-static int get_opt_bool(json_t *o, const char *name, bool *ret, const char **err, const char *msg)
+static int get_opt_bool(json_t *o, const char *name, bool *ret, sbx_err_t *err, const char *msg)
 {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_boolean(v)) {
-        *err = msg;
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "%s", msg);
     }
     *ret = json_is_true(v);
     return 0;
 }
 
-static int parse_stdin(json_t *o, exec_spec_t *spec, const char **err)
+static int parse_stdin(json_t *o, exec_spec_t *spec, sbx_err_t *err)
 {
     json_t *in = json_object_get(o, "stdin"), *in64 = json_object_get(o, "stdin_b64");
     if (in && !json_is_null(in)) {
@@ -205,14 +130,12 @@ static int parse_stdin(json_t *o, exec_spec_t *spec, const char **err)
             memcpy(spec->stdin_data, json_string_value(in), spec->stdin_len);
             spec->has_stdin = true;
         } else {
-            *err = "stdin must be a string";
-            return -EINVAL;
+            return sbx_err(err, -EINVAL, "stdin must be a string");
         }
     }
     if (in64 && !json_is_null(in64)) {
         if (!json_is_string(in64) || spec->has_stdin) {
-            *err = "stdin_b64 must be a base64 string (and excludes stdin)";
-            return -EINVAL;
+            return sbx_err(err, -EINVAL, "stdin_b64 must be a base64 string (and excludes stdin)");
         }
         size_t l = json_string_length(in64), out;
         spec->stdin_data = malloc(l / 4 * 3 + 3);
@@ -221,8 +144,7 @@ static int parse_stdin(json_t *o, exec_spec_t *spec, const char **err)
         if (sodium_base642bin((unsigned char *)spec->stdin_data, l / 4 * 3 + 3,
                               json_string_value(in64), l, NULL, &out, NULL,
                               sodium_base64_VARIANT_ORIGINAL) != 0) {
-            *err = "stdin_b64 is not valid base64";
-            return -EINVAL;
+            return sbx_err(err, -EINVAL, "stdin_b64 is not valid base64");
         }
         spec->stdin_len = out;
         spec->has_stdin = true;
@@ -230,15 +152,13 @@ static int parse_stdin(json_t *o, exec_spec_t *spec, const char **err)
     return 0;
 }
 
-int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, const char **err)
+int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, sbx_err_t *err)
 {
     int r;
     *spec = (exec_spec_t){ 0 };
     json_t *cmd = json_object_get(o, "cmd");
-    if (!cmd) {
-        *err = "cmd is required";
-        return -EINVAL;
-    }
+    if (!cmd)
+        return sbx_err(err, -EINVAL, "cmd is required");
     spec->cmd = json_incref(cmd);
     r = parse_argv(cmd, json_object_get(o, "shell"), &spec->argv, err);
     if (r >= 0)
@@ -254,10 +174,9 @@ int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, const c
     json_t *t = json_object_get(o, "timeout");
     if (r >= 0 && t && !json_is_null(t)) {
         double secs = json_is_number(t) ? json_number_value(t) : -1;
-        if (!json_is_number(t) || secs < 0 || secs > 31536000.0) {
-            *err = "timeout must be a number of seconds between 0 and one year";
-            r = -EINVAL;
-        } else {
+        if (!json_is_number(t) || secs < 0 || secs > 31536000.0)
+            r = sbx_err(err, -EINVAL, "timeout must be a number of seconds between 0 and one year");
+        else {
             spec->timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
             if (secs > 0 && spec->timeout_ms == 0)
                 spec->timeout_ms = 1;
@@ -268,13 +187,14 @@ int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, const c
         const char *e = json_is_string(enc) ? json_string_value(enc) : "";
         if (streq(e, "base64"))
             spec->base64 = true;
-        else if (!streq(e, "utf8") && !streq(e, "utf-8")) {
-            *err = "encoding must be \"utf8\" or \"base64\"";
-            r = -EINVAL;
-        }
+        else if (!streq(e, "utf8") && !streq(e, "utf-8"))
+            r = sbx_err(err, -EINVAL, "encoding must be \"utf8\" or \"base64\"");
     }
-    if (r < 0)
+    if (r < 0) {
         exec_spec_done(spec);
+        if (err && err->code != r) /* an allocation failed below: no message was set */
+            (void)sbx_err(err, r, "%s", r == -ENOMEM ? "out of memory" : strerror(-r));
+    }
     return r;
 }
 

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/err.h"
+
 typedef struct sandbox sandbox_t;
 typedef struct server server_t;
 
@@ -34,8 +36,8 @@ typedef struct {
     unsigned short pty_rows, pty_cols;
 } exec_spec_t;
 
-/* Parse and validate; on -EINVAL *ret_err names the problem (static string). */
-int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, const char **ret_err);
+/* Parse and validate; on failure (-EINVAL: the request's fault, -ENOMEM) err says why. */
+int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, sbx_err_t *err);
 void exec_spec_done(exec_spec_t *spec);
 
 /* A pooled sandbox's command in a cgroup2 group of its own, so that killing it reaches every

@@ -5,6 +5,7 @@ cancel, pause and resume, and the modes of the files and directories that hold s
 import os
 import secrets
 import stat
+import subprocess
 
 import pytest
 
@@ -222,6 +223,37 @@ def test_secrets_reach_the_command_and_nothing_else(plat):
         text = proc.log()
         assert job.id in text  # positive control: this log does talk about the job
         assert secret not in text and job.token not in text, proc.name
+
+
+# ---- store errors -------------------------------------------------------------------------------
+
+def _sql(plat, query):
+    out = subprocess.run(["sqlite3", "-cmd", ".timeout 5000",
+                          os.path.join(plat.ctl_state, "store.db"), query],
+                         capture_output=True, timeout=20)
+    assert out.returncode == 0, out.stderr.decode()
+    return out.stdout.decode().strip()
+
+
+def test_a_job_record_that_cannot_be_read_is_not_404(plat, job):
+    """A store failure is no answer about the job. Changed mapping (issue 14, one table:
+    control/records.c:status_from_store_err): reading a job record failed with 404 "no job"
+    whatever the error; now only a missing record is 404, a record the control plane cannot
+    read is 500 and a store that cannot be read 503."""
+    fake = job.id[:-4] + ("0000" if not job.id.endswith("0000") else "1111")
+    missing = plat.request("GET", f"/v1/jobs/t/{fake}")
+    assert missing.status == 404, ("positive control: a job that is not there is 404", missing)
+    key = f"jobs/t/{fake}"
+    _sql(plat, f"INSERT INTO kv(key, value, rev) VALUES ('{key}', 'not json', "
+               f"(SELECT COALESCE(MAX(rev), 0) + 1 FROM kv))")
+    try:
+        r = plat.request("GET", f"/v1/jobs/t/{fake}")
+        assert r.status == 500, ("store error check: an unreadable job record answered", r)
+        r = plat.request("POST", f"/v1/jobs/t/{fake}/cancel", {})
+        assert r.status == 500, ("store error check: cancel of an unreadable record", r)
+    finally:
+        _sql(plat, f"DELETE FROM kv WHERE key = '{key}'")
+    assert plat.request("GET", f"/v1/jobs/t/{job.id}").status == 200  # the real job is intact
 
 
 # ---- lifecycle --------------------------------------------------------------------------------

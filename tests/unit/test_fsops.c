@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -230,6 +231,33 @@ TEST(recursive_delete_depth_is_bounded)
     ASSERT_EQ(fs_delete(&d, base, true), 0);
 }
 
+/* rmtree (common/fileio.c), the node's rm -rf --one-file-system: symlinks go, their targets
+ * stay; a path that is not there is fine. */
+TEST(rmtree_unlinks_symlinks_and_keeps_their_targets)
+{
+    char base[] = "/tmp/sbx-rmtree-XXXXXX";
+    ASSERT_TRUE(mkdtemp(base) != NULL);
+    int b = open(base, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(b, 0);
+    ASSERT_EQ(mkdirat(b, "keep", 0755), 0);
+    ASSERT_EQ(close(openat(b, "keep/file", O_WRONLY | O_CREAT | O_CLOEXEC, 0644)), 0);
+    ASSERT_EQ(mkdirat(b, "t", 0755), 0);
+    ASSERT_EQ(mkdirat(b, "t/sub", 0755), 0);
+    ASSERT_EQ(close(openat(b, "t/sub/f", O_WRONLY | O_CREAT | O_CLOEXEC, 0644)), 0);
+    char target[PATH_MAX];
+    (void)snprintf(target, sizeof target, "%s/keep", base);
+    ASSERT_EQ(symlinkat(target, b, "t/dirlink"), 0);
+    char t[PATH_MAX];
+    (void)snprintf(t, sizeof t, "%s/t", base);
+    ASSERT_EQ(rmtree(t), 0);
+    ASSERT_EQ(faccessat(b, "t", F_OK, AT_SYMLINK_NOFOLLOW), -1);
+    ASSERT_EQ(faccessat(b, "keep/file", F_OK, 0), 0); /* the link's target is untouched */
+    ASSERT_EQ(rmtree(t), 0);                          /* not there: fine */
+    close(b);
+    ASSERT_EQ(rmtree(base), 0);
+    ASSERT_EQ(access(base, F_OK), -1);
+}
+
 TEST(confined_readlink_reads_the_link_itself)
 {
     layout_t l;
@@ -253,4 +281,5 @@ TEST(confined_readlink_reads_the_link_itself)
 TAP_MAIN(T(normalize_table), T(normalize_refuses_nul_and_overlong),
          T(confined_read_refuses_symlinks_and_stays_beneath),
          T(confined_write_and_mkdir_never_leave_the_root), T(confined_stat_list_delete_rename),
-         T(recursive_delete_depth_is_bounded), T(confined_readlink_reads_the_link_itself))
+         T(recursive_delete_depth_is_bounded), T(rmtree_unlinks_symlinks_and_keeps_their_targets),
+         T(confined_readlink_reads_the_link_itself))

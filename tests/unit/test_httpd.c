@@ -91,7 +91,7 @@ static void dispatch(conn_t *c)
         conn_set_owner(c, &test_owner, &W.tags[OWNER_HELD]);
         loop_stop(c->srv->loop);
     } else {
-        conn_respond_error(c, 404, "no");
+        http_not_found(c, 0, "no");
     }
 }
 
