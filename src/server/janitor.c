@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 
 #include "common/log.h"
 #include "isolation/netns.h"
@@ -19,18 +20,20 @@
 #define JAN_NAME_MAX 64
 #define JAN_INFLIGHT_MAX 4096 /* names queued in the socket; beyond, the caller removes */
 
-enum { JAN_REMOVE = 1, JAN_MKHOME = 2, JAN_NETNS_MAKE = 3, JAN_NETNS_CHECK = 4 };
+enum { JAN_REMOVE = 1, JAN_MKHOME = 2, JAN_NETNS_MAKE = 3, JAN_NETNS_CHECK = 4, JAN_RECYCLE = 5 };
 _Static_assert(JAN_NETNS_MAKE == JANITOR_NETNS_MADE && JAN_NETNS_CHECK == JANITOR_NETNS_CHECKED,
                "the ops the callback is told are the wire's");
 
 typedef struct {
     uint32_t op;
     char name[JAN_NAME_MAX];
+    char to[JAN_NAME_MAX]; /* JAN_RECYCLE: the warm home to give back */
 } jan_req_t;
 
 typedef struct {
     uint32_t op;
     int32_t r;
+    int32_t removed; /* JAN_RECYCLE: the old tree's removal when it was not taken over */
     char name[JAN_NAME_MAX];
 } jan_rep_t;
 
@@ -78,6 +81,64 @@ static int make_warm(int warm, const char *name)
         (void)pool_remove_tree_at(warm, name);
         return r;
     }
+    return 0;
+}
+
+/* dir (a directory fd) holds exactly the names in want (n of them), nothing else. */
+static bool dir_holds_exactly(int dir, const char *const *want, size_t n)
+{
+    int fd = openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        safe_close(fd);
+        return false;
+    }
+    size_t seen = 0;
+    bool ok = true;
+    struct dirent *de;
+    while (ok && (de = readdir(d))) {
+        if (streq(de->d_name, ".") || streq(de->d_name, ".."))
+            continue;
+        ok = false;
+        for (size_t i = 0; i < n && !ok; i++)
+            ok = streq(de->d_name, want[i]);
+        seen++;
+    }
+    closedir(d);
+    return ok && seen == n;
+}
+
+/* A deleted sandbox's home, in the trash, taken over as a warm home instead of being removed
+ * and made again (four rmdirs and four mkdirs: on ext4 each new inode is checked against
+ * recently deleted ones, the largest cost left in a create+delete). Only when it is exactly
+ * what make_warm makes, as the sandbox's uid had it: the four directories, 0700, one owner,
+ * no other entry, no extended attribute (so no ACL). Then root's again, its times reset, and
+ * renamed into the warm directory. Everything by descriptor, no symlink followed; the
+ * sandbox's processes are gone. 0 when taken over; < 0 when not (the caller removes it). */
+static int home_recycle(int trash, const char *name, int warm, const char *to)
+{
+    static const char *const top[] = { ".tmp", ".sbx" }, *const sbx_names[] = { "proxy" };
+    const int fl = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    _cleanup_close_ int home = openat(trash, name, fl);
+    _cleanup_close_ int tmp = home >= 0 ? openat(home, ".tmp", fl) : -EBADF;
+    _cleanup_close_ int sbx = home >= 0 ? openat(home, ".sbx", fl) : -EBADF;
+    _cleanup_close_ int proxy = sbx >= 0 ? openat(sbx, "proxy", fl) : -EBADF;
+    int fds[4] = { home, tmp, sbx, proxy };
+    struct stat st[4];
+    for (int i = 0; i < 4; i++)
+        if (fds[i] < 0 || fstat(fds[i], &st[i]) < 0 || !S_ISDIR(st[i].st_mode) ||
+            (st[i].st_mode & 07777) != 0700 || st[i].st_uid != st[0].st_uid ||
+            st[i].st_gid != st[0].st_gid || st[i].st_dev != st[0].st_dev ||
+            flistxattr(fds[i], NULL, 0) != 0)
+            return -ENOTEMPTY;
+    if (!dir_holds_exactly(home, top, 2) || !dir_holds_exactly(tmp, NULL, 0) ||
+        !dir_holds_exactly(sbx, sbx_names, 1) || !dir_holds_exactly(proxy, NULL, 0))
+        return -ENOTEMPTY;
+    for (int i = 3; i >= 0; i--)
+        if (fchown(fds[i], 0, 0) < 0 || futimens(fds[i], NULL) < 0)
+            return negative_errno();
+    if (renameat2(trash, name, warm, to, RENAME_NOREPLACE) < 0)
+        return negative_errno();
     return 0;
 }
 
@@ -192,7 +253,21 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
         jan_rep_t rep = { .op = q.op };
         int out = -1;
         q.name[JAN_NAME_MAX - 1] = '\0';
-        if (q.op == JAN_NETNS_MAKE)
+        q.to[JAN_NAME_MAX - 1] = '\0';
+        if (q.op == JAN_RECYCLE) {
+            /* answered as a warm home made: 1 taken over, 0 made fresh after a removal */
+            if (!name_ok(q.name) || !name_ok(q.to) || warm < 0)
+                rep.r = -EINVAL;
+            else if (home_recycle(dir, q.name, warm, q.to) == 0)
+                rep.r = 1;
+            else {
+                rep.removed = pool_remove_tree_at(dir, q.name);
+                if (rep.removed == -ENOENT)
+                    rep.removed = 0;
+                rep.r = make_warm(warm, q.to);
+            }
+            memcpy(rep.name, q.to, sizeof rep.name);
+        } else if (q.op == JAN_NETNS_MAKE)
             rep.r = netns_make(&out);
         else if (q.op == JAN_NETNS_CHECK) {
             rep.r = fd >= 0 ? netns_check(&ns, fd) : -EBADF;
@@ -210,7 +285,8 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
                 rep.r = 0; /* a sweep took it */
         }
         safe_close(fd);
-        memcpy(rep.name, q.name, sizeof rep.name);
+        if (q.op != JAN_RECYCLE)
+            memcpy(rep.name, q.name, sizeof rep.name);
         if (send_with_fd(sock, &rep, sizeof rep, 0, out) < 0)
             _exit(1);
         safe_close(out);
@@ -331,9 +407,15 @@ static void janitor_on_event(loop_t *l, watcher_t *w, uint32_t ev)
             j->on_netns(j->data, (int)rep.op, rep.r >= 0 ? TAKE_FD(fd) : -1, rep.r);
             continue;
         }
-        if (rep.op == JAN_MKHOME) {
+        if (rep.op == JAN_MKHOME || rep.op == JAN_RECYCLE) {
             if (j->mk_inflight > 0)
                 j->mk_inflight--;
+            if (rep.op == JAN_RECYCLE && rep.r != 1) { /* the old one was removed (or not) */
+                if (rep.removed < 0)
+                    j->failed++;
+                else
+                    j->removed++;
+            }
             j->on_made(j->data, rep.name, rep.r);
             continue;
         }
@@ -382,6 +464,7 @@ janitor_t *janitor_free(janitor_t *j)
 
 static int janitor_send(janitor_t *j, uint32_t op, const char *name);
 static int janitor_send_fd(janitor_t *j, uint32_t op, const char *name, int fd);
+static int janitor_send_req(janitor_t *j, jan_req_t *req, const char *name, int fd);
 
 int janitor_remove(janitor_t *j, const char *name) { return janitor_send(j, JAN_REMOVE, name); }
 
@@ -393,6 +476,13 @@ int janitor_make_home(janitor_t *j, const char *name)
 static int janitor_send_fd(janitor_t *j, uint32_t op, const char *name, int fd)
 {
     jan_req_t q = { .op = op };
+    return janitor_send_req(j, &q, name, fd);
+}
+
+static int janitor_send_req(janitor_t *j, jan_req_t *req, const char *name, int fd)
+{
+    jan_req_t q = *req;
+    uint32_t op = q.op;
     if (strlen(name) >= sizeof q.name)
         return -ENAMETOOLONG;
     if (j->fd < 0 && j->pid == 0 && janitor_start(j) < 0)
@@ -404,7 +494,7 @@ static int janitor_send_fd(janitor_t *j, uint32_t op, const char *name, int fd)
     if (n != (ssize_t)sizeof q)
         return n < 0 ? negative_errno() : -EIO;
     j->inflight++;
-    j->mk_inflight += op == JAN_MKHOME;
+    j->mk_inflight += op == JAN_MKHOME || op == JAN_RECYCLE;
     j->ns_made_inflight += op == JAN_NETNS_MAKE;
     j->ns_checks_inflight += op == JAN_NETNS_CHECK;
     return 0;
@@ -413,6 +503,17 @@ static int janitor_send_fd(janitor_t *j, uint32_t op, const char *name, int fd)
 static int janitor_send(janitor_t *j, uint32_t op, const char *name)
 {
     return janitor_send_fd(j, op, name, -1);
+}
+
+int janitor_recycle_home(janitor_t *j, const char *name, const char *to)
+{
+    jan_req_t q = { .op = JAN_RECYCLE };
+    if (j->warm_fd < 0)
+        return -EBADF;
+    if (strlen(to) >= sizeof q.to)
+        return -ENAMETOOLONG;
+    memcpy(q.to, to, strlen(to) + 1);
+    return janitor_send_req(j, &q, name, -1);
 }
 
 int janitor_netns_make(janitor_t *j) { return janitor_send(j, JAN_NETNS_MAKE, ""); }

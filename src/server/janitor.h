@@ -32,6 +32,11 @@ int janitor_remove(janitor_t *j, const char *name);
 /* Queue making warm/name: a 0700 root-owned home with .tmp, .sbx and .sbx/proxy, which a
  * create renames into the homes and hands to the sandbox uid. < 0: not queued. */
 int janitor_make_home(janitor_t *j, const char *name);
+/* Queue the removal of trash/name where a warm home named to is wanted: the janitor takes the
+ * old home over as warm/to when it is exactly as make_warm left it (nothing added, changed or
+ * set on it), else removes it and makes warm/to fresh. Answered through on_made(to): r 1 taken
+ * over, 0 made fresh, < 0 none. < 0: not queued (remove it yourself). */
+int janitor_recycle_home(janitor_t *j, const char *name, const char *to);
 /* Queue making a network namespace (netns_make, off the loop). < 0: not queued. */
 int janitor_netns_make(janitor_t *j);
 /* Queue the check of a deleted sandbox's network namespace (a copy of netns_fd travels; the

@@ -180,7 +180,9 @@ static void warm_made(void *data, const char *name, int r)
         p->warm_pending--;
     if (!name || r < 0)
         return; /* refilled at the next create */
-    if (p->n_warm < POOL_HOMES_WARM && strlen(name) < sizeof p->warm[0])
+    if (r == 1)
+        p->homes_recycled++;
+    if (p->n_warm < POOL_HOMES_WARM_MAX && strlen(name) < sizeof p->warm[0])
         memcpy(p->warm[p->n_warm++], name, strlen(name) + 1);
     else
         (void)unlinkat(p->warm_fd, name, AT_REMOVEDIR) /* cannot happen: made only for room */;
@@ -878,6 +880,15 @@ static int remove_home(sandbox_t *sb, bool killed)
         char name[48];
         (void)snprintf(name, sizeof name, "%s-%llu", sb->id, (unsigned long long)++p->trash_seq);
         if (renameat2(p->homes_fd, sb->id, p->trash_fd, name, RENAME_NOREPLACE) == 0) {
+            char to[24];
+            /* a warm home is wanted: this one, if it is untouched (janitor.h) */
+            if (p->warm_fd >= 0 && p->n_warm + p->warm_pending < POOL_HOMES_WARM_MAX) {
+                (void)snprintf(to, sizeof to, "w%llu", (unsigned long long)++p->warm_seq);
+                if (janitor_recycle_home(p->srv->janitor, name, to) == 0) {
+                    p->warm_pending++;
+                    return 0;
+                }
+            }
             if (janitor_remove(p->srv->janitor, name) < 0)
                 return remove_tree(p->trash_fd, name, sb->home_fd);
             return 0;
@@ -1007,8 +1018,10 @@ void pool_health(pool_t *p, void *json_obj)
                                       "recycled", (json_int_t)p->netns_recycled, "discarded",
                                       (json_int_t)p->netns_discarded));
     json_object_set_new(j, "homes",
-                        json_pack("{s:I,s:I}", "warm", (json_int_t)p->n_warm, "from_warm",
-                                  (json_int_t)p->homes_from_warm));
+                        json_pack("{s:I,s:I,s:I,s:I}", "warm", (json_int_t)p->n_warm, "making",
+                                  (json_int_t)p->warm_pending, "from_warm",
+                                  (json_int_t)p->homes_from_warm, "recycled",
+                                  (json_int_t)p->homes_recycled));
     json_object_set_new(j, "uids",
                         json_pack("{s:I,s:I,s:I}", "used", (json_int_t)p->uids.n_used,
                                   "quarantined", (json_int_t)p->uids.n_quarantined, "reserved",

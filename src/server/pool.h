@@ -35,6 +35,9 @@ typedef struct sandbox sandbox_t;
 #define POOL_BUCKETS 4096
 #define POOL_NETNS_WARM 16
 #define POOL_HOMES_WARM 32
+/* deleted homes taken over (janitor_recycle_home) may fill the warm set this far beyond what
+ * it is refilled to, so that creates and deletes in turn reuse homes instead of making them */
+#define POOL_HOMES_WARM_MAX (POOL_HOMES_WARM + 16)
 
 struct sandbox {
     pool_t *pool;
@@ -101,9 +104,9 @@ struct pool {
      * the homes and chowns it); -1 without */
     int warm_fd;
     char warm_path[220];
-    char warm[POOL_HOMES_WARM][24];
+    char warm[POOL_HOMES_WARM_MAX][24];
     size_t n_warm, warm_pending;
-    uint64_t warm_seq, homes_from_warm;
+    uint64_t warm_seq, homes_from_warm, homes_recycled;
     char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;
     uint64_t cmd_seq; /* names of commands' cgroup2 groups */

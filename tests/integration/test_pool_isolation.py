@@ -1274,3 +1274,82 @@ def test_an_unused_network_namespace_is_handed_on_clean(pool_host):
             c.delete()
     finally:
         b.delete()
+
+
+# ---- recycled homes --------------------------------------------------------------------------
+# A deleted sandbox's home becomes the next sandbox's only when it is exactly what a fresh one
+# is (janitor.c: home_recycle): whatever the last tenant added, changed or set, the next one
+# gets a home made fresh.
+
+def homes_quiet(pool_host):
+    """Wait until the janitor has answered every home asked of it; return homes' counts."""
+    got = {}
+
+    def quiet():
+        got.update(pool_host.json("GET", "/health")[1]["homes"])
+        return got["making"] == 0
+    assert wait_until(quiet, 5)
+    return dict(got)
+
+
+HOME_LOOK = """
+import json, os
+out = {}
+for d in (".", ".tmp", ".sbx", ".sbx/proxy"):
+    st = os.lstat(d)
+    out[d] = {"mode": oct(st.st_mode & 0o7777), "uid": st.st_uid, "ino": st.st_ino,
+              "entries": sorted(os.listdir(d)), "xattrs": os.listxattr(d, follow_symlinks=False)}
+print(json.dumps(out))
+"""
+
+HOME_ATTACKS = {
+    "a-file": "open('left-behind', 'w').write('secret')",
+    "an-xattr": "os.setxattr('.sbx', 'user.note', b'secret')",
+    "a-mode": "os.chmod('.tmp', 0o755)",
+    "a-symlink": "os.symlink('/etc', '.sbx/proxy/link')",
+    "a-dir-swapped": "os.rmdir('.sbx/proxy'); os.mkdir('.sbx/proxy', 0o755)",
+}
+
+
+def fresh_home(look, uid):
+    return (look["."]["entries"] == [".sbx", ".tmp"] and look[".tmp"]["entries"] == []
+            and look[".sbx"]["entries"] == ["proxy"] and look[".sbx/proxy"]["entries"] == []
+            and all(v["mode"] == "0o700" and v["uid"] == uid and v["xattrs"] == []
+                    for v in look.values()))
+
+
+@pytest.mark.parametrize("attack", sorted(HOME_ATTACKS))
+def test_a_touched_home_is_never_handed_on(pool_host, attack):
+    (a,) = pool_host.create(1)
+    r = a.py("import os\n" + HOME_ATTACKS[attack])
+    assert r.code == 0, r
+    look_a = py_attempts(a, HOME_LOOK)
+    assert not fresh_home(look_a, a.uid), look_a  # positive control: A's home is changed
+    before = homes_quiet(pool_host)
+    a.delete()
+    after = homes_quiet(pool_host)
+    assert after["recycled"] == before["recycled"], (before, after)
+    (b,) = pool_host.create(1)
+    try:
+        look_b = py_attempts(b, HOME_LOOK)
+        assert look_b["."]["ino"] != look_a["."]["ino"], (look_a, look_b)
+        assert fresh_home(look_b, b.uid), look_b
+    finally:
+        b.delete()
+
+
+def test_an_untouched_home_is_handed_on_fresh(pool_host):
+    (a,) = pool_host.create(1)
+    look_a = py_attempts(a, HOME_LOOK)  # a command ran; nothing in the home changed
+    assert fresh_home(look_a, a.uid), look_a
+    before = homes_quiet(pool_host)
+    a.delete()
+    after = homes_quiet(pool_host)
+    assert after["recycled"] == before["recycled"] + 1, (before, after)
+    (b,) = pool_host.create(1)
+    try:
+        look_b = py_attempts(b, HOME_LOOK)
+        assert look_b["."]["ino"] == look_a["."]["ino"], (look_a, look_b)  # the same one
+        assert fresh_home(look_b, b.uid), look_b
+    finally:
+        b.delete()
