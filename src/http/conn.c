@@ -470,7 +470,7 @@ int conn_stream_end(conn_t *c)
 
 int conn_raw_begin(conn_t *c, int status) { return conn_start(c, status); }
 
-int conn_raw_write(conn_t *c, const void *p, size_t n)
+int conn_raw_queue(conn_t *c, const void *p, size_t n)
 {
     if (c->dead)
         return -EPIPE;
@@ -479,6 +479,14 @@ int conn_raw_write(conn_t *c, const void *p, size_t n)
         conn_abort(c);
         return r;
     }
+    return 0;
+}
+
+int conn_raw_write(conn_t *c, const void *p, size_t n)
+{
+    int r = conn_raw_queue(c, p, n);
+    if (r < 0)
+        return r;
     conn_flush(c);
     return c->dead ? -EPIPE : 0;
 }

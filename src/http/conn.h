@@ -114,6 +114,9 @@ int conn_stream_end(conn_t *c);
  * queues bytes as they are (head and body), conn_raw_end() says the response is complete. */
 int conn_raw_begin(conn_t *c, int status);
 int conn_raw_write(conn_t *c, const void *p, size_t n);
+/* Like conn_raw_write() without writing yet: bytes queued together go out in one write (one TLS
+ * record) at the next conn_flush() or conn_raw_end(). */
+int conn_raw_queue(conn_t *c, const void *p, size_t n);
 void conn_raw_end(conn_t *c);
 size_t conn_out_pending(const conn_t *c);
 static inline bool conn_out_full(const conn_t *c) { return c->out.len >= CONN_OUT_HIGH; }

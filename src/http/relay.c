@@ -197,33 +197,31 @@ static int pass_head(relay_t *r, const relay_head_t *h, size_t hl)
         return rc;
     if (r->fr == FR_EOF || c->req.minor == 0)
         c->keep_alive = false; /* the answer ends when the connection does */
+    /* The head is queued on c with the body bytes read with it: one write (one TLS record)
+     * carries them, flushed by the caller once the buffer is processed. */
     const char *p = buf_head(&r->in);
-    buf_t head;
-    buf_init(&head, RELAY_HEAD_MAX + 64);
     const char *eol = memchr(p, '\r', hl);
-    rc = buf_append(&head, p, (size_t)(eol - p) + 2);
+    rc = conn_raw_queue(c, p, (size_t)(eol - p) + 2);
     for (const char *l = eol + 2; rc >= 0 && l < p + hl - 2;) {
         const char *le = memmem(l, (size_t)(p + hl - l), "\r\n", 2);
         const char *colon = memchr(l, ':', (size_t)(le - l));
         sv_t name = sv_make(l, (size_t)(colon - l));
         if (!sv_eq_lit_nocase(name, "connection") && !sv_eq_lit_nocase(name, "keep-alive") &&
             !sv_eq_lit_nocase(name, "proxy-connection"))
-            rc = buf_append(&head, l, (size_t)(le - l) + 2);
+            rc = conn_raw_queue(c, l, (size_t)(le - l) + 2);
         l = le + 2;
     }
     if (rc >= 0 && !c->keep_alive)
-        rc = buf_append(&head, "Connection: close\r\n", 19);
+        rc = conn_raw_queue(c, "Connection: close\r\n", 19);
     if (rc >= 0)
-        rc = buf_append(&head, "\r\n", 2);
+        rc = conn_raw_queue(c, "\r\n", 2);
     buf_consume(&r->in, hl);
     r->passed = true;
-    if (rc >= 0)
-        rc = conn_raw_write(c, buf_head(&head), head.len);
-    buf_free(&head);
     return rc;
 }
 
-/* Pass on what the buffer holds. Returns 1 when the answer is complete, 0 for more, < 0. */
+/* Pass on what the buffer holds (queued on the client's connection: the caller flushes, or
+ * relay_complete() does). Returns 1 when the answer is complete, 0 for more, < 0. */
 static int relay_process(relay_t *r)
 {
     while (r->in.len > 0 || (r->st == RL_BODY && r->fr == FR_LENGTH && r->left == 0)) {
@@ -259,7 +257,7 @@ static int relay_process(relay_t *r)
             take = (size_t)k;
         }
         if (take > 0) {
-            int rc = conn_raw_write(r->c, buf_head(&r->in), take);
+            int rc = conn_raw_queue(r->c, buf_head(&r->in), take);
             if (rc < 0)
                 return rc;
             buf_consume(&r->in, take);
@@ -274,6 +272,13 @@ static int relay_process(relay_t *r)
             return 0;
     }
     return 0;
+}
+
+/* Write what relay_process() queued; < 0 when the client's connection broke. */
+static int relay_flush(relay_t *r)
+{
+    conn_flush(r->c);
+    return r->c->dead ? -EPIPE : 0;
 }
 
 static void relay_watch(relay_t *r)
@@ -333,6 +338,8 @@ static void relay_pump(relay_t *r)
         }
         r->in.len += (size_t)n;
         int rc = relay_process(r);
+        if (rc == 0)
+            rc = relay_flush(r);
         if (rc < 0) {
             relay_fail(r, "the backend's answer is malformed");
             return;
@@ -358,6 +365,8 @@ static void relay_deferred(void *p)
     if (r->ended)
         return;
     int rc = relay_process(r);
+    if (rc == 0)
+        rc = relay_flush(r);
     if (rc > 0)
         relay_complete(r);
     else if (rc < 0)
