@@ -767,9 +767,9 @@ static ssize_t conn_read(conn_t *c, size_t max, bool *ret_short)
     return n;
 }
 
-static void conn_process_input(conn_t *c)
+/* drained: the socket is known to hold nothing now (read no further until epoll says). */
+static void conn_process_input_from(conn_t *c, bool drained)
 {
-    bool drained = false;
     for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
         if (c->state == CS_HEAD && c->in.len > 0) {
             if (c->head_started_ms == 0)
@@ -830,6 +830,8 @@ static void conn_process_input(conn_t *c)
         conn_update_interest(c);
 }
 
+static void conn_process_input(conn_t *c) { conn_process_input_from(c, false); }
+
 static void conn_finish_response(void *p)
 {
     conn_t *c = p;
@@ -862,7 +864,11 @@ static void conn_finish_response(void *p)
     c->last_progress_ms = loop_now_ms(c->srv->loop);
     c->head_wait_ms = c->last_progress_ms;
     buf_shrink_if_idle(&c->in, 4096);
-    conn_process_input(c);
+    /* A client on a kept connection sends its next request after this answer: a read now would
+     * nearly always say EAGAIN. epoll is level-triggered and the connection is watched for
+     * input again, so a request already there is reported at once; bytes already read (in, or
+     * held by the layer) are processed now. */
+    conn_process_input_from(c, !sock_pending(c->io));
 }
 
 /* ---- events and deadlines ---------------------------------------------------------------- */
