@@ -15,6 +15,7 @@
 #include "cap/cap.h"
 #include "common/httpc.h"
 #include "http/httpd.h"
+#include "http/relay.h"
 #include "routecache.h"
 #include "seal.h"
 #include "states.h"
@@ -106,11 +107,7 @@ typedef struct {
     char host[64];
     uint16_t port;
     int n;
-    struct {
-        int fd;
-        sockio_t *io;
-        uint64_t since_ms;
-    } c[CTL_POOL_CONNS];
+    relay_conn_t *c[CTL_POOL_CONNS]; /* parked (relay.h): still registered with the loop */
 } node_conns_t;
 
 /* A control process whose record (controls/<instance>) is older than this is gone: what it was
