@@ -272,7 +272,9 @@ static int build_request(edge_t *e)
     if (r < 0)
         return r;
     char wire[CAP_WIRE_MAX + 64];
-    r = keys_sign(&e->ctl->keys, &cap, wire, sizeof wire);
+    /* a repeated request (same run, purpose, method, target, body) is sent the capability
+     * signed for it less than CAP_REUSE_S ago: it would be good for exactly that anyway */
+    r = keys_sign_reuse(&e->ctl->keys, &e->ctl->edge_caps, &cap, wire, sizeof wire);
     if (r < 0)
         return r;
     char extra[sizeof wire + 160 + sizeof e->token_hdr];

@@ -137,6 +137,7 @@ typedef struct node {
     bool keys_current;     /* that set came from the control plane since this process started */
     char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* that set as signed (kept in DIR/keyset) */
     cap_replay_t replay;                   /* single-use ids seen (the loop's) */
+    cap_verifycache_t verified;            /* capabilities whose signature held (keys_lock) */
     bool registered;
     pthread_t agent_thread;
     bool agent_started;
