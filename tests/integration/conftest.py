@@ -76,7 +76,7 @@ def pytest_runtest_makereport(item, call):
 # machine, same slot, most likely starts elsewhere) and wraps around.
 # Slots 4..7 (more sessions at once, e.g. several engineers' worktrees) take smaller shares
 # outside those of 0..3: ports 2000..9999 (2,000 a slot), ids 0.5e9..1.0e9 (125 million a slot),
-# pool uids 56000..63999 (2,000 a slot: the agent takes no base below 20000, so these are the
+# pool uids 56000..64999 (2,250 a slot: the agent takes no base below 20000, so these are the
 # benches' pool uids; do not run bench-pool or bench-libsbx beside a session of slot 4..7).
 SLOT = int(os.environ.get("SBX_TEST_SLOT", "0") or 0)
 assert 0 <= SLOT <= 7, "SBX_TEST_SLOT: 0..7"
@@ -87,8 +87,8 @@ if SLOT < 4:
     _IDS = (1_000_000_000 + SLOT * 250_000_000, 250_000_000)
 else:
     _PORTS = (2000 + (SLOT - 4) * 2000, 2000)
-    POOL_UID_BASE = 56000 + (SLOT - 4) * 2000
-    POOL_UID_COUNT = 2000
+    POOL_UID_BASE = 56000 + (SLOT - 4) * 2250
+    POOL_UID_COUNT = 2250  # test_pool_teardown.py makes 2,100 sandboxes on one host
     _IDS = (500_000_000 + (SLOT - 4) * 125_000_000, 125_000_000)
 _next_port = [secrets.randbelow(_PORTS[1])]
 _next_id = [secrets.randbelow(_IDS[1] // 65536) * 65536]
