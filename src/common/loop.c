@@ -77,16 +77,35 @@ loop_t *loop_free(loop_t *l)
 
 uint64_t loop_now_ms(loop_t *l) { return l->now_ms; }
 
+/* Read-side interest that is dropped lazily (loop_watch). EPOLLOUT is dropped at once: a
+ * socket is writable nearly always, so it would only cost a wake-up and the same MOD later. */
+#define LAZY_EVENTS ((uint32_t)(EPOLLIN | EPOLLRDHUP | EPOLLPRI))
+
 int loop_watch(loop_t *l, watcher_t *w, uint32_t events)
 {
-    if (w->added && w->events == events)
+    if (w->added && !(events & ~w->kernel) && !(w->kernel & ~events & ~LAZY_EVENTS)) {
+        w->events = events; /* nothing to add, only read-side bits to drop: keep epoll's mask */
         return 0;
+    }
     struct epoll_event ev = { .events = events, .data.ptr = w };
     if (epoll_ctl(l->epfd, w->added ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, w->fd, &ev) < 0)
         return negative_errno();
     w->added = true;
-    w->events = events;
+    w->events = w->kernel = events;
     return 0;
+}
+
+/* The events of w to report: those it asks for (errors and hang-ups always). Bits epoll still
+ * has from a lazy drop are dropped for real now that they fire. */
+static uint32_t wanted_events(loop_t *l, watcher_t *w, uint32_t got)
+{
+    uint32_t unasked = got & ~(w->events | EPOLLERR | EPOLLHUP);
+    if (unasked) {
+        struct epoll_event ev = { .events = w->events, .data.ptr = w };
+        if (epoll_ctl(l->epfd, EPOLL_CTL_MOD, w->fd, &ev) == 0)
+            w->kernel = w->events;
+    }
+    return got & ~unasked;
 }
 
 /* Always EPOLL_CTL_DEL, even when the fd is about to be closed: epoll registers the file
@@ -101,7 +120,7 @@ void loop_unwatch(loop_t *l, watcher_t *w)
         return;
     (void)epoll_ctl(l->epfd, EPOLL_CTL_DEL, w->fd, NULL);
     w->added = false;
-    w->events = 0;
+    w->events = w->kernel = 0;
 }
 
 static void heap_swap(loop_t *l, size_t a, size_t b)
@@ -206,8 +225,11 @@ int loop_run(loop_t *l)
         l->now_ms = monotonic_ms();
         for (int i = 0; i < n && !l->stop; i++) {
             watcher_t *w = evs[i].data.ptr;
-            if (w->added) /* it may have been unwatched by an earlier callback */
-                w->cb(l, w, evs[i].events);
+            if (!w->added) /* it may have been unwatched by an earlier callback */
+                continue;
+            uint32_t ev = wanted_events(l, w, evs[i].events);
+            if (ev)
+                w->cb(l, w, ev);
         }
         run_timers(l);
         run_deferred(l);

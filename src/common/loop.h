@@ -15,7 +15,8 @@ typedef void (*timer_cb)(loop_t *l, timer_t_ *t);
 
 struct watcher {
     int fd;
-    uint32_t events; /* currently registered mask (0 = registered but paused) */
+    uint32_t events; /* the mask asked for (0 = registered but paused) */
+    uint32_t kernel; /* the mask epoll has: events plus read-side bits not dropped yet */
     bool added;
     watcher_cb cb;
     void *data;
@@ -37,7 +38,11 @@ static inline void watcher_init(watcher_t *w, int fd, watcher_cb cb, void *data)
 {
     *w = (watcher_t){ .fd = fd, .cb = cb, .data = data };
 }
-/* Register or change the interest mask; events 0 keeps the fd registered but silent. */
+/* Register or change the interest mask; events 0 keeps the fd registered but silent. Only the
+ * events asked for reach the callback. Dropping read-side interest (EPOLLIN, EPOLLRDHUP) is
+ * lazy: epoll keeps it until it reports such an event unasked (then one EPOLL_CTL_MOD), so a
+ * connection that stops reading while it answers and reads again afterwards costs no system
+ * call when its peer sent nothing meanwhile. */
 int loop_watch(loop_t *l, watcher_t *w, uint32_t events);
 void loop_unwatch(loop_t *l, watcher_t *w);
 

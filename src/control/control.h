@@ -16,6 +16,7 @@
 #include "common/err.h"
 #include "common/httpc.h"
 #include "http/httpd.h"
+#include "http/relay.h"
 #include "routecache.h"
 #include "seal.h"
 #include "states.h"
@@ -107,11 +108,7 @@ typedef struct {
     char host[64];
     uint16_t port;
     int n;
-    struct {
-        int fd;
-        sockio_t *io;
-        uint64_t since_ms;
-    } c[CTL_POOL_CONNS];
+    relay_conn_t *c[CTL_POOL_CONNS]; /* parked (relay.h): still registered with the loop */
 } node_conns_t;
 
 /* A control process whose record (controls/<instance>) is older than this is gone: what it was
@@ -131,7 +128,8 @@ typedef struct control {
     store_t *store; /* the loop thread's handle */
     routecache_t routes;
     keyring_t keys;
-    seal_keys_t seal; /* the secrets key(s): read-only after control_init */
+    cap_signcache_t edge_caps; /* what the edge signed, by request shape (the loop's) */
+    seal_keys_t seal;          /* the secrets key(s): read-only after control_init */
     timer_t_ keys_t;
     climit_tab_t *principals; /* connections per principal (auth_account) */
     /* TLS (NULL when plain): what the listener serves, how nodes are checked, the CA's pin */
@@ -199,6 +197,9 @@ int keys_signed_set(store_t *st, const keyring_t *kr, const cap_identity_t *id, 
                     char *out, size_t cap, uint64_t *ret_version);
 /* Sign c with the current signer (c->iat/exp set here: now, now + CAP_LIFETIME_S). */
 int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap);
+/* The same, but the wire form signed for the same request shape by the same key in the last
+ * CAP_REUSE_S seconds is sent again (cap_sign_reuse; never for a manage capability). */
+int keys_sign_reuse(const keyring_t *kr, cap_signcache_t *sc, cap_t *c, char *out, size_t cap);
 
 /* records.c: JSON <-> records */
 /* Whether control process `instance` has written its record within CTL_ALIVE_MS. */

@@ -53,8 +53,7 @@ typedef struct {
     buf_t out;   /* head (+ body) for the node, not yet sent */
     buf_t in;    /* the node's answer so far */
     size_t out_total;
-    watcher_t w;
-    sockio_t *io; /* TLS to the node, or NULL (plain) */
+    relay_conn_t *k; /* the connection to the node (k->io: TLS, or NULL), NULL before one */
     timer_t_ deadline;
     enum { E_CONNECTING, E_HANDSHAKE, E_SENDING, E_READING } st;
 } edge_t;
@@ -63,8 +62,7 @@ static void edge_free(void *p)
 {
     edge_t *e = p;
     sodium_memzero(e->token_hdr, sizeof e->token_hdr);
-    sockio_free(e->io);
-    safe_close(e->w.fd);
+    relay_conn_close(e->k);
     buf_free(&e->out);
     buf_free(&e->in);
     free(e->rest);
@@ -74,7 +72,7 @@ static void edge_free(void *p)
 static void edge_release(edge_t *e)
 {
     loop_t *l = e->ctl->srv.loop;
-    loop_unwatch(l, &e->w);
+    relay_conn_close(TAKE_PTR(e->k)); /* no event reaches e after this */
     timer_disarm(l, &e->deadline);
     if (e->conn)
         conn_set_handler(e->conn, NULL, NULL);
@@ -274,7 +272,9 @@ static int build_request(edge_t *e)
     if (r < 0)
         return r;
     char wire[CAP_WIRE_MAX + 64];
-    r = keys_sign(&e->ctl->keys, &cap, wire, sizeof wire);
+    /* a repeated request (same run, purpose, method, target, body) is sent the capability
+     * signed for it less than CAP_REUSE_S ago: it would be good for exactly that anyway */
+    r = keys_sign_reuse(&e->ctl->keys, &e->ctl->edge_caps, &cap, wire, sizeof wire);
     if (r < 0)
         return r;
     char extra[sizeof wire + 160 + sizeof e->token_hdr];
@@ -297,6 +297,7 @@ static int build_request(edge_t *e)
 
 static void edge_on_event(loop_t *l, watcher_t *w, uint32_t ev);
 static void edge_on_timeout(loop_t *l, timer_t_ *t);
+static void on_writable(edge_t *e);
 
 /* ---- kept connections to nodes ------------------------------------------------------------ */
 
@@ -321,43 +322,35 @@ static node_conns_t *node_conns(control_t *ctl, const route_t *rt, bool create)
     return p;
 }
 
-/* A kept connection to the route's node that is still open and fresh, or -1. */
-static int conns_take(control_t *ctl, const route_t *rt, sockio_t **ret_io)
+/* A kept connection to the route's node that is still open and fresh, or NULL. */
+static relay_conn_t *conns_take(control_t *ctl, const route_t *rt)
 {
     node_conns_t *p = node_conns(ctl, rt, false);
     uint64_t now = loop_now_ms(ctl->srv.loop);
     while (p && p->n > 0) {
-        p->n--; /* the most recent first */
-        int fd = p->c[p->n].fd;
-        sockio_t *io = p->c[p->n].io;
-        char b;
+        relay_conn_t *k = p->c[--p->n]; /* the most recent first */
         /* closed, or bytes nobody asked for (an alert): not for a request */
-        ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (p->c[p->n].since_ms + EDGE_KEEP_MS > now && k < 0 && errno == EAGAIN) {
-            *ret_io = io;
-            return fd;
-        }
-        sock_close(fd, io);
+        if (k->since_ms + EDGE_KEEP_MS > now && relay_conn_fit(k))
+            return k;
+        relay_conn_close(k);
     }
-    return -1;
+    return NULL;
 }
 
-static void conns_put(control_t *ctl, const route_t *rt, int fd, sockio_t *io)
+/* k (parked by its relay) goes back to its node's pool. */
+static void conns_put(control_t *ctl, const route_t *rt, relay_conn_t *k)
 {
     node_conns_t *p = node_conns(ctl, rt, true);
     if (!p) {
-        sock_close(fd, io);
+        relay_conn_close(k);
         return;
     }
     if (p->n == CTL_POOL_CONNS) { /* full: the oldest goes */
-        sock_close(p->c[0].fd, p->c[0].io);
+        relay_conn_close(p->c[0]);
         memmove(&p->c[0], &p->c[1], sizeof p->c[0] * (CTL_POOL_CONNS - 1));
         p->n--;
     }
-    p->c[p->n].fd = fd;
-    p->c[p->n].io = io;
-    p->c[p->n].since_ms = loop_now_ms(ctl->srv.loop);
-    p->n++;
+    p->c[p->n++] = k;
 }
 
 void edge_conns_sweep(control_t *ctl, bool all)
@@ -367,10 +360,10 @@ void edge_conns_sweep(control_t *ctl, bool all)
         node_conns_t *p = &ctl->conns[i];
         int keep = 0;
         for (int k = 0; k < p->n; k++) {
-            if (!all && p->c[k].since_ms + EDGE_KEEP_MS > now)
+            if (!all && !p->c[k]->broken && p->c[k]->since_ms + EDGE_KEEP_MS > now)
                 p->c[keep++] = p->c[k];
             else
-                sock_close(p->c[k].fd, p->c[k].io);
+                relay_conn_close(p->c[k]);
         }
         p->n = keep;
     }
@@ -381,13 +374,13 @@ typedef struct {
     route_t route;
 } kept_t;
 
-static void edge_relay_done(relay_t *rl, void *data, int fd, sockio_t *io, bool ok)
+static void edge_relay_done(relay_t *rl, void *data, relay_conn_t *conn, bool ok)
 {
     kept_t *k = data;
     (void)rl;
     (void)ok;
-    if (fd >= 0)
-        conns_put(k->ctl, &k->route, fd, io);
+    if (conn)
+        conns_put(k->ctl, &k->route, conn);
     free(k);
 }
 
@@ -400,26 +393,37 @@ static void start_attempt(edge_t *e)
                   "edge: cannot build the request: %s", strerror(-r));
         return;
     }
-    loop_unwatch(l, &e->w); /* a retry: the refused connection goes */
-    sockio_free(TAKE_PTR(e->io));
-    e->w.fd = safe_close(e->w.fd);
-    sockio_t *kept_io = NULL;
-    int fd = e->keep ? conns_take(e->ctl, &e->route, &kept_io) : -1;
-    e->reused = fd >= 0;
-    if (fd < 0) {
+    relay_conn_close(TAKE_PTR(e->k)); /* a retry: the refused connection goes */
+    relay_conn_t *k = e->keep ? conns_take(e->ctl, &e->route) : NULL;
+    e->reused = k != NULL;
+    if (!k) {
+        int fd;
         r = connect_node(&e->route, &fd);
         if (r < 0) {
             edge_fail(e, HTTP_BAD_GATEWAY, "edge: cannot connect to the node: %s", strerror(-r));
             return;
         }
+        k = relay_conn_new(l, fd, NULL);
+        if (!k) {
+            edge_fail(e, HTTP_INTERNAL_ERROR, "edge: %s", strerror(ENOMEM));
+            return;
+        }
     }
-    watcher_init(&e->w, fd, edge_on_event, e);
-    e->io = kept_io;
+    k->w.cb = edge_on_event; /* a kept connection stays registered: no system call */
+    k->w.data = e;
+    e->k = k;
     e->st = e->reused ? E_SENDING : E_CONNECTING; /* a kept connection is ready */
     e->sent_any = false;
     buf_clear(&e->in);
-    if (loop_watch(l, &e->w, EPOLLOUT) < 0 ||
-        timer_arm(l, &e->deadline, EDGE_CONNECT_TIMEOUT_MS) < 0)
+    if (timer_arm(l, &e->deadline, EDGE_CONNECT_TIMEOUT_MS) < 0) {
+        edge_fail(e, HTTP_INTERNAL_ERROR, "edge: %s", "cannot watch the node connection");
+        return;
+    }
+    if (e->reused) { /* it has room for the request: sent now, not after a wake-up */
+        on_writable(e);
+        return;
+    }
+    if (loop_watch(l, &k->w, EPOLLOUT) < 0)
         edge_fail(e, HTTP_INTERNAL_ERROR, "edge: %s", "cannot watch the node connection");
 }
 
@@ -428,9 +432,7 @@ static void start_attempt(edge_t *e)
 static void commit(edge_t *e)
 {
     conn_t *c = e->conn;
-    loop_unwatch(e->ctl->srv.loop, &e->w); /* before the fd changes hands */
-    int fd = TAKE_FD(e->w.fd);
-    sockio_t *io = TAKE_PTR(e->io);
+    relay_conn_t *conn = TAKE_PTR(e->k);
     buf_t up = e->out, down = e->in;
     buf_init(&e->out, 0);
     buf_init(&e->in, 0);
@@ -438,10 +440,13 @@ static void commit(edge_t *e)
     if (k)
         *k = (kept_t){ .ctl = e->ctl, .route = e->route };
     edge_release(e); /* detaches from c */
-    if (k) {
-        (void)proxy_relay_start(c, fd, io, &up, &down, edge_relay_done, k);
+    if (k) {         /* the relay takes the connection as it is registered */
+        (void)proxy_relay_start(c, conn, &up, &down, edge_relay_done, k);
         return;
     }
+    int fd;
+    sockio_t *io;
+    relay_conn_detach(conn, &fd, &io);
     (void)proxy_tunnel_start(c, fd, io, &up, &down, NULL, NULL);
     buf_free(&up);
     buf_free(&down);
@@ -573,10 +578,11 @@ static void on_readable(edge_t *e)
             commit(e); /* a huge head: not a refusal, pass it through */
             return;
         }
-        ssize_t n = sock_recv(e->w.fd, e->io, space, 16384);
+        ssize_t n = sock_recv(e->k->w.fd, e->k->io, space, 16384);
         if (n == -EAGAIN) {
-            if (e->io) /* a layer that must write to read on */
-                (void)loop_watch(e->ctl->srv.loop, &e->w, e->io->want_write ? EPOLLOUT : EPOLLIN);
+            if (e->k->io) /* a layer that must write to read on */
+                (void)loop_watch(e->ctl->srv.loop, &e->k->w,
+                                 e->k->io->want_write ? EPOLLOUT : EPOLLIN);
             return;
         }
         if (n <= 0) {
@@ -604,7 +610,7 @@ static void on_writable(edge_t *e)
     if (e->st == E_CONNECTING) {
         int err = 0;
         socklen_t sl = sizeof err;
-        if (getsockopt(e->w.fd, SOL_SOCKET, SO_ERROR, &err, &sl) < 0)
+        if (getsockopt(e->k->w.fd, SOL_SOCKET, SO_ERROR, &err, &sl) < 0)
             err = errno;
         if (err) {
             transport_failed(e, -err);
@@ -617,8 +623,8 @@ static void on_writable(edge_t *e)
                 transport_failed(e, -ENOKEY);
                 return;
             }
-            e->io = tls_connect(e->ctl->tls_client, e->w.fd, e->route.host, NULL, pin);
-            if (!e->io) {
+            e->k->io = tls_connect(e->ctl->tls_client, e->k->w.fd, e->route.host, NULL, pin);
+            if (!e->k->io) {
                 transport_failed(e, -ENOMEM);
                 return;
             }
@@ -626,9 +632,10 @@ static void on_writable(edge_t *e)
     }
     if (e->st == E_HANDSHAKE) {
         /* TLS: the node proves its registered key before it sees the capability */
-        int r = e->io ? e->io->ops->handshake(e->io) : 0;
+        sockio_t *io = e->k->io;
+        int r = io ? io->ops->handshake(io) : 0;
         if (r == -EAGAIN) {
-            (void)loop_watch(l, &e->w, e->io->want_write ? EPOLLOUT : EPOLLIN);
+            (void)loop_watch(l, &e->k->w, io->want_write ? EPOLLOUT : EPOLLIN);
             return;
         }
         if (r < 0) {
@@ -645,10 +652,9 @@ static void on_writable(edge_t *e)
         }
     }
     while (e->out.len > 0) {
-        ssize_t n = sock_send(e->w.fd, e->io, buf_head(&e->out), e->out.len);
-        if (n == -EAGAIN) {
-            if (e->io && !e->io->want_write)
-                (void)loop_watch(l, &e->w, EPOLLIN);
+        ssize_t n = sock_send(e->k->w.fd, e->k->io, buf_head(&e->out), e->out.len);
+        if (n == -EAGAIN) { /* a kept connection is watched for input only: ask for room */
+            (void)loop_watch(l, &e->k->w, e->k->io && !e->k->io->want_write ? EPOLLIN : EPOLLOUT);
             return;
         }
         if (n < 0) {
@@ -659,7 +665,7 @@ static void on_writable(edge_t *e)
         buf_consume(&e->out, (size_t)n);
     }
     e->st = E_READING;
-    (void)loop_watch(l, &e->w, EPOLLIN);
+    (void)loop_watch(l, &e->k->w, EPOLLIN); /* a kept connection has it: no system call */
     (void)timer_arm(l, &e->deadline, EDGE_ANSWER_TIMEOUT_MS);
 }
 
@@ -710,7 +716,6 @@ void edge_proxy(control_t *ctl, conn_t *c, const char *ns, const char *job, uint
     (void)snprintf(e->ns, sizeof e->ns, "%s", ns);
     (void)snprintf(e->job, sizeof e->job, "%s", job);
     (void)snprintf(e->key, sizeof e->key, "%s/%s", ns, job);
-    watcher_init(&e->w, -EBADF, edge_on_event, e);
     timer_init(&e->deadline, edge_on_timeout, e);
     buf_init(&e->in, EDGE_HEAD_MAX + 16384);
     if (pin) {

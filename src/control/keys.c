@@ -199,6 +199,15 @@ int keys_sign(const keyring_t *kr, cap_t *c, char *out, size_t cap)
     return cap_sign(&k->key, c, out, cap);
 }
 
+int keys_sign_reuse(const keyring_t *kr, cap_signcache_t *sc, cap_t *c, char *out, size_t cap)
+{
+    int64_t now = (int64_t)time(NULL);
+    const cap_keyrec_t *k = cap_rotation_signer(kr->recs, kr->n, now);
+    if (!k)
+        return -ENOKEY;
+    return cap_sign_reuse(sc, &k->key, c, now, out, cap);
+}
+
 /* ---- the control plane's identity and the signed key set ------------------------------------ */
 
 /* <state>/identity.key: base64url of the Ed25519 secret key (seed || public key), 0600, made

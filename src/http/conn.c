@@ -368,7 +368,7 @@ int conn_stream_end(conn_t *c)
 
 int conn_raw_begin(conn_t *c, int status) { return conn_start(c, status); }
 
-int conn_raw_write(conn_t *c, const void *p, size_t n)
+int conn_raw_queue(conn_t *c, const void *p, size_t n)
 {
     if (c->dead)
         return -EPIPE;
@@ -377,6 +377,14 @@ int conn_raw_write(conn_t *c, const void *p, size_t n)
         conn_abort(c);
         return r;
     }
+    return 0;
+}
+
+int conn_raw_write(conn_t *c, const void *p, size_t n)
+{
+    int r = conn_raw_queue(c, p, n);
+    if (r < 0)
+        return r;
     conn_flush(c);
     return c->dead ? -EPIPE : 0;
 }
@@ -654,9 +662,9 @@ static ssize_t conn_read(conn_t *c, size_t max, bool *ret_short)
     return n;
 }
 
-static void conn_process_input(conn_t *c)
+/* drained: the socket is known to hold nothing now (read no further until epoll says). */
+static void conn_process_input_from(conn_t *c, bool drained)
 {
-    bool drained = false;
     for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
         if (c->state == CS_HEAD && c->in.len > 0) {
             if (c->head_started_ms == 0)
@@ -717,6 +725,8 @@ static void conn_process_input(conn_t *c)
         conn_update_interest(c);
 }
 
+static void conn_process_input(conn_t *c) { conn_process_input_from(c, false); }
+
 static void conn_finish_response(void *p)
 {
     conn_t *c = p;
@@ -749,7 +759,11 @@ static void conn_finish_response(void *p)
     c->last_progress_ms = loop_now_ms(c->srv->loop);
     c->head_wait_ms = c->last_progress_ms;
     buf_shrink_if_idle(&c->in, 4096);
-    conn_process_input(c);
+    /* A client on a kept connection sends its next request after this answer: a read now would
+     * nearly always say EAGAIN. epoll is level-triggered and the connection is watched for
+     * input again, so a request already there is reported at once; bytes already read (in, or
+     * held by the layer) are processed now. */
+    conn_process_input_from(c, !sock_pending(c->io));
 }
 
 /* ---- events and deadlines ---------------------------------------------------------------- */

@@ -113,6 +113,9 @@ int conn_stream_end(conn_t *c);
  * queues bytes as they are (head and body), conn_raw_end() says the response is complete. */
 int conn_raw_begin(conn_t *c, int status);
 int conn_raw_write(conn_t *c, const void *p, size_t n);
+/* Like conn_raw_write() without writing yet: bytes queued together go out in one write (one TLS
+ * record) at the next conn_flush() or conn_raw_end(). */
+int conn_raw_queue(conn_t *c, const void *p, size_t n);
 void conn_raw_end(conn_t *c);
 /* The connection closes after this request's answer (an answer made by hand; the error helpers
  * of status.h take HTTP_CLOSE instead). */

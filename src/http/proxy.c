@@ -41,6 +41,7 @@ struct tunnel {
     tdir_t up;   /* client -> backend */
     tdir_t down; /* backend -> client */
     bool dead;
+    bool deferred; /* a pump is scheduled for bytes a layer holds (the socket will not say) */
     /* the connection's owner data, released when the tunnel ends (sbx-server: a hold on its
      * sandbox, so that an open tunnel keeps it from idle eviction) */
     const conn_owner_ops_t *owner_ops;
@@ -231,6 +232,29 @@ static void tside_gone(tunnel_t *t, tside_t *x)
     into->eof = into->shut = true;
 }
 
+static void tunnel_pump(tunnel_t *t);
+
+static void tunnel_deferred(void *p)
+{
+    tunnel_t *t = p;
+    t->deferred = false;
+    if (!t->dead)
+        tunnel_pump(t);
+}
+
+/* A layer (TLS, reading ahead) may hold bytes of a side that epoll will never report: a
+ * direction that wants them gets a pump after this batch of events. */
+static void tunnel_check_pending(tunnel_t *t)
+{
+    bool up = !t->up.eof && t->up.pend.len == 0 && sock_pending(t->client.io);
+    bool down = !t->down.eof && t->down.pend.len == 0 && sock_pending(t->backend.io);
+    if ((up || down) && !t->deferred && !t->dead) {
+        t->deferred = true;
+        if (loop_defer(t->srv->loop, tunnel_deferred, t) < 0)
+            t->deferred = false;
+    }
+}
+
 static void tunnel_pump(tunnel_t *t)
 {
     bool moved = false;
@@ -243,8 +267,10 @@ static void tunnel_pump(tunnel_t *t)
         r = tside_watch(t, &t->client, &t->up, &t->down);
         if (r >= 0)
             r = tside_watch(t, &t->backend, &t->down, &t->up);
-        if (r >= 0)
+        if (r >= 0) {
+            tunnel_check_pending(t);
             return;
+        }
     }
     if (r < 0)
         log_debug("proxy tunnel closed: %s", strerror(-r));
@@ -346,5 +372,6 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
         tunnel_close(t);
         return NULL;
     }
+    tunnel_check_pending(t); /* what the client sent past its head, read ahead by its layer */
     return t;
 }

@@ -23,10 +23,9 @@
 struct relay {
     httpd_t *srv;
     conn_t *c;
-    watcher_t w;
-    sockio_t *io;
-    buf_t out; /* request bytes not yet sent */
-    buf_t in;  /* answer bytes not yet passed on */
+    relay_conn_t *k; /* the backend connection (k->w.data is the relay while it runs) */
+    buf_t out;       /* request bytes not yet sent */
+    buf_t in;        /* answer bytes not yet passed on */
     enum { RL_HEAD, RL_BODY } st;
     enum { FR_LENGTH, FR_CHUNKED, FR_EOF } fr;
     bool passed;   /* the client has had bytes of the answer */
@@ -121,6 +120,77 @@ ssize_t relay_parse_head(const char *p, size_t n, relay_head_t *ret)
     return (ssize_t)hl;
 }
 
+/* ---- kept backend connections -------------------------------------------------------------- */
+
+relay_conn_t *relay_conn_new(loop_t *l, int fd, sockio_t *io)
+{
+    relay_conn_t *k = calloc(1, sizeof *k);
+    if (!k) {
+        sock_close(fd, io);
+        return NULL;
+    }
+    watcher_init(&k->w, fd, NULL, NULL);
+    k->io = io;
+    k->loop = l;
+    return k;
+}
+
+static void relay_conn_free(void *p) { free(p); }
+
+/* Unwatched and freed after the batch: an event already fetched for it finds w.added false. */
+static void relay_conn_drop(relay_conn_t *k)
+{
+    loop_unwatch(k->loop, &k->w);
+    if (loop_defer(k->loop, relay_conn_free, k) < 0)
+        free(k);
+}
+
+void relay_conn_close(relay_conn_t *k)
+{
+    if (!k)
+        return;
+    loop_unwatch(k->loop, &k->w); /* before the fd goes */
+    k->w.fd = sock_close(k->w.fd, TAKE_PTR(k->io));
+    relay_conn_drop(k);
+}
+
+void relay_conn_detach(relay_conn_t *k, int *ret_fd, sockio_t **ret_io)
+{
+    loop_unwatch(k->loop, &k->w); /* before the fd changes hands */
+    *ret_fd = TAKE_FD(k->w.fd);
+    *ret_io = TAKE_PTR(k->io);
+    relay_conn_drop(k);
+}
+
+static void relay_conn_on_idle_event(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    relay_conn_t *k = w->data;
+    (void)ev;
+    /* The peer closed it or sent something no request asked for: never used again. */
+    loop_unwatch(l, &k->w);
+    k->w.fd = sock_close(k->w.fd, TAKE_PTR(k->io));
+    k->broken = true;
+}
+
+void relay_conn_park(relay_conn_t *k, uint64_t now_ms)
+{
+    k->w.cb = relay_conn_on_idle_event;
+    k->w.data = k;
+    k->since_ms = now_ms;
+    if (loop_watch(k->loop, &k->w, EPOLLIN) < 0)
+        relay_conn_on_idle_event(k->loop, &k->w, 0);
+}
+
+bool relay_conn_fit(const relay_conn_t *k)
+{
+    if (k->broken || k->w.fd < 0 || sock_pending(k->io))
+        return false;
+    char b;
+    /* the loop may not have reported a close that arrived since its last wait */
+    ssize_t n = recv(k->w.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && errno == EAGAIN;
+}
+
 /* ---- the relay ------------------------------------------------------------------------------ */
 
 static void relay_free(void *p)
@@ -137,17 +207,19 @@ static void relay_end(relay_t *r, bool reusable, bool ok)
     if (r->ended)
         return;
     r->ended = true;
-    loop_unwatch(r->srv->loop, &r->w);
-    int fd = -1;
-    sockio_t *io = NULL;
+    relay_conn_t *k = TAKE_PTR(r->k);
     if (reusable) {
-        fd = TAKE_FD(r->w.fd);
-        io = TAKE_PTR(r->io);
+        relay_conn_park(k, loop_now_ms(r->srv->loop)); /* still watched: no system call */
+        if (k->broken) {
+            relay_conn_close(k);
+            k = NULL;
+        }
     } else {
-        r->w.fd = sock_close(r->w.fd, TAKE_PTR(r->io));
+        relay_conn_close(k);
+        k = NULL;
     }
     if (r->cb)
-        r->cb(r, r->data, fd, io, ok);
+        r->cb(r, r->data, k, ok);
     if (loop_defer(r->srv->loop, relay_free, r) < 0)
         relay_free(r);
 }
@@ -196,33 +268,31 @@ static int pass_head(relay_t *r, const relay_head_t *h, size_t hl)
         return rc;
     if (r->fr == FR_EOF || c->req.minor == 0)
         c->keep_alive = false; /* the answer ends when the connection does */
+    /* The head is queued on c with the body bytes read with it: one write (one TLS record)
+     * carries them, flushed by the caller once the buffer is processed. */
     const char *p = buf_head(&r->in);
-    buf_t head;
-    buf_init(&head, RELAY_HEAD_MAX + 64);
     const char *eol = memchr(p, '\r', hl);
-    rc = buf_append(&head, p, (size_t)(eol - p) + 2);
+    rc = conn_raw_queue(c, p, (size_t)(eol - p) + 2);
     for (const char *l = eol + 2; rc >= 0 && l < p + hl - 2;) {
         const char *le = memmem(l, (size_t)(p + hl - l), "\r\n", 2);
         const char *colon = memchr(l, ':', (size_t)(le - l));
         sv_t name = sv_make(l, (size_t)(colon - l));
         if (!sv_eq_lit_nocase(name, "connection") && !sv_eq_lit_nocase(name, "keep-alive") &&
             !sv_eq_lit_nocase(name, "proxy-connection"))
-            rc = buf_append(&head, l, (size_t)(le - l) + 2);
+            rc = conn_raw_queue(c, l, (size_t)(le - l) + 2);
         l = le + 2;
     }
     if (rc >= 0 && !c->keep_alive)
-        rc = buf_append(&head, "Connection: close\r\n", 19);
+        rc = conn_raw_queue(c, "Connection: close\r\n", 19);
     if (rc >= 0)
-        rc = buf_append(&head, "\r\n", 2);
+        rc = conn_raw_queue(c, "\r\n", 2);
     buf_consume(&r->in, hl);
     r->passed = true;
-    if (rc >= 0)
-        rc = conn_raw_write(c, buf_head(&head), head.len);
-    buf_free(&head);
     return rc;
 }
 
-/* Pass on what the buffer holds. Returns 1 when the answer is complete, 0 for more, < 0. */
+/* Pass on what the buffer holds (queued on the client's connection: the caller flushes, or
+ * relay_complete() does). Returns 1 when the answer is complete, 0 for more, < 0. */
 static int relay_process(relay_t *r)
 {
     while (r->in.len > 0 || (r->st == RL_BODY && r->fr == FR_LENGTH && r->left == 0)) {
@@ -258,7 +328,7 @@ static int relay_process(relay_t *r)
             take = (size_t)k;
         }
         if (take > 0) {
-            int rc = conn_raw_write(r->c, buf_head(&r->in), take);
+            int rc = conn_raw_queue(r->c, buf_head(&r->in), take);
             if (rc < 0)
                 return rc;
             buf_consume(&r->in, take);
@@ -275,6 +345,13 @@ static int relay_process(relay_t *r)
     return 0;
 }
 
+/* Write what relay_process() queued; < 0 when the client's connection broke. */
+static int relay_flush(relay_t *r)
+{
+    conn_flush(r->c);
+    return r->c->dead ? -EPIPE : 0;
+}
+
 static void relay_watch(relay_t *r)
 {
     if (r->ended)
@@ -283,16 +360,16 @@ static void relay_watch(relay_t *r)
     bool paused = r->c && conn_out_full(r->c);
     if (!paused)
         ev |= EPOLLIN;
-    if (r->out.len > 0 || (r->io && r->io->want_write))
+    if (r->out.len > 0 || (r->k->io && r->k->io->want_write))
         ev |= EPOLLOUT;
-    if (loop_watch(r->srv->loop, &r->w, ev) < 0)
+    if (loop_watch(r->srv->loop, &r->k->w, ev) < 0)
         relay_fail(r, "cannot watch the backend");
 }
 
 static void relay_send(relay_t *r)
 {
     while (r->out.len > 0) {
-        ssize_t n = sock_send(r->w.fd, r->io, buf_head(&r->out), r->out.len);
+        ssize_t n = sock_send(r->k->w.fd, r->k->io, buf_head(&r->out), r->out.len);
         if (n == -EAGAIN)
             break;
         if (n < 0) {
@@ -318,7 +395,7 @@ static void relay_pump(relay_t *r)
             relay_fail(r, "the backend's head is too large");
             return;
         }
-        ssize_t n = sock_recv(r->w.fd, r->io, space, RELAY_READ);
+        ssize_t n = sock_recv(r->k->w.fd, r->k->io, space, RELAY_READ);
         if (n == -EAGAIN)
             break;
         if (n <= 0) {
@@ -340,9 +417,22 @@ static void relay_pump(relay_t *r)
             relay_complete(r);
             return;
         }
+        /* what was read in this wake-up goes out together, in writes of a bounded size */
+        if (conn_out_pending(r->c) >= RELAY_READ && relay_flush(r) < 0) {
+            relay_fail(r, "the client's connection broke");
+            return;
+        }
+        /* A short read emptied a plain socket: another recv() would only say EAGAIN (epoll is
+         * level-triggered: later bytes are reported again). A layer returns one record a time. */
+        if (!r->k->io && (size_t)n < RELAY_READ)
+            break;
+    }
+    if (r->c && relay_flush(r) < 0) {
+        relay_fail(r, "the client's connection broke");
+        return;
     }
     relay_watch(r);
-    if (!r->ended && !r->deferred && sock_pending(r->io) && !(r->c && conn_out_full(r->c))) {
+    if (!r->ended && !r->deferred && sock_pending(r->k->io) && !(r->c && conn_out_full(r->c))) {
         r->deferred = true; /* decrypted bytes the socket will not report */
         if (loop_defer(r->srv->loop, relay_deferred, r) < 0)
             r->deferred = false;
@@ -356,7 +446,7 @@ static void relay_deferred(void *p)
     r->deferred = false;
     if (r->ended)
         return;
-    int rc = relay_process(r);
+    int rc = relay_process(r); /* what it queues goes out with what relay_pump reads */
     if (rc > 0)
         relay_complete(r);
     else if (rc < 0)
@@ -391,28 +481,27 @@ static void relay_on_drain(conn_t *c)
 
 static const handler_ops_t relay_ops = { .on_close = relay_on_close, .on_drain = relay_on_drain };
 
-relay_t *proxy_relay_start(conn_t *c, int bfd, sockio_t *bio, buf_t *out, buf_t *in,
-                           relay_done_cb cb, void *data)
+relay_t *proxy_relay_start(conn_t *c, relay_conn_t *k, buf_t *out, buf_t *in, relay_done_cb cb,
+                           void *data)
 {
     relay_t *r = calloc(1, sizeof *r);
     if (!r) {
-        if (bio)
-            sockio_free(bio);
-        safe_close(bfd);
+        relay_conn_close(k);
         buf_free(out);
         if (in)
             buf_free(in);
         http_errno(c, 0, -ENOMEM, "relay");
         return NULL;
     }
-    *r = (relay_t){ .srv = c->srv, .c = c, .io = bio, .out = *out, .cb = cb, .data = data };
+    *r = (relay_t){ .srv = c->srv, .c = c, .k = k, .out = *out, .cb = cb, .data = data };
     buf_init(out, 0);
     if (in) {
         r->in = *in;
         buf_init(in, 0);
     }
     r->in.max = RELAY_HEAD_MAX + RELAY_READ;
-    watcher_init(&r->w, bfd, relay_on_event, r);
+    k->w.cb = relay_on_event; /* the registration stays as it is: no system call */
+    k->w.data = r;
     conn_set_handler(c, &relay_ops, r);
     /* The request goes now; what arrived with the head (and anything after it) is passed on
      * from the loop, so that cb never runs before the owner has r. */

@@ -80,7 +80,8 @@ static bool verify(node_t *n, conn_t *c, cap_t *cap)
         return false;
     }
     pthread_mutex_lock(&n->keys_lock);
-    cap_reason_t why = cap_verify(&n->keys, w.p, w.len, now_s(), cap);
+    /* the signature of these exact bytes is checked once while the key set holds its key */
+    cap_reason_t why = cap_verify_reuse(&n->verified, &n->keys, w.p, w.len, now_s(), cap);
     bool current = n->keys_current;
     pthread_mutex_unlock(&n->keys_lock);
     /* A key this node does not know, before it has heard the control plane's key set since it
@@ -275,19 +276,18 @@ static bool parse_ports_tail(sv_t tail, uint16_t *port, sv_t *rest)
     return true;
 }
 
-static void lease_relay_done(relay_t *rl, void *data, int fd, sockio_t *io, bool ok)
+static void lease_relay_done(relay_t *rl, void *data, relay_conn_t *k, bool ok)
 {
     lease_t *l = data;
     (void)rl;
     (void)ok;
-    sockio_free(io); /* none: the bridge is a unix socket */
     /* The lease was not cut: its run is the one the connection was verified for. Only an
      * answer of the agent itself is trusted to end where it says: behind the agent's port proxy
      * the run's own service answers, and it could keep the connection as a tunnel to itself. */
-    if (fd >= 0 && l->keep_bridge)
-        run_bridge_put(l->run, fd);
+    if (k && l->keep_bridge)
+        run_bridge_put(l->run, k);
     else
-        safe_close(fd);
+        relay_conn_close(k);
     run_lease_on_close(NULL, l);
 }
 
@@ -318,8 +318,9 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     /* the agent's own routes, never its port proxy (a service of the run answers there) */
     bool keep = relay && port == CAP_AGENT_PORT && !sv_has_prefix(rest, SV("/v1/proxy"));
     char err[256] = "";
-    int fd = keep ? run_bridge_take(r) : -1;
-    int rc = fd >= 0 ? 0 : bridge_connect(r, &fd, err, sizeof err);
+    relay_conn_t *k = keep ? run_bridge_take(r) : NULL; /* registered with the loop already */
+    int fd = -1;
+    int rc = k ? 0 : bridge_connect(r, &fd, err, sizeof err);
     if (rc < 0) {
         log_warn("run %s: bridge refused: %s", sandbox, err);
         http_error(c, rc == -EAGAIN ? HTTP_UNAVAILABLE : HTTP_BAD_GATEWAY, 0, "bridge: %s", err);
@@ -332,8 +333,11 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
         head.max += c->body.len;
         rc = buf_append(&head, buf_head(&c->body), c->body.len);
     }
+    if (rc >= 0 && relay && !k && !(k = relay_conn_new(c->srv->loop, TAKE_FD(fd), NULL)))
+        rc = -ENOMEM;
     if (rc < 0) {
         safe_close(fd);
+        relay_conn_close(k);
         buf_free(&head);
         http_errno(c, 0, rc, "forward");
         return;
@@ -341,6 +345,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     lease_t *l = run_lease_new(r);
     if (!l) {
         safe_close(fd);
+        relay_conn_close(k);
         buf_free(&head);
         http_errno(c, 0, -ENOMEM, "forward");
         return;
@@ -348,7 +353,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     /* The stream is leased to this run: replacing or retiring it cuts the relay or tunnel. */
     if (relay) {
         l->keep_bridge = keep;
-        l->relay = proxy_relay_start(c, fd, NULL, &head, NULL, lease_relay_done, l);
+        l->relay = proxy_relay_start(c, k, &head, NULL, lease_relay_done, l);
         if (!l->relay)
             run_lease_on_close(NULL, l);
         return;

@@ -13,6 +13,7 @@
 #include "cap/cap.h"
 #include "common/httpc.h"
 #include "http/httpd.h"
+#include "http/relay.h"
 #include "isolation/cgroup.h"
 #include "isolation/filter.h"
 #include "isolation/idrange.h"
@@ -85,8 +86,7 @@ struct run {
     size_t n_leases;
     /* verified bridge connections to the agent kept for the next relayed request (closed with
      * the leases: a run that stops keeps none) */
-    int idle_fds[RUN_IDLE_BRIDGE];
-    uint64_t idle_since_ms[RUN_IDLE_BRIDGE];
+    relay_conn_t *idle[RUN_IDLE_BRIDGE]; /* parked (relay.h): still registered with the loop */
     int n_idle;
     run_t *next;
 };
@@ -137,6 +137,7 @@ typedef struct node {
     bool keys_current;     /* that set came from the control plane since this process started */
     char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* that set as signed (kept in DIR/keyset) */
     cap_replay_t replay;                   /* single-use ids seen (the loop's) */
+    cap_verifycache_t verified;            /* capabilities whose signature held (keys_lock) */
     bool registered;
     pthread_t agent_thread;
     bool agent_started;
@@ -185,9 +186,9 @@ lease_t *run_lease_new(run_t *r);
 void run_lease_on_close(tunnel_t *t, void *data); /* the tunnel callback; frees the lease */
 json_t *run_json(const run_t *r);
 void run_cut_leases(run_t *r);
-/* A kept, verified bridge connection of the run that is still open, or -1; and back. */
-int run_bridge_take(run_t *r);
-void run_bridge_put(run_t *r, int fd);
+/* A kept, verified bridge connection of the run that is still open, or NULL; and back. */
+relay_conn_t *run_bridge_take(run_t *r);
+void run_bridge_put(run_t *r, relay_conn_t *k);
 int run_save(const run_t *r);
 void node_load_runs(node_t *n);
 int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */

@@ -72,38 +72,32 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-int run_bridge_take(run_t *r)
+relay_conn_t *run_bridge_take(run_t *r)
 {
     uint64_t now_ms = mono_ms();
     while (r->n_idle > 0) {
-        r->n_idle--;
-        int fd = r->idle_fds[r->n_idle];
-        char b;
+        relay_conn_t *k = r->idle[--r->n_idle];
         /* closed (the agent went away), or bytes nobody asked for: not for a request */
-        ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r->idle_since_ms[r->n_idle] + RUN_IDLE_BRIDGE_MS > now_ms && k < 0 && errno == EAGAIN)
-            return fd;
-        safe_close(fd);
+        if (k->since_ms + RUN_IDLE_BRIDGE_MS > now_ms && relay_conn_fit(k))
+            return k;
+        relay_conn_close(k);
     }
-    return -1;
+    return NULL;
 }
 
-void run_bridge_put(run_t *r, int fd)
+void run_bridge_put(run_t *r, relay_conn_t *k)
 {
-    uint64_t now_ms = mono_ms();
     if (r->state != RUN_RUNNING || r->n_idle == RUN_IDLE_BRIDGE) {
-        safe_close(fd);
+        relay_conn_close(k);
         return;
     }
-    r->idle_fds[r->n_idle] = fd;
-    r->idle_since_ms[r->n_idle] = now_ms;
-    r->n_idle++;
+    r->idle[r->n_idle++] = k;
 }
 
 static void run_bridge_close_all(run_t *r)
 {
     while (r->n_idle > 0)
-        safe_close(r->idle_fds[--r->n_idle]);
+        relay_conn_close(r->idle[--r->n_idle]);
 }
 
 void run_cut_leases(run_t *r)

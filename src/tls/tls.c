@@ -68,6 +68,10 @@ static SSL_CTX *ctx_base(const SSL_METHOD *m)
     /* partial writes make SSL_write behave like send(); moving buffers because ours grow */
     SSL_CTX_set_mode(s, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
                             SSL_MODE_RELEASE_BUFFERS);
+    /* Read ahead: one read() takes whatever the socket holds (a record's header and body, and
+     * the records after it) instead of two per record; every reader checks sock_pending()
+     * before it waits for the socket again. */
+    SSL_CTX_set_read_ahead(s, 1);
     SSL_CTX_set_session_cache_mode(s, SSL_SESS_CACHE_OFF);
     return s;
 }

@@ -62,7 +62,7 @@ def pytest_runtest_makereport(item, call):
 
 # ---- resources of this test session -------------------------------------------------------
 # scripts/test.sh runs the suite against build/ and build-asan/ at the same time: each session
-# has a slot (SBX_TEST_SLOT, 0..3; 0 when unset) and takes host-wide resources from the slot's
+# has a slot (SBX_TEST_SLOT, 0..7; 0 when unset) and takes host-wide resources from the slot's
 # own share only, so that the two never collide:
 # - TCP/UDP ports: 10000..32767 (below the kernel's ephemeral range, where outgoing connections
 #   take theirs), 5,000 a slot;
@@ -74,12 +74,22 @@ def pytest_runtest_makereport(item, call):
 #   a deleted sandbox's uid is left would see the other session's sandbox.
 # Within its share a session starts at a random place (another engineer's session on the same
 # machine, same slot, most likely starts elsewhere) and wraps around.
+# Slots 4..7 (more sessions at once, e.g. several engineers' worktrees) take smaller shares
+# outside those of 0..3: ports 2000..9999 (2,000 a slot), ids 0.5e9..1.0e9 (125 million a slot),
+# pool uids 56000..64999 (2,250 a slot: the agent takes no base below 20000, so these are the
+# benches' pool uids; do not run bench-pool or bench-libsbx beside a session of slot 4..7).
 SLOT = int(os.environ.get("SBX_TEST_SLOT", "0") or 0)
-assert 0 <= SLOT <= 3, "SBX_TEST_SLOT: 0..3"
-_PORTS = (10000 + SLOT * 5000, 5000 if SLOT < 3 else 32768 - 25000)
-POOL_UID_BASE = 20000 + SLOT * 9000
-POOL_UID_COUNT = 9000
-_IDS = (1_000_000_000 + SLOT * 250_000_000, 250_000_000)
+assert 0 <= SLOT <= 7, "SBX_TEST_SLOT: 0..7"
+if SLOT < 4:
+    _PORTS = (10000 + SLOT * 5000, 5000 if SLOT < 3 else 32768 - 25000)
+    POOL_UID_BASE = 20000 + SLOT * 9000
+    POOL_UID_COUNT = 9000
+    _IDS = (1_000_000_000 + SLOT * 250_000_000, 250_000_000)
+else:
+    _PORTS = (2000 + (SLOT - 4) * 2000, 2000)
+    POOL_UID_BASE = 56000 + (SLOT - 4) * 2250
+    POOL_UID_COUNT = 2250  # test_pool_teardown.py makes 2,100 sandboxes on one host
+    _IDS = (500_000_000 + (SLOT - 4) * 125_000_000, 125_000_000)
 _next_port = [secrets.randbelow(_PORTS[1])]
 _next_id = [secrets.randbelow(_IDS[1] // 65536) * 65536]
 

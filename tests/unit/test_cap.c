@@ -724,6 +724,114 @@ TEST(verify_forged_and_tampered)
     ASSERT_REASON(cap_verify(&ks_a, buf, a.len, T0, &d), CAP_E_SIGNATURE);
 }
 
+/* The signer's cache: the same request shape gets the same wire form for CAP_REUSE_S, another
+ * shape, key or a later time a fresh one, and a manage capability is never sent twice. */
+TEST(sign_reuse)
+{
+    static cap_signcache_t sc; /* large: not on the stack */
+    memset(&sc, 0, sizeof sc);
+    cap_t c = proxy_cap(), d;
+    char w1[CAP_WIRE_MAX], w2[CAP_WIRE_MAX];
+    int n1 = cap_sign_reuse(&sc, &key_a, &c, T0, w1, sizeof w1);
+    ASSERT_GT(n1, 0);
+    ASSERT_EQ(c.iat, T0);
+    ASSERT_EQ(c.exp, T0 + CAP_LIFETIME_S);
+    ASSERT_REASON(cap_verify(&ks_a, w1, (size_t)n1, T0, &d), CAP_OK);
+    /* the same shape later: the same bytes, with the first one's times */
+    cap_t again = proxy_cap();
+    ASSERT_EQ(cap_sign_reuse(&sc, &key_a, &again, T0 + CAP_REUSE_S - 1, w2, sizeof w2), n1);
+    ASSERT_STREQ(w2, w1);
+    ASSERT_EQ(again.iat, T0);
+    ASSERT_EQ(again.exp, T0 + CAP_LIFETIME_S);
+    /* too small a buffer for the kept form: refused, nothing written past it */
+    ASSERT_EQ(cap_sign_reuse(&sc, &key_a, &again, T0 + 1, w2, (size_t)n1), -ENOBUFS);
+    /* CAP_REUSE_S after: signed anew */
+    again = proxy_cap();
+    int n2 = cap_sign_reuse(&sc, &key_a, &again, T0 + CAP_REUSE_S, w2, sizeof w2);
+    ASSERT_GT(n2, 0);
+    ASSERT_TRUE(strcmp(w2, w1) != 0);
+    ASSERT_EQ(again.iat, T0 + CAP_REUSE_S);
+    /* a clock that went back: not served from the future */
+    again = proxy_cap();
+    ASSERT_GT(cap_sign_reuse(&sc, &key_a, &again, T0 + CAP_REUSE_S - 1, w1, sizeof w1), 0);
+    ASSERT_EQ(again.iat, T0 + CAP_REUSE_S - 1);
+    /* another target, or another key: another capability */
+    cap_t other = proxy_cap();
+    other.target[0] ^= 1;
+    ASSERT_GT(cap_sign_reuse(&sc, &key_a, &other, T0 + CAP_REUSE_S, w1, sizeof w1), 0);
+    ASSERT_TRUE(strcmp(w1, w2) != 0);
+    ASSERT_REASON(cap_verify(&ks_a, w1, strlen(w1), T0 + CAP_REUSE_S, &d), CAP_OK);
+    ASSERT_TRUE(memcmp(d.target, other.target, sizeof d.target) == 0);
+    cap_t by_b = proxy_cap();
+    ASSERT_GT(cap_sign_reuse(&sc, &key_b, &by_b, T0 + CAP_REUSE_S, w1, sizeof w1), 0);
+    ASSERT_TRUE(strcmp(w1, w2) != 0);
+    ASSERT_REASON(cap_verify(&ks_a, w1, strlen(w1), T0 + CAP_REUSE_S, &d), CAP_E_UNKNOWN_KEY);
+    /* single-use (manage): signed anew every time, never taken from the cache */
+    cap_t m1 = manage_cap(), m2 = manage_cap();
+    ASSERT_GT(cap_sign_reuse(&sc, &key_a, &m1, T0, w1, sizeof w1), 0);
+    ASSERT_GT(cap_sign_reuse(&sc, &key_a, &m2, T0 + 1, w2, sizeof w2), 0);
+    ASSERT_EQ(m2.iat, T0 + 1);
+    ASSERT_TRUE(strcmp(w1, w2) != 0);
+}
+
+/* The verifier's cache: only the exact bytes that verified skip the signature, and only while
+ * the key set holds the key that verified them; the time window holds on every use. */
+TEST(verify_reuse)
+{
+    static cap_verifycache_t vc;
+    memset(&vc, 0, sizeof vc);
+    cap_t c = proxy_cap(), d;
+    c.iat = T0;
+    c.exp = T0 + CAP_LIFETIME_S;
+    wire_t a;
+    ASSERT_EQ(sign_wire(&key_a, &c, &a), 0);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, a.w, a.len, T0, &d), CAP_OK);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, a.w, a.len, T0 + 1, &d), CAP_OK); /* a hit */
+    memcpy(c.kid, "k1", 3);
+    ASSERT_CAP_EQ(&d, &c);
+    /* expiry is checked on a hit too */
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, a.w, a.len, T0 + CAP_LIFETIME_S + CAP_SKEW_S, &d),
+                  CAP_E_EXPIRED);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, a.w, a.len, T0 - CAP_SKEW_S - 1, &d), CAP_E_NOT_YET);
+    /* one changed signature byte: not the cached bytes, and it does not verify */
+    wire_t t = a;
+    t.w[t.len - 2] = t.w[t.len - 2] == 'A' ? 'B' : 'A';
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, t.w, t.len, T0, &d), CAP_E_SIGNATURE);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, a.w, a.len, T0, &d), CAP_OK);
+    /* the key set drops k1, or has another key under that id: the cached result is not used */
+    cap_keyset_t ks_b, ks_forged;
+    cap_pubkey_t pb, pf;
+    memcpy(pb.kid, key_b.kid, sizeof pb.kid);
+    memcpy(pb.pk, key_b.pk, sizeof pb.pk);
+    memcpy(pf.kid, key_a_forged.kid, sizeof pf.kid);
+    memcpy(pf.pk, key_a_forged.pk, sizeof pf.pk);
+    ASSERT_EQ(cap_keyset_set(&ks_b, &pb, 1), 0);
+    ASSERT_EQ(cap_keyset_set(&ks_forged, &pf, 1), 0);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_b, a.w, a.len, T0, &d), CAP_E_UNKNOWN_KEY);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_forged, a.w, a.len, T0, &d), CAP_E_SIGNATURE);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, a.w, a.len, T0, &d), CAP_OK);
+    /* a forgery signed by another key under kid k1 is refused even after the real one was kept */
+    cap_t f = proxy_cap();
+    f.iat = T0;
+    f.exp = T0 + CAP_LIFETIME_S;
+    wire_t fw;
+    ASSERT_EQ(sign_wire(&key_a_forged, &f, &fw), 0);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, fw.w, fw.len, T0, &d), CAP_E_SIGNATURE);
+    /* a manage capability (single-use) is never kept: each use verifies its signature */
+    cap_t m = manage_cap();
+    m.iat = T0;
+    m.exp = T0 + CAP_LIFETIME_S;
+    wire_t mw;
+    ASSERT_EQ(sign_wire(&key_a, &m, &mw), 0);
+    ASSERT_REASON(cap_verify_reuse(&vc, &ks_a, mw.w, mw.len, T0, &d), CAP_OK);
+    uint64_t h = UINT64_C(14695981039346656037);
+    for (size_t i = 0; i < mw.len; i++)
+        h = (h ^ (uint8_t)mw.w[i]) * UINT64_C(1099511628211);
+    ASSERT_EQ_U(vc.slot[h % CAP_CACHE_SLOTS].len == mw.len &&
+                    memcmp(vc.slot[h % CAP_CACHE_SLOTS].wire, mw.w, mw.len) == 0,
+                0);
+}
+
 TEST(verify_time_window)
 {
     cap_t c = base_cap(), d;
@@ -1285,6 +1393,8 @@ int main(void)
         T(verify_unknown_key),
         T(verify_forged_and_tampered),
         T(verify_time_window),
+        T(sign_reuse),
+        T(verify_reuse),
         T(reason_and_verdict_names),
         T(keyset_set_and_find),
         T(compare_allow_and_refresh_route),

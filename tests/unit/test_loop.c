@@ -264,6 +264,69 @@ TEST(fd_watcher_sees_data)
     ASSERT_MEMEQ(rd.got, rd.n, "abc", 3);
 }
 
+typedef struct {
+    watcher_t w;
+    uint32_t seen; /* every event mask reported, or'ed */
+    int calls;
+    int calls_before;       /* calls when read interest was asked for again */
+    uint32_t kernel_before; /* epoll's mask then */
+    uint32_t kernel_after;  /* and right after asking */
+} counter_t;
+
+static void on_count(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    counter_t *c = w->data;
+    (void)l;
+    c->seen |= ev;
+    c->calls++;
+}
+
+static void on_ask_again(loop_t *l, timer_t_ *t)
+{
+    counter_t *c = t->data;
+    c->calls_before = c->calls;
+    c->kernel_before = c->w.kernel;
+    if (loop_watch(l, &c->w, EPOLLIN | EPOLLRDHUP) < 0)
+        abort();
+    c->kernel_after = c->w.kernel;
+}
+
+/* Dropping read interest is lazy (no system call until an unasked event fires), yet the callback
+ * never sees an event it did not ask for, and asking again needs no system call either. */
+TEST(dropped_read_interest_is_lazy_and_never_reported)
+{
+    loop_t *l = NULL;
+    int sv[2];
+    counter_t c = { .calls = 0 };
+    timer_t_ again, stop;
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);
+    ASSERT_EQ(loop_new(&l), 0);
+    timer_init(&again, on_ask_again, &c);
+    timer_init(&stop, on_stop, NULL);
+    watcher_init(&c.w, sv[0], on_count, &c);
+    ASSERT_EQ(loop_watch(l, &c.w, EPOLLIN | EPOLLRDHUP), 0);
+    ASSERT_EQ(loop_watch(l, &c.w, EPOLLRDHUP), 0);
+    ASSERT_EQ_U(c.w.events, EPOLLRDHUP);
+    ASSERT_EQ_U(c.w.kernel, EPOLLIN | EPOLLRDHUP); /* epoll still has EPOLLIN */
+    ASSERT_EQ(write(sv[1], "x", 1), 1);
+    ASSERT_EQ(timer_arm(l, &again, 30), 0);
+    ASSERT_EQ(timer_arm(l, &stop, 60), 0);
+    ASSERT_EQ(loop_run(l), 0);
+    ASSERT_EQ(c.calls_before, 0);             /* the unasked EPOLLIN was not reported ... */
+    ASSERT_EQ_U(c.kernel_before, EPOLLRDHUP); /* ... and dropped from epoll when it fired */
+    ASSERT_EQ_U(c.kernel_after, EPOLLIN | EPOLLRDHUP);
+    ASSERT_TRUE(c.calls > 0); /* positive control: asked again, the waiting byte is reported */
+    ASSERT_TRUE((c.seen & EPOLLIN) != 0);
+    /* EPOLLOUT is dropped at once: a writable socket would wake the loop for nothing */
+    ASSERT_EQ(loop_watch(l, &c.w, EPOLLIN | EPOLLOUT), 0);
+    ASSERT_EQ(loop_watch(l, &c.w, EPOLLIN), 0);
+    ASSERT_EQ_U(c.w.kernel, EPOLLIN);
+    loop_unwatch(l, &c.w);
+    loop_free(l);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 /* Why loop_unwatch() does EPOLL_CTL_DEL before the fd is closed, and why skipping it (relying on
  * close() to drop the registration) was a use-after-free: epoll registers a *file description*,
  * and close() removes it only when the last descriptor of that description goes. A child that
@@ -345,4 +408,5 @@ TEST(a_closed_fd_shared_with_a_child_stays_registered_unless_deleted_first)
 
 TAP_MAIN(T(timers_fire_in_due_order), T(disarm_and_rearm), T(many_timers_keep_heap_order),
          T(deferred_calls_run_after_the_batch), T(fd_watcher_sees_data),
+         T(dropped_read_interest_is_lazy_and_never_reported),
          T(a_closed_fd_shared_with_a_child_stays_registered_unless_deleted_first))
