@@ -95,15 +95,15 @@ static uint64_t one_substrate(const char *dir, int i, uint32_t base, const secco
                             .filter = f };
     pid_t pid;
     uint64_t start;
-    char err[256];
-    int r = substrate_spawn(&sp, &pid, &start, err, sizeof err);
+    sbx_err_t err;
+    int r = substrate_spawn(&sp, &pid, &start, &err);
     safe_close(ns);
     if (r == -ESRCH) { /* /bin/true ended before the spawn looked (it reaped it): started */
         safe_close(nul);
         return now_ns() - t0;
     }
     if (r < 0) {
-        fprintf(stderr, "bench-boundary: substrate: %s\n", err);
+        fprintf(stderr, "bench-boundary: substrate: %s\n", err.msg);
         safe_close(nul);
         return 0;
     }

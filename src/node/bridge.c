@@ -18,55 +18,46 @@
 #include "node.h"
 #include "substrate.h"
 
-_printf_(4, 5) static int fail(char *err, size_t errlen, int r, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    (void)vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return r;
-}
-
-int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen)
+int bridge_connect(const run_t *r, int *ret_fd, sbx_err_t *err)
 {
     struct stat st;
     if (r->state != RUN_RUNNING || r->pid <= 0)
-        return fail(err, errlen, -ESRCH, "%s", "the run is not running");
+        return sbx_err(err, -ESRCH, "%s", "the run is not running");
     if (lstat(r->sock_path, &st) < 0 || !S_ISSOCK(st.st_mode) || st.st_ino != r->sock_ino ||
         st.st_uid != r->sock_uid)
-        return fail(err, errlen, -EPERM, "%s",
-                    "bridge socket is not the one this node created for the run");
+        return sbx_err(err, -EPERM, "%s",
+                       "bridge socket is not the one this node created for the run");
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     size_t n = strlen(r->sock_path);
     if (n >= sizeof sa.sun_path)
-        return fail(err, errlen, -ENAMETOOLONG, "%s", "bridge socket path too long");
+        return sbx_err(err, -ENAMETOOLONG, "%s", "bridge socket path too long");
     memcpy(sa.sun_path, r->sock_path, n + 1);
     _cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
-        return fail(err, errlen, negative_errno(), "socket: %s", strerror(errno));
+        return sbx_err(err, negative_errno(), "socket: %s", strerror(errno));
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
         int e = errno;
         if (e == EAGAIN)
-            return fail(err, errlen, -EAGAIN, "%s", "the run's agent is not accepting (backlog)");
-        return fail(err, errlen, -e, "cannot reach the run's agent: %s", strerror(e));
+            return sbx_err(err, -EAGAIN, "%s", "the run's agent is not accepting (backlog)");
+        return sbx_err(err, -e, "cannot reach the run's agent: %s", strerror(e));
     }
     struct ucred cred;
     socklen_t cl = sizeof cred;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0)
-        return fail(err, errlen, negative_errno(), "SO_PEERCRED: %s", strerror(errno));
+        return sbx_err(err, negative_errno(), "SO_PEERCRED: %s", strerror(errno));
     if (cred.pid != r->pid)
-        return fail(err, errlen, -EPERM, "%s",
-                    "bridge peer is not the process started for this activation");
+        return sbx_err(err, -EPERM, "%s",
+                       "bridge peer is not the process started for this activation");
     uint64_t start;
     int sr = r->stat_fd >= 0 ? proc_stat_start_time(r->stat_fd, &start)
                              : proc_start_time(cred.pid, &start);
     if (sr < 0 || start != r->start_time)
-        return fail(err, errlen, -EPERM, "%s", "bridge peer's start time differs (pid reused)");
+        return sbx_err(err, -EPERM, "%s", "bridge peer's start time differs (pid reused)");
     char exe[64];
     (void)snprintf(exe, sizeof exe, "/proc/%d/exe", (int)cred.pid);
     if (stat(exe, &st) < 0 || st.st_dev != r->exe_dev || st.st_ino != r->exe_ino)
-        return fail(err, errlen, -EPERM, "%s",
-                    "bridge peer runs another executable than the node's agent");
+        return sbx_err(err, -EPERM, "%s",
+                       "bridge peer runs another executable than the node's agent");
     *ret_fd = TAKE_FD(fd);
     return 0;
 }

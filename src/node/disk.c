@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/err.h"
 #include "common/macro.h"
 
 extern char **environ;
@@ -25,20 +26,18 @@ bool disk_is_mounted(const char *dir)
            a.st_dev != b.st_dev;
 }
 
-int disk_create(const char *img, uint64_t bytes, uint32_t owner, char *err, size_t errlen)
+int disk_create(const char *img, uint64_t bytes, uint32_t owner, sbx_err_t *err)
 {
     _cleanup_close_ int fd = open(img, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         int r = negative_errno();
-        (void)snprintf(err, errlen, "disk image: %s", strerror(-r));
-        return r;
+        return sbx_err(err, r, "disk image: %s", strerror(-r));
     }
     if (ftruncate(fd, (off_t)bytes) < 0) {
         int r = negative_errno();
         (void)unlink(img);
-        (void)snprintf(err, errlen, "disk image of %llu bytes: %s", (unsigned long long)bytes,
+        return sbx_err(err, r, "disk image of %llu bytes: %s", (unsigned long long)bytes,
                        strerror(-r));
-        return r;
     }
     char ext[96];
     (void)snprintf(ext, sizeof ext, "lazy_itable_init=1,lazy_journal_init=1,root_owner=%u:%u",
@@ -53,28 +52,25 @@ int disk_create(const char *img, uint64_t bytes, uint32_t owner, char *err, size
             ;
     if (r != 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         (void)unlink(img);
-        (void)snprintf(err, errlen, "mkfs.ext4 failed (%s, status 0x%x)", r ? strerror(r) : "ran",
-                       st);
-        return r ? -r : -EIO;
+        return sbx_err(err, r ? -r : -EIO, "mkfs.ext4 failed (%s, status 0x%x)",
+                       r ? strerror(r) : "ran", st);
     }
     return 0;
 }
 
-int disk_mount(const char *img, const char *dir, char *err, size_t errlen)
+int disk_mount(const char *img, const char *dir, sbx_err_t *err)
 {
     if (disk_is_mounted(dir))
         return 0;
     _cleanup_close_ int file = open(img, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (file < 0) {
         int r = negative_errno();
-        (void)snprintf(err, errlen, "disk image: %s", strerror(-r));
-        return r;
+        return sbx_err(err, r, "disk image: %s", strerror(-r));
     }
     _cleanup_close_ int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
     if (ctl < 0) {
         int r = negative_errno();
-        (void)snprintf(err, errlen, "/dev/loop-control: %s", strerror(-r));
-        return r;
+        return sbx_err(err, r, "/dev/loop-control: %s", strerror(-r));
     }
     /* another process may take the free device first: try the next one */
     for (int attempt = 0; attempt < 16; attempt++) {
@@ -97,14 +93,12 @@ int disk_mount(const char *img, const char *dir, char *err, size_t errlen)
         if (mount(dev, dir, "ext4", MS_NOSUID | MS_NODEV, "") < 0) {
             int r = negative_errno();
             (void)ioctl(lfd, LOOP_CLR_FD, 0);
-            (void)snprintf(err, errlen, "mount of the run's disk: %s", strerror(-r));
-            return r;
+            return sbx_err(err, r, "mount of the run's disk: %s", strerror(-r));
         }
         return 0;
     }
     int r = errno ? -errno : -EBUSY;
-    (void)snprintf(err, errlen, "no loop device for the run's disk: %s", strerror(-r));
-    return r;
+    return sbx_err(err, r, "no loop device for the run's disk: %s", strerror(-r));
 }
 
 int disk_umount(const char *dir)

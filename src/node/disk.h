@@ -13,11 +13,13 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/err.h"
+
 /* Make a fresh image of `bytes` at img (replacing none: -EEXIST if it exists) whose root
  * directory belongs to uid/gid owner. Blocking (mkfs): an install thread's work. */
-int disk_create(const char *img, uint64_t bytes, uint32_t owner, char *err, size_t errlen);
+int disk_create(const char *img, uint64_t bytes, uint32_t owner, sbx_err_t *err);
 /* Mount img on dir unless something is mounted there already (0 either way). */
-int disk_mount(const char *img, const char *dir, char *err, size_t errlen);
+int disk_mount(const char *img, const char *dir, sbx_err_t *err);
 /* Detach whatever is mounted on dir (lazily: a run still holding it keeps it until it ends);
  * 0 if nothing was mounted. */
 int disk_umount(const char *dir);

@@ -63,15 +63,13 @@ static void put_set(FILE *f, const char *name, const char *type, const char *con
     fprintf(f, " }\n  }\n");
 }
 
-char *egress_ruleset(json_t *allow, char *err, size_t errlen)
+int egress_ruleset(json_t *allow, char **ret, sbx_err_t *err)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    if (!f) {
-        (void)snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
+    if (!f)
+        return sbx_err(err, -ENOMEM, "out of memory");
     fprintf(f, "table inet sbx {\n");
     put_set(f, "deny4", "ipv4_addr", deny4, ELEMENTSOF(deny4), AF_INET);
     put_set(f, "deny6", "ipv6_addr", deny6, ELEMENTSOF(deny6), AF_INET6);
@@ -107,24 +105,23 @@ char *egress_ruleset(json_t *allow, char *err, size_t errlen)
                "    reject with icmpx admin-prohibited\n  }\n}\n");
     if (fclose(f) != 0 || bad) {
         free(buf);
-        (void)snprintf(err, errlen,
-                       bad ? "egress_allow: an entry does not parse" : "out of memory");
-        return NULL;
+        return bad ? sbx_err(err, -EINVAL, "egress_allow: an entry does not parse")
+                   : sbx_err(err, -ENOMEM, "out of memory");
     }
-    return buf;
+    *ret = buf;
+    return 0;
 }
 
 /* nft -f - inside pid's network namespace (as host root: the namespace is the host's user
  * namespace's, so only the node can change it). */
-static int apply_ruleset(pid_t pid, const char *rules, char *err, size_t errlen)
+static int apply_ruleset(pid_t pid, const char *rules, sbx_err_t *err)
 {
     char ns[64];
     (void)snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)pid);
     _cleanup_close_ int nsfd = open(ns, O_RDONLY | O_CLOEXEC);
     if (nsfd < 0) {
         int r = negative_errno();
-        (void)snprintf(err, errlen, "the run's network namespace: %s", strerror(-r));
-        return r;
+        return sbx_err(err, r, "the run's network namespace: %s", strerror(-r));
     }
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
@@ -161,14 +158,13 @@ static int apply_ruleset(pid_t pid, const char *rules, char *err, size_t errlen)
     while (waitpid(c, &st, 0) < 0 && errno == EINTR)
         ;
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        (void)snprintf(err, errlen, "the run's firewall (nft) failed (status 0x%x)%s", st,
+        return sbx_err(err, -EIO, "the run's firewall (nft) failed (status 0x%x)%s", st,
                        WIFEXITED(st) && WEXITSTATUS(st) == 127 ? ": is nftables installed?" : "");
-        return -EIO;
     }
     return 0;
 }
 
-int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *err, size_t errlen)
+int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, sbx_err_t *err)
 {
     int up[2], down[2]; /* child -> node, node -> child */
     if (pipe2(up, O_CLOEXEC) < 0)
@@ -237,8 +233,7 @@ int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *e
     if (r < 0) {
         (void)kill(h, SIGKILL);
         (void)waitpid(h, NULL, 0);
-        (void)snprintf(err, errlen, "the run's network namespace: %s", strerror(-r));
-        return r;
+        return sbx_err(err, r, "the run's network namespace: %s", strerror(-r));
     }
     *ret_holder = h;
     *ret_netns = fd;
@@ -246,17 +241,17 @@ int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *e
 }
 
 int egress_start(pid_t holder, uint32_t owner, json_t *allow, const char *tun_path,
-                 pid_t *ret_pasta, char *err, size_t errlen)
+                 pid_t *ret_pasta, sbx_err_t *err)
 {
-    _cleanup_free_ char *rules = egress_ruleset(allow, err, errlen);
-    if (!rules)
+    _cleanup_free_ char *rules = NULL;
+    int r = egress_ruleset(allow, &rules, err);
+    if (r < 0)
         return -EINVAL;
-    int r = apply_ruleset(holder, rules, err, errlen);
+    r = apply_ruleset(holder, rules, err);
     if (r < 0)
         return r;
     if (access(PASTA, X_OK) < 0) {
-        (void)snprintf(err, errlen, "egress needs %s (Debian package passt)", PASTA);
-        return -ENOENT;
+        return sbx_err(err, -ENOENT, "egress needs %s (Debian package passt)", PASTA);
     }
     char target[16], runas[32];
     (void)snprintf(target, sizeof target, "%d", (int)holder);
@@ -273,8 +268,7 @@ int egress_start(pid_t holder, uint32_t owner, json_t *allow, const char *tun_pa
     if (mknod(tun_path, S_IFCHR | 0600, makedev(10, 200)) < 0 ||
         chown(tun_path, owner, owner) < 0) {
         r = negative_errno();
-        (void)snprintf(err, errlen, "tun device for pasta: %s", strerror(-r));
-        return r;
+        return sbx_err(err, r, "tun device for pasta: %s", strerror(-r));
     }
     int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (nul < 0)

@@ -21,17 +21,19 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/err.h"
+
 #define EGRESS_DNS "198.18.0.53"
 
-/* The nft ruleset for an allow-list (a JSON array of "CIDR[:PORT]" strings, may be empty);
- * a malloc'd string, or NULL with err set. */
-char *egress_ruleset(json_t *allow, char *err, size_t errlen);
+/* The nft ruleset for an allow-list (a JSON array of "CIDR[:PORT]" strings, may be empty):
+ * *ret a malloc'd string; -EINVAL (an entry does not parse) or -ENOMEM with err set. */
+int egress_ruleset(json_t *allow, char **ret, sbx_err_t *err);
 /* The run's network namespace, owned by a user namespace of its own whose only id (0) is the
  * host uid `owner` (the last id of the run's block, which no process of the host's user
  * namespace has): pasta, running as `owner`, may configure it, and the run, whose root lives
  * in another user namespace, may not. A holder process (uid owner) keeps both until the run
  * stops; *ret_netns is an fd of the network namespace for the run to join. */
-int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *err, size_t errlen);
+int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, sbx_err_t *err);
 /* The firewall for the allow-list in the holder's network namespace (applied by the node, as
  * host root), then pasta (as `owner`) joining the holder's namespaces; *ret_pasta is its pid.
  * tun_path: where the node may make a tun device node for pasta alone (a file in the run's
@@ -39,4 +41,4 @@ int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, char *e
  * the host's /dev/net/tun permissions are never relied on nor changed.
  * The caller reaps both and stops them with the run. */
 int egress_start(pid_t holder, uint32_t owner, json_t *allow, const char *tun_path,
-                 pid_t *ret_pasta, char *err, size_t errlen);
+                 pid_t *ret_pasta, sbx_err_t *err);

@@ -56,8 +56,7 @@ typedef struct {
 
 typedef struct {
     const char *name;
-    char *err;
-    size_t errlen;
+    sbx_err_t *err;
 } ctx_t;
 
 _printf_(3, 4) static int fail(const ctx_t *c, int r, const char *fmt, ...)
@@ -67,9 +66,7 @@ _printf_(3, 4) static int fail(const ctx_t *c, int r, const char *fmt, ...)
     va_start(ap, fmt);
     (void)vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (c->err && c->errlen)
-        (void)snprintf(c->err, c->errlen, "image %s: %s", c->name, msg);
-    return r;
+    return sbx_err(c->err, r, "image %s: %s", c->name, msg);
 }
 
 static bool digest_valid(const char *d)
@@ -993,10 +990,10 @@ static int resolve_layers(const ctx_t *c, int blobs_fd, int cache_fd, const chai
     return r;
 }
 
-int image_resolve(const char *images_dir, const char *name, unsigned flags, image_t *ret, char *err,
-                  size_t errlen)
+int image_resolve(const char *images_dir, const char *name, unsigned flags, image_t *ret,
+                  sbx_err_t *err)
 {
-    ctx_t c = { .name = name, .err = err, .errlen = errlen };
+    ctx_t c = { .name = name, .err = err };
     if (!image_name_valid(name))
         return fail(&c, -ENOENT, "not a valid image name ([a-z0-9][a-z0-9._-]*)");
     _cleanup_close_ int top = open(images_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1063,7 +1060,10 @@ int image_list(const char *images_dir, unsigned flags, image_entry_t **ret, size
         }
         image_entry_t *e = &v[n++];
         *e = (image_entry_t){ 0 };
-        e->error = image_resolve(images_dir, de->d_name, flags, &e->img, e->why, sizeof e->why);
+        sbx_err_t err;
+        e->error = image_resolve(images_dir, de->d_name, flags, &e->img, &err);
+        if (e->error < 0)
+            (void)snprintf(e->why, sizeof e->why, "%.*s", (int)sizeof e->why - 1, err.msg);
         memcpy(e->img.name, de->d_name, strlen(de->d_name) + 1);
         if (e->error >= 0)
             e->error = 0;

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "cap/imagename.h"
+#include "common/err.h"
 
 #define IMAGE_DIGEST_MAX 72  /* "sha256:" + 64 hex + NUL */
 #define IMAGE_LAYERS_MAX 128 /* layers in one manifest */
@@ -51,8 +52,8 @@ typedef enum {
 } image_flags_t;
 
 /* Verify image `name` of images_dir and make sure its rootfs is unpacked; *ret on success. */
-int image_resolve(const char *images_dir, const char *name, unsigned flags, image_t *ret, char *err,
-                  size_t errlen);
+int image_resolve(const char *images_dir, const char *name, unsigned flags, image_t *ret,
+                  sbx_err_t *err);
 
 /* Every image directory of images_dir, resolved with `flags`. Each entry says whether it
  * resolved (error == 0) or why not (error < 0, why). *ret is freed with free(). */
@@ -76,7 +77,7 @@ int image_list(const char *images_dir, unsigned flags, image_entry_t **ret, size
  * from any thread. */
 struct node;
 int image_rootfs(struct node *n, const char *name, char *ret_path, size_t cap, char *ret_digest,
-                 char *err, size_t errlen);
+                 sbx_err_t *err);
 int node_images_init(struct node *n); /* the startup scan; creates --images if missing */
 int node_images_start(struct node *n);
 void node_images_stop(struct node *n);

@@ -162,14 +162,11 @@ json_t *node_images_json(node_t *n)
     return arr;
 }
 
-static int answer(const image_t *img, char *ret_path, size_t cap, char *ret_digest, char *err,
-                  size_t errlen)
+static int answer(const image_t *img, char *ret_path, size_t cap, char *ret_digest, sbx_err_t *err)
 {
     size_t l = strlen(img->rootfs);
-    if (l >= cap) {
-        (void)snprintf(err, errlen, "image %s: the rootfs path is too long", img->name);
-        return -ENAMETOOLONG;
-    }
+    if (l >= cap)
+        return sbx_err(err, -ENAMETOOLONG, "image %s: the rootfs path is too long", img->name);
     memcpy(ret_path, img->rootfs, l + 1);
     if (ret_digest)
         memcpy(ret_digest, img->digest, IMAGE_DIGEST_MAX);
@@ -177,15 +174,13 @@ static int answer(const image_t *img, char *ret_path, size_t cap, char *ret_dige
 }
 
 int image_rootfs(node_t *n, const char *name, char *ret_path, size_t cap, char *ret_digest,
-                 char *err, size_t errlen)
+                 sbx_err_t *err)
 {
     node_images_t *im = &n->images;
     image_t img;
     bool found = false;
-    if (!im->inited) {
-        (void)snprintf(err, errlen, "image %s: this node serves no images", name);
-        return -ENOENT;
-    }
+    if (!im->inited)
+        return sbx_err(err, -ENOENT, "image %s: this node serves no images", name);
     pthread_mutex_lock(&im->lock);
     for (size_t i = 0; i < im->n && !found; i++)
         if (streq(im->v[i].name, name)) {
@@ -195,9 +190,9 @@ int image_rootfs(node_t *n, const char *name, char *ret_path, size_t cap, char *
     pthread_mutex_unlock(&im->lock);
     struct stat st;
     if (found && stat(img.rootfs, &st) == 0 && S_ISDIR(st.st_mode))
-        return answer(&img, ret_path, cap, ret_digest, err, errlen);
+        return answer(&img, ret_path, cap, ret_digest, err);
     /* not verified yet (added since the last scan) or its rootfs went away: resolve now */
-    int r = image_resolve(n->cfg.images_dir, name, 0, &img, err, errlen);
+    int r = image_resolve(n->cfg.images_dir, name, 0, &img, err);
     if (r < 0)
         return r;
     pthread_mutex_lock(&im->lock);
@@ -211,5 +206,5 @@ int image_rootfs(node_t *n, const char *name, char *ret_path, size_t cap, char *
         im->n += i == im->n;
     }
     pthread_mutex_unlock(&im->lock);
-    return answer(&img, ret_path, cap, ret_digest, err, errlen);
+    return answer(&img, ret_path, cap, ret_digest, err);
 }

@@ -317,13 +317,14 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     bool relay = !upgrade && (with_body || (rq->content_length == 0 && !rq->has_transfer_encoding));
     /* the agent's own routes, never its port proxy (a service of the run answers there) */
     bool keep = relay && port == CAP_AGENT_PORT && !sv_has_prefix(rest, SV("/v1/proxy"));
-    char err[256] = "";
+    sbx_err_t err;
     relay_conn_t *k = keep ? run_bridge_take(r) : NULL; /* registered with the loop already */
     int fd = -1;
-    int rc = k ? 0 : bridge_connect(r, &fd, err, sizeof err);
+    int rc = k ? 0 : bridge_connect(r, &fd, &err);
     if (rc < 0) {
-        log_warn("run %s: bridge refused: %s", sandbox, err);
-        http_error(c, rc == -EAGAIN ? HTTP_UNAVAILABLE : HTTP_BAD_GATEWAY, 0, "bridge: %s", err);
+        log_warn("run %s: bridge refused: %s", sandbox, err.msg);
+        http_error(c, rc == -EAGAIN ? HTTP_UNAVAILABLE : HTTP_BAD_GATEWAY, 0, "bridge: %s",
+                   err.msg);
         return;
     }
     static const char *const drop[] = { "x-sbx-capability", "authorization", NULL };

@@ -25,7 +25,7 @@ struct install {
     pthread_t th;
     bool th_started;
     int polls, rc;
-    char err[512];
+    sbx_err_t err; /* why the install failed (rc < 0) */
     install_t *next;
 };
 
@@ -81,7 +81,7 @@ static void install_end(install_t *in)
     run_install_finish(n, r, in->rc);
     if (in->rc < 0)
         log_warn("install %s generation %llu failed: %s", r->id.sandbox,
-                 (unsigned long long)r->id.generation, in->err);
+                 (unsigned long long)r->id.generation, in->err.msg);
     else
         log_info("installed run %s generation %llu activation %s (pid %d)", r->id.sandbox,
                  (unsigned long long)r->id.generation, r->id.activation, (int)r->pid);
@@ -91,7 +91,7 @@ static void install_end(install_t *in)
         if (in->rc >= 0)
             conn_respond_json(c, 201, json_pack("{s:o}", "run", run_json(r)));
         else
-            http_error(c, install_status(in->rc), 0, "install failed: %s", in->err);
+            http_error(c, install_status(in->rc), 0, "install failed: %s", in->err.msg);
     }
     if (loop_defer(l, install_free, in) < 0)
         install_free(in);
@@ -100,15 +100,14 @@ static void install_end(install_t *in)
 static void on_poll(loop_t *l, timer_t_ *t)
 {
     install_t *in = t->data;
-    int rc = run_probe_ready(in->r, in->err, sizeof in->err);
+    int rc = run_probe_ready(in->r, &in->err);
     if (rc == -EAGAIN && ++in->polls < READY_POLLS) {
         if (timer_arm(l, t, READY_POLL_MS) >= 0)
             return;
         rc = -ENOMEM;
     }
     if (rc == -EAGAIN) {
-        (void)snprintf(in->err, sizeof in->err, "the run's agent did not listen within 5 s");
-        rc = -ETIMEDOUT;
+        rc = sbx_err(&in->err, -ETIMEDOUT, "the run's agent did not listen within 5 s");
     }
     in->rc = rc;
     install_end(in);
@@ -127,7 +126,7 @@ static void on_prepared(loop_t *l, watcher_t *w, uint32_t ev)
     in->th_started = false;
     if (in->rc >= 0) {
         node_crash_point(in->n, "install:before_spawn");
-        in->rc = run_install_spawn(in->n, in->r, in->spec, in->err, sizeof in->err);
+        in->rc = run_install_spawn(in->n, in->r, in->spec, &in->err);
     }
     if (in->rc >= 0)
         node_crash_point(in->n, "install:after_spawn");
@@ -139,7 +138,7 @@ static void on_prepared(loop_t *l, watcher_t *w, uint32_t ev)
 static void *prepare_thread(void *p)
 {
     install_t *in = p;
-    in->rc = run_install_dirs(in->n, in->r, in->spec, in->err, sizeof in->err);
+    in->rc = run_install_dirs(in->n, in->r, in->spec, &in->err);
     uint64_t one = 1;
     (void)!write(in->efd, &one, sizeof one);
     return NULL;
@@ -195,19 +194,19 @@ static void body_done(conn_t *c)
     *in = (install_t){ .n = n, .spec = spec, .efd = -1 };
     timer_init(&in->t, on_poll, in);
     run_t *r = NULL;
-    int rc = run_install_prepare(n, &id, spec, in->err, sizeof in->err, &r);
+    int rc = run_install_prepare(n, &id, spec, &in->err, &r);
     if (rc == -EEXIST) { /* that very run serves already: the call is idempotent */
         conn_respond_json(c, 200, json_pack("{s:o}", "run", run_json(r)));
         install_free(in);
         return;
     }
     if (rc == -ESTALE) {
-        node_refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, in->err);
+        node_refuse(c, CAP_REFRESH_ROUTE, CAP_E_STALE_RUN, in->err.msg);
         install_free(in);
         return;
     }
     if (rc < 0) {
-        http_error(c, install_status(rc), 0, "install failed: %s", in->err);
+        http_error(c, install_status(rc), 0, "install failed: %s", in->err.msg);
         install_free(in);
         return;
     }
@@ -225,7 +224,7 @@ static void body_done(conn_t *c)
     }
     if (rc < 0) {
         in->rc = rc;
-        (void)snprintf(in->err, sizeof in->err, "cannot start the install: %s", strerror(-rc));
+        (void)sbx_err(&in->err, rc, "cannot start the install: %s", strerror(-rc));
         install_end(in);
     }
 }
@@ -256,8 +255,7 @@ void install_abandon_all(node_t *n)
         in->th_started = false;
         loop_unwatch(n->srv.loop, &in->w);
         timer_disarm(n->srv.loop, &in->t);
-        in->rc = -ECANCELED;
-        (void)snprintf(in->err, sizeof in->err, "the node stopped during the install");
+        in->rc = sbx_err(&in->err, -ECANCELED, "the node stopped during the install");
         run_install_finish(n, in->r, in->rc); /* stops its process, saves it as exited */
         if (in->conn)
             conn_set_handler(in->conn, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "cap/cap.h"
+#include "common/err.h"
 #include "common/httpc.h"
 #include "http/httpd.h"
 #include "http/relay.h"
@@ -174,11 +175,10 @@ run_t *node_find_run(node_t *n, const char *sandbox);
 void node_crash_point(const node_t *n, const char *step);
 
 /* runs.c: install / pause / retire, leases */
-int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,
-                        run_t **ret);
-int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen);
-int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen);
-int run_probe_ready(run_t *r, char *err, size_t errlen);
+int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, sbx_err_t *err, run_t **ret);
+int run_install_dirs(node_t *n, run_t *r, json_t *spec, sbx_err_t *err);
+int run_install_spawn(node_t *n, run_t *r, json_t *spec, sbx_err_t *err);
+int run_probe_ready(run_t *r, sbx_err_t *err);
 void run_install_finish(node_t *n, run_t *r, int rc);
 void run_stop(node_t *n, run_t *r);   /* cut leases, kill the process tree; keeps the root */
 void run_retire(node_t *n, run_t *r); /* stop and forget it; removes its directory */
@@ -196,7 +196,7 @@ void run_free(run_t *r);
 void run_unmount_disk(const run_t *r); /* the node is going down */
 
 /* bridge.c: connect to the run's agent and verify who answers */
-int bridge_connect(const run_t *r, int *ret_fd, char *err, size_t errlen);
+int bridge_connect(const run_t *r, int *ret_fd, sbx_err_t *err);
 
 /* agent.c: registration and heartbeats with sbx-control (a thread) */
 int node_agent_start(node_t *n);

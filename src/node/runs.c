@@ -462,10 +462,10 @@ static void run_on_exit(child_t *ch, int wstatus)
 /* Whether the agent listens on the bridge and passes verification: 0, -EAGAIN (not yet: it
  * has not called listen()), or -errno with err set (its process is gone, or it is not who it
  * must be). */
-int run_probe_ready(run_t *r, char *err, size_t errlen)
+int run_probe_ready(run_t *r, sbx_err_t *err)
 {
     int fd;
-    int rc = bridge_connect(r, &fd, err, errlen);
+    int rc = bridge_connect(r, &fd, err);
     if (rc >= 0) {
         safe_close(fd);
         return 0;
@@ -474,25 +474,22 @@ int run_probe_ready(run_t *r, char *err, size_t errlen)
     int sr = r->stat_fd >= 0 ? proc_stat_start_time(r->stat_fd, &st) : -ESRCH;
     if (sr < 0 || st != r->start_time) {
         char last[256];
-        (void)snprintf(last, sizeof last, "%s", err);
-        (void)snprintf(err, errlen, "the run's process exited during start (see its log; %s)",
+        (void)snprintf(last, sizeof last, "%.*s", (int)sizeof last - 1, err ? err->msg : "");
+        return sbx_err(err, -ESRCH, "the run's process exited during start (see its log; %s)",
                        last);
-        return -ESRCH;
     }
     return rc == -ECONNREFUSED ? -EAGAIN : rc;
 }
 
 /* Fetch a paused run's root from the node that holds it, as a tar stream, into root. */
-static int restore_remote(node_t *n, json_t *rs, const run_t *r, const char *root, char *err,
-                          size_t errlen)
+static int restore_remote(node_t *n, json_t *rs, const run_t *r, const char *root, sbx_err_t *err)
 {
     const char *host, *cap, *sandbox;
     json_int_t port;
     if (json_unpack(rs, "{s:s,s:I,s:s,s:s}", "host", &host, "port", &port, "capability", &cap,
                     "sandbox", &sandbox) < 0 ||
         port < 1 || port > 65535 || !cap_id_valid(sandbox) || strlen(cap) > CAP_WIRE_MAX) {
-        (void)snprintf(err, errlen, "restore: expected {host, port, sandbox, capability}");
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "restore: expected {host, port, sandbox, capability}");
     }
     /* The archive is unpacked by tar as root of a user namespace with the new run's mapping:
      * ownership inside the archive is relative to the run (0..65535), so it lands on this
@@ -504,17 +501,16 @@ static int restore_remote(node_t *n, json_t *rs, const run_t *r, const char *roo
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return negative_errno();
+    _cleanup_close_ int rd = pfd[0], wr = pfd[1]; /* tar's stdin, and the response's way in */
     char *const argv[] = {
         "/bin/tar", "-x", "--numeric-owner", "--same-permissions", "--no-overwrite-dir", "-f",
         "-",        NULL
     };
     pid_t pid;
-    int rc = userns_spawn(r->id_base, IDRANGE_BLOCK, rootfd, pfd[0], -1, argv, &pid);
-    safe_close(pfd[0]);
-    if (rc < 0) {
-        safe_close(pfd[1]);
+    int rc = userns_spawn(r->id_base, IDRANGE_BLOCK, rootfd, rd, -1, argv, &pid);
+    rd = safe_close(rd);
+    if (rc < 0)
         return rc;
-    }
     char target[160], hdr[CAP_WIRE_MAX + 64];
     (void)snprintf(target, sizeof target, "/v1/runs/%s/state", sandbox);
     (void)snprintf(hdr, sizeof hdr, "X-Sbx-Capability: %s\r\n", cap);
@@ -527,22 +523,19 @@ static int restore_remote(node_t *n, json_t *rs, const run_t *r, const char *roo
     rq.method = "GET";
     rq.target = target;
     rq.headers = hdr;
-    rq.body_fd = pfd[1];
+    rq.body_fd = wr;
     rq.timeout_ms = 300000;
-    httpc_response_t resp = { 0 };
+    _cleanup_(httpc_response_free) httpc_response_t resp = { 0 };
     rc = httpc_do(&rq, &resp);
-    safe_close(pfd[1]);
+    wr = safe_close(wr); /* tar sees the end of the stream */
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
-    if (rc < 0 || resp.status != 200 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        (void)snprintf(err, errlen, "restore from %s:%lld failed: %s (status %d, tar %d)", host,
-                       (long long)port, rc < 0 ? strerror(-rc) : "http", resp.status,
+    if (rc < 0 || resp.status != 200 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return sbx_err(err, rc < 0 ? rc : -EIO,
+                       "restore from %s:%lld failed: %s (status %d, tar %d)", host, (long long)port,
+                       rc < 0 ? strerror(-rc) : "http", resp.status,
                        WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-        httpc_response_free(&resp);
-        return rc < 0 ? rc : -EIO;
-    }
-    httpc_response_free(&resp);
     return 0;
 }
 
@@ -691,7 +684,7 @@ void run_retire(node_t *n, run_t *r)
 /* An image run's writable layer on its disk: upper/ (the run's, owned by its root) and
  * work/ (overlayfs's, the node's). The disk's top directory is never visible inside an image
  * run (its root is upper/ over the image), so these are the node's to make. */
-static int image_layer_dirs(const run_t *r, const char *root, char *err, size_t errlen)
+static int image_layer_dirs(const run_t *r, const char *root, sbx_err_t *err)
 {
     char upper[PATH_MAX + 16], work[PATH_MAX + 16];
     if (path_join(upper, sizeof upper, root, "upper") < 0 ||
@@ -715,11 +708,10 @@ static int image_layer_dirs(const run_t *r, const char *root, char *err, size_t 
     return 0;
 fail:;
     int rc = negative_errno();
-    (void)snprintf(err, errlen, "the run's writable layer: %s", strerror(-rc));
-    return rc;
+    return sbx_err(err, rc, "the run's writable layer: %s", strerror(-rc));
 }
 
-int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
+int run_install_dirs(node_t *n, run_t *r, json_t *spec, sbx_err_t *err)
 {
     json_t *restore = json_object_get(spec, "restore");
     const char *mode = json_string_value(json_object_get(restore, "mode"));
@@ -749,21 +741,19 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
     bool fresh = !keep_root || (access(img, F_OK) < 0 && access(root, F_OK) < 0);
     if (rc >= 0 && fresh && mkdir(root, 0755) < 0 && errno != EEXIST)
         rc = negative_errno();
-    if (rc < 0) {
-        (void)snprintf(err, errlen, "cannot create the run's directories: %s", strerror(-rc));
-        return rc;
-    }
+    if (rc < 0)
+        return sbx_err(err, rc, "cannot create the run's directories: %s", strerror(-rc));
     /* the run's root is a file system of the flavor's size whose root directory belongs to
      * the run's root (host id id_base); the node puts nothing else in it: the run's process
      * makes what a fresh tree needs from inside its namespaces */
     if (fresh)
-        rc = disk_create(img, (uint64_t)disk_mb << 20, r->id_base, err, errlen);
+        rc = disk_create(img, (uint64_t)disk_mb << 20, r->id_base, err);
     if (rc >= 0 && access(img, F_OK) == 0)
-        rc = disk_mount(img, root, err, errlen);
+        rc = disk_mount(img, root, err);
     if (rc < 0)
         return rc;
     if (restore && !keep_root) {
-        rc = restore_remote(n, restore, r, root, err, errlen);
+        rc = restore_remote(n, restore, r, root, err);
         if (rc >= 0)
             node_crash_point(n, "install:after_fetch"); /* a moved root, here, not yet running */
     }
@@ -771,14 +761,14 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen
         return rc;
     /* an image run: its verified rootfs (unpacked once per manifest) under the layer kept on
      * the run's disk, and a node-owned mount point for the idmapped image */
-    rc = image_rootfs(n, r->image, r->image_rootfs, sizeof r->image_rootfs, NULL, err, errlen);
+    rc = image_rootfs(n, r->image, r->image_rootfs, sizeof r->image_rootfs, NULL, err);
     if (rc >= 0)
-        rc = image_layer_dirs(r, root, err, errlen);
+        rc = image_layer_dirs(r, root, err);
     char lower[PATH_MAX + 16];
     if (rc >= 0 && path_join(lower, sizeof lower, r->dir, "lower") >= 0 && mkdir(lower, 0700) < 0 &&
         errno != EEXIST) {
         rc = negative_errno();
-        (void)snprintf(err, errlen, "the image's mount point: %s", strerror(-rc));
+        (void)sbx_err(err, rc, "the image's mount point: %s", strerror(-rc));
     }
     return rc;
 }
@@ -797,16 +787,14 @@ static int run_cgroups(node_t *n, run_t *r, const cg_limits_t *lim, int *fds, ch
 
 /* The node's agent binary for a run: r->exe_dev and r->exe_ino become the identity the bridge
  * requires of the run's listener (bridge.c), and the substrate mounts only that file. */
-static int agent_pin(node_t *n, run_t *r, char *err, size_t errlen)
+static int agent_pin(node_t *n, run_t *r, sbx_err_t *err)
 {
     struct stat st;
     int rc = stat(n->cfg.agent_bin, &st) < 0 ? negative_errno()
              : S_ISREG(st.st_mode)           ? 0
                                              : -ENOEXEC;
-    if (rc < 0) {
-        (void)snprintf(err, errlen, "the agent binary %s: %s", n->cfg.agent_bin, strerror(-rc));
-        return rc;
-    }
+    if (rc < 0)
+        return sbx_err(err, rc, "the agent binary %s: %s", n->cfg.agent_bin, strerror(-rc));
     r->exe_dev = st.st_dev;
     r->exe_ino = st.st_ino;
     return 0;
@@ -827,23 +815,17 @@ static int run_cloned(void *arg, pid_t pid, uint64_t start_time)
     return run_save(cx->r);
 }
 
-int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errlen)
+int run_install_spawn(node_t *n, run_t *r, json_t *spec, sbx_err_t *err)
 {
     const char *why = "invalid job spec";
-    sbx_err_t e;
     _cleanup_strv_free_ char **env = NULL;
-    strv_t argv = { 0 };
-    int rc = build_env(spec, r->pool_host, &env, &e);
-    if (rc < 0) {
-        (void)snprintf(err, errlen, "%s", e.msg);
+    _cleanup_(strv_clear) strv_t argv = { 0 };
+    int rc = build_env(spec, r->pool_host, &env, err);
+    if (rc < 0)
         return rc;
-    }
     rc = build_argv(spec, r->pool_host, &argv, &why);
-    if (rc < 0) {
-        (void)snprintf(err, errlen, "%s", why);
-        strv_clear(&argv);
-        return rc;
-    }
+    if (rc < 0)
+        return sbx_err(err, rc, "%s", why);
     json_t *fl = json_object_get(spec, "flavor");
     json_int_t mem_mb = 0, pids = 0, cpu_milli = 0;
     (void)json_unpack(fl, "{s?I,s?I,s?I}", "memory_mb", &mem_mb, "pids", &pids, "cpu_milli",
@@ -858,10 +840,8 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     char cgdirs[SUBSTRATE_MAX_CGROUPS + 1][192] = { { 0 } };
     const char *cgnames[SUBSTRATE_MAX_CGROUPS + 1] = { 0 };
     const char *cgdirp[SUBSTRATE_MAX_CGROUPS + 1] = { 0 };
-    if (n->cg.enabled && run_cgroups(n, r, &lim, cgfds, cgdirs, cgnames) < 0) {
-        (void)snprintf(err, errlen, "cannot prepare the run's cgroups: %s", strerror(errno));
-        rc = -EIO;
-    }
+    if (n->cg.enabled && run_cgroups(n, r, &lim, cgfds, cgdirs, cgnames) < 0)
+        rc = sbx_err(err, -EIO, "cannot prepare the run's cgroups: %s", strerror(errno));
     for (size_t i = 0; i < SUBSTRATE_MAX_CGROUPS && cgnames[i]; i++)
         cgdirp[i] = cgdirs[i];
     int sock = -1, userns = -1, out = -1, netns = -1;
@@ -870,23 +850,23 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     (void)path_join(lower, sizeof lower, r->dir, "lower");
     bool imaged = !streq(r->image, "host") && r->image_rootfs[0];
     if (rc >= 0 && (rc = userns_create(r->id_base, IDRANGE_BLOCK, &userns)) < 0)
-        (void)snprintf(err, errlen, "user namespace: %s", strerror(-rc));
+        (void)sbx_err(err, rc, "user namespace: %s", strerror(-rc));
     if (rc >= 0 && (rc = output_open(n, r, true, &out)) < 0)
-        (void)snprintf(err, errlen, "output fifo: %s", strerror(-rc));
+        (void)sbx_err(err, rc, "output fifo: %s", strerror(-rc));
     if (rc >= 0 && r->egress &&
-        (rc = egress_netns_make(egress_owner(r), &r->holder_pid, &netns, err, errlen)) >= 0) {
+        (rc = egress_netns_make(egress_owner(r), &r->holder_pid, &netns, err)) >= 0) {
         (void)proc_start_time(r->holder_pid, &r->holder_start);
         r->holder_child = (child_t){ .pid = r->holder_pid, .on_exit = holder_exited, .data = r };
         reaper_add(&n->srv.reaper, &r->holder_child);
         if ((rc = run_save(r)) < 0) /* the holder is recorded before anything else starts */
-            (void)snprintf(err, errlen, "cannot record the run: %s", strerror(-rc));
+            (void)sbx_err(err, rc, "cannot record the run: %s", strerror(-rc));
     }
     if (rc >= 0 && (rc = make_bridge_socket(r, &sock)) < 0)
-        (void)snprintf(err, errlen, "bridge socket: %s", strerror(-rc));
+        (void)sbx_err(err, rc, "bridge socket: %s", strerror(-rc));
     /* The agent binary, pinned by device and inode: the run gets this very file (read-only),
      * and the bridge accepts as its listener only a process executing it */
     if (rc >= 0)
-        rc = agent_pin(n, r, err, errlen);
+        rc = agent_pin(n, r, err);
     if (rc >= 0) {
         substrate_spec_t sp = { .root = root,
                                 .agent_bin = n->cfg.agent_bin,
@@ -911,7 +891,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
                                 .etc_ld_cache_len = n->ld_cache_len,
                                 .cloned = run_cloned,
                                 .cloned_arg = &(cloned_ctx_t){ n, r } };
-        rc = substrate_spawn(&sp, &r->pid, &r->start_time, err, errlen);
+        rc = substrate_spawn(&sp, &r->pid, &r->start_time, err);
     }
     safe_close(sock);
     safe_close(userns);
@@ -919,7 +899,6 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
     safe_close(netns);
     for (int i = 0; i < SUBSTRATE_MAX_CGROUPS + 1; i++)
         safe_close(cgfds[i]);
-    strv_clear(&argv);
     if (rc < 0) {
         pasta_stop(n, r);
         output_close(r);
@@ -934,7 +913,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
         char tun[PATH_MAX + 8];
         (void)path_join(tun, sizeof tun, r->dir, "tun");
         rc = egress_start(r->holder_pid, egress_owner(r), json_object_get(spec, "egress_allow"),
-                          tun, &pp, err, errlen);
+                          tun, &pp, err);
         if (rc < 0)
             return rc;
         r->pasta_pid = pp;
@@ -950,8 +929,7 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, char *err, size_t errle
  * replace the old one (its streams end and its capabilities stop matching now). On 0, *ret is
  * the new run, not yet in n->runs (run_install_finish links it). -EEXIST: that very run is
  * installed and running (*ret is it); -ESTALE: a newer one is. */
-int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err, size_t errlen,
-                        run_t **ret)
+int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, sbx_err_t *err, run_t **ret)
 {
     run_t *old = node_find_run(n, id->sandbox);
     if (old && cap_run_equal(&old->id, id) && old->state == RUN_RUNNING) {
@@ -959,9 +937,8 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
         return -EEXIST;
     }
     if (old && old->id.generation > id->generation) {
-        (void)snprintf(err, errlen, "a newer run (generation %llu) is installed",
+        return sbx_err(err, -ESTALE, "a newer run (generation %llu) is installed",
                        (unsigned long long)old->id.generation);
-        return -ESTALE;
     }
     _cleanup_free_ run_t *r = calloc(1, sizeof *r);
     if (!r)
@@ -971,35 +948,30 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
     r->id = *id;
     r->installing = true;
     if (parse_expose(json_object_get(spec, "expose"), r) < 0) {
-        (void)snprintf(err, errlen,
+        return sbx_err(err, -EINVAL,
                        "expose: expected [{port: 1..65535, protocol: http|websocket}]");
-        return -EINVAL;
     }
     const char *image = json_string_value(json_object_get(spec, "image"));
     if (!image)
         image = "host";
     if (!streq(image, "host") && !image_name_valid(image)) {
-        (void)snprintf(err, errlen, "image: \"host\" or an image name");
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "image: \"host\" or an image name");
     }
     (void)snprintf(r->image, sizeof r->image, "%s", image);
     json_t *mode = json_object_get(spec, "mode");
     if (mode && !(json_is_string(mode) && (streq(json_string_value(mode), "dedicated") ||
                                            streq(json_string_value(mode), "pool")))) {
-        (void)snprintf(err, errlen, "mode: \"dedicated\" or \"pool\"");
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "mode: \"dedicated\" or \"pool\"");
     }
     r->pool_host = mode && streq(json_string_value(mode), "pool");
     const char *net = json_string_value(json_object_get(spec, "network"));
     if (net && !streq(net, "none") && !streq(net, "egress")) {
-        (void)snprintf(err, errlen, "network: \"none\" or \"egress\"");
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "network: \"none\" or \"egress\"");
     }
     r->egress = net && streq(net, "egress");
     if (r->egress) {
-        _cleanup_free_ char *rules =
-            egress_ruleset(json_object_get(spec, "egress_allow"), err, errlen);
-        if (!rules)
+        _cleanup_free_ char *rules = NULL;
+        if (egress_ruleset(json_object_get(spec, "egress_allow"), &rules, err) < 0)
             return -EINVAL;
     }
     char runs[PATH_MAX];
@@ -1010,17 +982,15 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, char *err,
                        (int)sizeof r->sock_path)
         rc = -ENAMETOOLONG;
     if (rc < 0) {
-        (void)snprintf(err, errlen, "state directory path too long");
-        return rc;
+        return sbx_err(err, rc, "state directory path too long");
     }
     /* A sandbox keeps its id block on this node from run to run (its kept root is owned by
      * it); a new one takes a free block. */
     if (old)
         r->id_base = old->id_base;
     else if ((rc = idrange_take(&n->ids, &r->id_base)) < 0) {
-        (void)snprintf(err, errlen, "no free block of ids for a user namespace (%u in use)",
+        return sbx_err(err, rc, "no free block of ids for a user namespace (%u in use)",
                        n->ids.n_used);
-        return rc;
     }
     if (old) {
         run_stop(n, old);
@@ -1086,10 +1056,11 @@ int run_state_archive_start(node_t *n, run_t *r, conn_t *c)
     if (!h)
         return -ENOMEM;
     (void)path_join(root, sizeof root, r->dir, "root");
-    char img[PATH_MAX + 16], err[256];
+    char img[PATH_MAX + 16];
+    sbx_err_t err;
     (void)path_join(img, sizeof img, r->dir, "disk.img");
-    if (access(img, F_OK) == 0 && disk_mount(img, root, err, sizeof err) < 0) {
-        log_warn("run %s: %s", r->id.sandbox, err);
+    if (access(img, F_OK) == 0 && disk_mount(img, root, &err) < 0) {
+        log_warn("run %s: %s", r->id.sandbox, err.msg);
         return -EIO;
     }
     char rnd[9];

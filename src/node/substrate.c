@@ -749,17 +749,14 @@ int proc_start_time(pid_t pid, uint64_t *ret)
     return proc_stat_start_time(fd, ret);
 }
 
-int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_start, char *err,
-                    size_t errlen)
+int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_start, sbx_err_t *err)
 {
     _cleanup_free_ paths_t *p = calloc(1, sizeof *p);
     if (!p)
         return -ENOMEM;
     int r = build_paths(sp, p);
-    if (r < 0) {
-        (void)snprintf(err, errlen, "paths: %s", strerror(-r));
-        return r;
-    }
+    if (r < 0)
+        return sbx_err(err, r, "paths: %s", strerror(-r));
     int pfd[2], gfd[2];
     if (pipe2(pfd, O_CLOEXEC) < 0)
         return negative_errno();
@@ -779,8 +776,7 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
         safe_close(pfd[1]);
         safe_close(gfd[0]);
         safe_close(gfd[1]);
-        (void)snprintf(err, errlen, "clone: %s", strerror(-r));
-        return r;
+        return sbx_err(err, r, "clone: %s", strerror(-r));
     }
     if (pid == 0) {
         close(gfd[1]); /* the node's end: its death must read as EOF here */
@@ -800,9 +796,8 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
         (void)waitpid(pid, NULL, 0);
         safe_close(gfd[1]);
         safe_close(pfd[0]);
-        (void)snprintf(err, errlen, "cannot record the run's process: %s",
+        return sbx_err(err, r < 0 ? r : -EPIPE, "cannot record the run's process: %s",
                        strerror(r < 0 ? -r : EPIPE));
-        return r < 0 ? r : -EPIPE;
     }
     safe_close(gfd[1]);
     int e[2];
@@ -814,15 +809,13 @@ int substrate_spawn(const substrate_spec_t *sp, pid_t *ret_pid, uint64_t *ret_st
     if (n == sizeof e) {
         (void)waitpid(pid, NULL, 0);
         const char *what = e[0] >= 0 && e[0] < ST_MAX_ ? step_names[e[0]] : "?";
-        (void)snprintf(err, errlen, "run setup failed at \"%s\": %s", what, strerror(e[1]));
-        return -e[1] ?: -EIO;
+        return sbx_err(err, -e[1] ?: -EIO, "run setup failed at \"%s\": %s", what, strerror(e[1]));
     }
     uint64_t now;
     if (proc_start_time(pid, &now) < 0 || now != start) {
         (void)kill(pid, SIGKILL);
         (void)waitpid(pid, NULL, 0);
-        (void)snprintf(err, errlen, "run exited at once");
-        return -ESRCH;
+        return sbx_err(err, -ESRCH, "run exited at once");
     }
     *ret_pid = pid;
     *ret_start = start;

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/err.h"
 #include "isolation/filter.h"
 
 #define SUBSTRATE_AGENT_PATH "/.sbx/bin/sbx-server"
@@ -70,8 +71,8 @@ typedef struct {
  * *ret_start its start time (clock ticks since boot, /proc/<pid>/stat field 22): together they
  * identify the process even after the pid is reused. On failure err says which setup step
  * failed and why. */
-int substrate_spawn(const substrate_spec_t *spec, pid_t *ret_pid, uint64_t *ret_start, char *err,
-                    size_t errlen);
+int substrate_spawn(const substrate_spec_t *spec, pid_t *ret_pid, uint64_t *ret_start,
+                    sbx_err_t *err);
 
 /* Start time of pid (field 22 of /proc/<pid>/stat), or -errno (-ESRCH for a dead process,
  * zombies included). */

@@ -432,13 +432,13 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
         e->in_data = TAKE_PTR(spec->stdin_data);
         e->in_len = spec->stdin_len;
     }
-    char why[160];
-    int r = spawn_command(s, spec, conn_sandbox(c), exec_started, e, why, sizeof why);
+    sbx_err_t why;
+    int r = spawn_command(s, spec, conn_sandbox(c), exec_started, e, &why);
     if (r < 0) {
         if (r == -ESRCH)
-            http_bad_request(c, 0, "%s", why); /* the sandbox was deleted */
+            http_bad_request(c, 0, "%s", why.msg); /* the sandbox was deleted */
         else
-            http_bad_request(c, 0, "failed to start %s: %s", spec->argv[0], why);
+            http_bad_request(c, 0, "failed to start %s: %s", spec->argv[0], why.msg);
         free(e->in_data);
         free(e->argv0);
         free(e);

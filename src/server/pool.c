@@ -1064,7 +1064,7 @@ void sandbox_cmd_done(cmdcg_t *cg)
 int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
                          int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *ret_spec,
                          char *cands, size_t cap, cmdcg_req_t *ret_cmdcg, cmdcg_t *ret_cg,
-                         char *err, size_t errlen)
+                         sbx_err_t *err)
 {
     pool_t *p = sb->pool;
     confine_spec_t spec = { 0 };
@@ -1072,13 +1072,11 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     int r;
 
     if (sb->deleted) {
-        (void)snprintf(err, errlen, "sandbox has been deleted");
-        return -ESRCH;
+        return sbx_err(err, -ESRCH, "sandbox has been deleted");
     }
     r = sandbox_rel_path(sb, cwd ? cwd : "", rel, sizeof rel);
     if (r < 0) {
-        (void)snprintf(err, errlen, "invalid cwd");
-        return r;
+        return sbx_err(err, r, "invalid cwd");
     }
     spec.uid = spec.gid = sb->uid;
     spec.mntns_fd = p->hidepid ? p->ns.ns_fd : -1;
@@ -1089,8 +1087,7 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         cg_limits_t lim = { .mem_bytes = sb->max_mem_mb << 20, .pids = sb->max_procs };
         r = cgroup_prepare(&p->cg, sb->uid - (uint32_t)p->cfg.uid_base, &lim, sb->cg_fds, 4);
         if (r < 0) {
-            (void)snprintf(err, errlen, "cannot prepare the sandbox cgroup: %s", strerror(-r));
-            return r;
+            return sbx_err(err, r, "cannot prepare the sandbox cgroup: %s", strerror(-r));
         }
     }
     int k = 0;
@@ -1109,8 +1106,7 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
                        (unsigned long long)++p->cmd_seq);
         if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, ret_cmdcg->name) >=
             (int)sizeof cg.dir) {
-            (void)snprintf(err, errlen, "cgroup path too long");
-            return -ENAMETOOLONG;
+            return sbx_err(err, -ENAMETOOLONG, "cgroup path too long");
         }
         ret_cmdcg->root = p->cg.v2_root;
     }
@@ -1129,8 +1125,7 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     spec.home_path = sb->home;
     r = confine_resolve_candidates(&spec, argv[0], envp_get(envp, "PATH"), cands, cap);
     if (r < 0) {
-        (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
-        return r;
+        return sbx_err(err, r, "cannot resolve %s", argv[0]);
     }
     /* cwd_rel must outlive this frame: kept after the candidates in cands */
     size_t used = 0;
@@ -1143,8 +1138,7 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         memcpy(cands, rel, strlen(rel) + 1);
         spec.cwd_rel = cands;
     } else {
-        (void)snprintf(err, errlen, "cannot resolve %s", argv[0]);
-        return -E2BIG;
+        return sbx_err(err, -E2BIG, "cannot resolve %s", argv[0]);
     }
     spec.argv = argv;
     spec.envp = envp;

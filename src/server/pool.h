@@ -158,7 +158,7 @@ void pool_evict_idle(pool_t *p, uint64_t now_ms);
 int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,
                          int stdin_fd, int stdout_fd, int stderr_fd, confine_spec_t *spec,
                          char *cands, size_t cap, cmdcg_req_t *ret_cmdcg, cmdcg_t *ret_cg,
-                         char *err, size_t errlen);
+                         sbx_err_t *err);
 /* A command of the sandbox is killed (timeout, kill, client gone): everything in its cgroup2
  * group goes at once, setsid() descendants included. No-op without a group. */
 void sandbox_cmd_kill(cmdcg_t *cg);

@@ -555,13 +555,13 @@ static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pendin
     pp->p = p;
     pp->has_stdin = spec->has_stdin;
     pp->timeout_ms = spec->timeout_ms;
-    char err[160];
-    int r = spawn_command(s, spec, sb, proc_started, pp, err, sizeof err);
+    sbx_err_t err;
+    int r = spawn_command(s, spec, sb, proc_started, pp, &err);
     if (r < 0) {
         if (r == -ESRCH)
-            (void)snprintf(why, whylen, "%s", err); /* the sandbox was deleted */
+            (void)snprintf(why, whylen, "%s", err.msg); /* the sandbox was deleted */
         else
-            (void)snprintf(why, whylen, "failed to start %s: %s", spec->argv[0], err);
+            (void)snprintf(why, whylen, "failed to start %s: %s", spec->argv[0], err.msg);
         proc_free(p);
         free(pp->argv0);
         free(pp);

@@ -294,34 +294,33 @@ static int pty_stdio(const exec_spec_t *spec, int out[2], int errp[2], int in[2]
 }
 
 int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_done_cb done,
-                  void *data, char *err, size_t errlen)
+                  void *data, sbx_err_t *err)
 {
     int out[2] = { -1, -1 }, errp[2] = { -1, -1 }, in[2] = { -1, -1 };
     int r;
     bool want_in = spec->has_stdin || spec->stdin_stream || spec->pty;
 
-    (void)snprintf(err, errlen, "%s", strerror(ENOMEM));
-    if (!s->spawner && (r = spawner_new(s, &s->spawner)) < 0) {
-        (void)snprintf(err, errlen, "cannot start the spawn helpers: %s", strerror(-r));
-        return r;
-    }
+    if (!s->spawner && (r = spawner_new(s, &s->spawner)) < 0)
+        return sbx_err(err, r, "cannot start the spawn helpers: %s", strerror(-r));
     spawn_req_t *q = calloc(1, sizeof *q);
     if (!q)
-        return -ENOMEM;
+        return sbx_err(err, -ENOMEM, "%s", strerror(ENOMEM));
     if (spec->pty) {
         if ((r = pty_stdio(spec, out, errp, in)) < 0) {
-            (void)snprintf(err, errlen, "cannot make a pseudo-terminal: %s", strerror(-r));
+            (void)sbx_err(err, r, "cannot make a pseudo-terminal: %s", strerror(-r));
             goto fail;
         }
     } else {
-        if ((r = make_pipe(out, true)) < 0)
+        if ((r = make_pipe(out, true)) < 0 || (r = make_pipe(errp, true)) < 0) {
+            (void)sbx_err(err, r, "%s", strerror(ENOMEM)); /* the message it always had */
             goto fail;
-        if ((r = make_pipe(errp, true)) < 0)
-            goto fail;
+        }
         /* Without stdin data the command reads EOF from an empty pipe; no /dev/null is needed,
          * so the server also works in a root filesystem that has no /dev. */
-        if ((r = make_pipe(in, false)) < 0)
+        if ((r = make_pipe(in, false)) < 0) {
+            (void)sbx_err(err, r, "%s", strerror(ENOMEM));
             goto fail;
+        }
         if (!want_in)
             in[1] = safe_close(in[1]);
     }
@@ -335,7 +334,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
     cmdcg_req_t cgq = { .root = NULL };
     if (sb) {
         r = sandbox_exec_prepare(sb, spec->argv, spec->envp, spec->cwd, child_in, out[1], child_err,
-                                 &c, cands, sizeof cands, &cgq, &cg, err, errlen);
+                                 &c, cands, sizeof cands, &cgq, &cg, err);
     } else {
         c = (confine_spec_t){ .argv = spec->argv,
                               .envp = spec->envp,
@@ -348,7 +347,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
                               .ruleset_fd = -1 };
         r = plain_candidates(&c, spec->argv[0], cands, sizeof cands);
         if (r < 0)
-            (void)snprintf(err, errlen, "%s", strerror(-r));
+            (void)sbx_err(err, r, "%s", strerror(-r));
     }
     if (r < 0)
         goto fail;
@@ -365,7 +364,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
     r = spawner_submit(s->spawner, sb ? SPAWN_CONFINED : SPAWN_PLAIN, &c, &cgq, owned, n_owned, sb,
                        spawn_answered, q);
     if (r < 0) {
-        (void)snprintf(err, errlen, "cannot hand the command to a spawn helper: %s", strerror(-r));
+        (void)sbx_err(err, r, "cannot hand the command to a spawn helper: %s", strerror(-r));
         spawned_close(&q->sp);
         sandbox_cmd_done(&q->sp.cg);
         sandbox_unref(q->sb);

@@ -71,7 +71,7 @@ typedef void (*spawn_done_cb)(void *data, int r, spawned_t *sp, const char *err)
  * cannot be started fails (in done(), or here with -errno and err) before any stream begins;
  * -ESRCH: the sandbox was deleted. */
 int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_done_cb done,
-                  void *data, char *err, size_t errlen);
+                  void *data, sbx_err_t *err);
 void spawned_close(spawned_t *sp);
 
 /* Output events. `carry` holds up to 3 bytes of a UTF-8 sequence split across reads. */

@@ -64,8 +64,9 @@ TEST(entries_that_say_more_or_less_than_they_mean_are_refused)
 TEST(the_ruleset_refuses_the_host_before_any_allowed_entry)
 {
     json_t *allow = json_pack("[s,s]", "10.1.0.0/16:8080", "[2001:db8::/32]:443");
-    char err[128];
-    char *rules = egress_ruleset(allow, err, sizeof err);
+    sbx_err_t err;
+    char *rules = NULL;
+    ASSERT_EQ(egress_ruleset(allow, &rules, &err), 0);
     ASSERT_TRUE(rules != NULL);
     const char *deny = strstr(rules, "ip daddr @deny4 jump refuse");
     const char *entry =
@@ -82,12 +83,15 @@ TEST(the_ruleset_refuses_the_host_before_any_allowed_entry)
     free(rules);
     json_decref(allow);
     json_t *none = json_array();
-    rules = egress_ruleset(none, err, sizeof err);
+    rules = NULL;
+    ASSERT_EQ(egress_ruleset(none, &rules, &err), 0);
     ASSERT_TRUE(rules && strstr(rules, "ip daddr @private4 jump refuse"));
     free(rules);
     json_decref(none);
     json_t *bad = json_pack("[s]", "10.0.0.1/8");
-    ASSERT_TRUE(egress_ruleset(bad, err, sizeof err) == NULL);
+    rules = NULL;
+    ASSERT_EQ(egress_ruleset(bad, &rules, &err), -EINVAL);
+    ASSERT_TRUE(rules == NULL && strstr(err.msg, "does not parse"));
     json_decref(bad);
 }
 

@@ -249,6 +249,7 @@ static void corrupt(const char *name, const char *digest, size_t off)
 
 TEST(a_good_image_resolves_with_its_files_owners_and_size)
 {
+    sbx_err_t err = { 0 };
     const ent_t e[] = {
         { "./", 'd', NULL, 0, 0 },
         { "./etc/", 'd', NULL, 0, 0 },
@@ -261,11 +262,11 @@ TEST(a_good_image_resolves_with_its_files_owners_and_size)
         { "./bin", 'l', "usr/bin", 0, 0 },
     };
     blob_t l = make_layer(e, ELEMENTSOF(e), true);
-    char md[72], err[512] = "", buf[256], p[PATH_MAX + 64];
+    char md[72], buf[256], p[PATH_MAX + 64];
     make_image("good", &l, 1, md);
     image_t img;
-    int r = image_resolve(g_imgs, "good", IMAGE_VERIFY_ALL, &img, err, sizeof err);
-    printf("# %s\n", err);
+    int r = image_resolve(g_imgs, "good", IMAGE_VERIFY_ALL, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, 0);
     ASSERT_STREQ(img.name, "good");
     ASSERT_STREQ(img.digest, md);
@@ -298,17 +299,18 @@ TEST(a_good_image_resolves_with_its_files_owners_and_size)
 
 TEST(resolving_twice_unpacks_once)
 {
+    sbx_err_t err = { 0 };
     const ent_t e[] = { { "f", 'f', "one", 0, 0 } };
     blob_t l = make_layer(e, 1, false); /* an uncompressed layer */
-    char err[512] = "", p[PATH_MAX + 64];
+    char p[PATH_MAX + 64];
     make_image("twice", &l, 1, NULL);
     image_t a, b, c;
-    ASSERT_EQ(image_resolve(g_imgs, "twice", 0, &a, err, sizeof err), 0);
+    ASSERT_EQ(image_resolve(g_imgs, "twice", 0, &a, &err), 0);
     /* a file the unpacker never wrote: a second unpack would not have it */
     (void)snprintf(p, sizeof p, "%s/marker", a.rootfs);
     write_file(p, "x", 1);
-    ASSERT_EQ(image_resolve(g_imgs, "twice", 0, &b, err, sizeof err), 0);
-    ASSERT_EQ(image_resolve(g_imgs, "twice", IMAGE_VERIFY_ALL, &c, err, sizeof err), 0);
+    ASSERT_EQ(image_resolve(g_imgs, "twice", 0, &b, &err), 0);
+    ASSERT_EQ(image_resolve(g_imgs, "twice", IMAGE_VERIFY_ALL, &c, &err), 0);
     ASSERT_STREQ(a.rootfs, b.rootfs);
     ASSERT_STREQ(a.rootfs, c.rootfs);
     ASSERT_TRUE(exists(p));
@@ -318,6 +320,7 @@ TEST(resolving_twice_unpacks_once)
 
 TEST(a_layer_of_two_gzip_members_resolves)
 {
+    sbx_err_t err = { 0 };
     char big[300000];
     for (size_t i = 0; i < sizeof big - 1; i++)
         big[i] = (char)('a' + (i * 7919) % 26);
@@ -325,11 +328,11 @@ TEST(a_layer_of_two_gzip_members_resolves)
     const ent_t e[] = { { "big", 'f', big, 0, 0 }, { "small", 'f', "s", 0, 0 } };
     blob_t l = make_layer(e, ELEMENTSOF(e), false);
     regzip_in_two(&l);
-    char err[512] = "", p[PATH_MAX + 64];
+    char p[PATH_MAX + 64];
     image_t img;
     make_image("members", &l, 1, NULL);
-    int r = image_resolve(g_imgs, "members", 0, &img, err, sizeof err);
-    printf("# %s\n", err);
+    int r = image_resolve(g_imgs, "members", 0, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, 0);
     ASSERT_EQ_U(img.size, sizeof big - 1 + 1);
     (void)snprintf(p, sizeof p, "%s/small", img.rootfs);
@@ -339,34 +342,36 @@ TEST(a_layer_of_two_gzip_members_resolves)
 
 TEST(a_corrupted_blob_is_refused)
 {
+    sbx_err_t err = { 0 };
     const ent_t e[] = { { "f", 'f', "some content that is long enough", 0, 0 } };
     blob_t l = make_layer(e, 1, true);
-    char err[512] = "", md[72];
+    char md[72];
     image_t img;
     /* positive control: the same image, untouched, resolves */
     make_image("intact", &l, 1, NULL);
-    ASSERT_EQ(image_resolve(g_imgs, "intact", 0, &img, err, sizeof err), 0);
+    ASSERT_EQ(image_resolve(g_imgs, "intact", 0, &img, &err), 0);
     /* the cache is content-addressed: an unpacked manifest's rootfs came from verified bytes,
      * so only a full check (IMAGE_VERIFY_ALL, what a node does at startup) hashes its layers
      * again */
     corrupt("intact", l.digest, l.n / 2);
-    ASSERT_EQ(image_resolve(g_imgs, "intact", 0, &img, err, sizeof err), 0);
-    ASSERT_EQ(image_resolve(g_imgs, "intact", IMAGE_VERIFY_ALL, &img, err, sizeof err), -EBADMSG);
+    ASSERT_EQ(image_resolve(g_imgs, "intact", 0, &img, &err), 0);
+    ASSERT_EQ(image_resolve(g_imgs, "intact", IMAGE_VERIFY_ALL, &img, &err), -EBADMSG);
     const ent_t e2[] = { { "f", 'f', "other content, never unpacked before", 0, 0 } };
     blob_t l2 = make_layer(e2, 1, true);
     make_image("bitflip", &l2, 1, md);
     corrupt("bitflip", l2.digest, l2.n / 2);
-    int r = image_resolve(g_imgs, "bitflip", 0, &img, err, sizeof err);
-    printf("# %s\n", err);
+    int r = image_resolve(g_imgs, "bitflip", 0, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, -EBADMSG);
-    ASSERT_TRUE(strstr(err, "image bitflip: blob ") && strstr(err, "does not match its digest"));
+    ASSERT_TRUE(strstr(err.msg, "image bitflip: blob ") &&
+                strstr(err.msg, "does not match its digest"));
     char p[PATH_MAX];
     (void)snprintf(p, sizeof p, "%s/.rootfs/%s", g_imgs, md + 7);
     ASSERT_FALSE(exists(p)); /* nothing unpacked */
     /* the manifest itself */
     make_image("badman", &l2, 1, md);
     corrupt("badman", md, 10);
-    ASSERT_EQ(image_resolve(g_imgs, "badman", 0, &img, err, sizeof err), -EBADMSG);
+    ASSERT_EQ(image_resolve(g_imgs, "badman", 0, &img, &err), -EBADMSG);
     blob_free(&l);
     blob_free(&l2);
 }
@@ -376,13 +381,13 @@ TEST(a_layer_whose_content_does_not_match_its_diff_id_is_refused)
     const ent_t e[] = { { "f", 'f', "a", 0, 0 } }, e2[] = { { "f", 'f', "b", 0, 0 } };
     blob_t l = make_layer(e, 1, true), other = make_layer(e2, 1, true);
     memcpy(l.diff_id, other.diff_id, sizeof l.diff_id); /* blob digest right, diff_id wrong */
-    char err[512] = "";
+    sbx_err_t err = { 0 };
     image_t img;
     make_image("diffid", &l, 1, NULL);
-    int r = image_resolve(g_imgs, "diffid", 0, &img, err, sizeof err);
-    printf("# %s\n", err);
+    int r = image_resolve(g_imgs, "diffid", 0, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, -EBADMSG);
-    ASSERT_TRUE(strstr(err, "diff_id") != NULL);
+    ASSERT_TRUE(strstr(err.msg, "diff_id") != NULL);
     blob_free(&l);
     blob_free(&other);
 }
@@ -394,16 +399,17 @@ static void hostile(const char *name, const ent_t *bad, const char *outside)
     ent_t e[3] = { { "ok", 'f', "fine", 0, 0 }, bad[0], bad[1] };
     size_t n = bad[1].path ? 3 : 2;
     blob_t l = make_layer(e, n, true), ctl = make_layer(e, 1, true);
-    char err[512] = "", cname[64];
+    char cname[64];
+    sbx_err_t err = { 0 };
     image_t img;
     make_image(name, &l, 1, NULL);
-    int r = image_resolve(g_imgs, name, 0, &img, err, sizeof err);
-    printf("# %s: %s\n", name, err);
+    int r = image_resolve(g_imgs, name, 0, &img, &err);
+    printf("# %s: %s\n", name, err.msg);
     ASSERT_EQ(r, -EPERM);
     ASSERT_FALSE(exists(outside));
     (void)snprintf(cname, sizeof cname, "%s-control", name);
     make_image(cname, &ctl, 1, NULL);
-    ASSERT_EQ(image_resolve(g_imgs, cname, 0, &img, err, sizeof err), 0);
+    ASSERT_EQ(image_resolve(g_imgs, cname, 0, &img, &err), 0);
     blob_free(&l);
     blob_free(&ctl);
 }
@@ -443,15 +449,16 @@ TEST(path_traversal_absolute_paths_hard_links_out_and_devices_are_refused)
  * dangles there: that write is refused; links to the root itself are followed into the rootfs. */
 TEST(writes_through_escaping_symlinks_never_reach_the_host)
 {
-    char outside[256], target[400], p[PATH_MAX + 400], err[512] = "";
+    sbx_err_t err = { 0 };
+    char outside[256], target[400], p[PATH_MAX + 400];
     (void)snprintf(outside, sizeof outside, "%s/outside2", g_dir);
     mkdir(outside, 0755);
     const ent_t abs[] = { { "esc", 'l', outside, 0, 0 }, { "esc/through-abs", 'f', "x", 0, 0 } };
     blob_t la = make_layer(abs, ELEMENTSOF(abs), true);
     image_t img;
     make_image("symabs", &la, 1, NULL);
-    int r = image_resolve(g_imgs, "symabs", 0, &img, err, sizeof err);
-    printf("# %s\n", err);
+    int r = image_resolve(g_imgs, "symabs", 0, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, -EPERM);
     (void)snprintf(target, sizeof target, "%s/through-abs", outside);
     ASSERT_FALSE(exists(target));
@@ -464,8 +471,8 @@ TEST(writes_through_escaping_symlinks_never_reach_the_host)
     };
     blob_t lc = make_layer(climb, ELEMENTSOF(climb), true);
     make_image("symclimb", &lc, 1, NULL);
-    r = image_resolve(g_imgs, "symclimb", 0, &img, err, sizeof err);
-    printf("# %s\n", err);
+    r = image_resolve(g_imgs, "symclimb", 0, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, 0);
     /* where an escape would have written: g_dir is four levels above the rootfs, and / */
     (void)snprintf(target, sizeof target, "%s/through-rel", g_dir);
@@ -482,6 +489,7 @@ TEST(writes_through_escaping_symlinks_never_reach_the_host)
 
 TEST(whiteouts_remove_lower_files_and_opaque_dirs_hide_lower_entries)
 {
+    sbx_err_t err = { 0 };
     const ent_t lower[] = {
         { "a/", 'd', NULL, 0, 0 },      { "a/keep", 'f', "k", 0, 0 },
         { "a/gone", 'f', "g", 0, 0 },   { "a/sub/", 'd', NULL, 0, 0 },
@@ -496,11 +504,11 @@ TEST(whiteouts_remove_lower_files_and_opaque_dirs_hide_lower_entries)
     };
     blob_t l[2] = { make_layer(lower, ELEMENTSOF(lower), true),
                     make_layer(upper, ELEMENTSOF(upper), true) };
-    char err[512] = "", p[PATH_MAX + 64];
+    char p[PATH_MAX + 64];
     image_t img;
     make_image("wh", l, 2, NULL);
-    int r = image_resolve(g_imgs, "wh", 0, &img, err, sizeof err);
-    printf("# %s\n", err);
+    int r = image_resolve(g_imgs, "wh", 0, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, 0);
     static const char *const present[] = { "a/keep", "d/new", "d/later" };
     static const char *const absent[] = { "a/gone",     "a/sub",          "d/x",      "d/y",
@@ -523,29 +531,30 @@ TEST(whiteouts_remove_lower_files_and_opaque_dirs_hide_lower_entries)
 
 TEST(unknown_and_malformed_images_say_why)
 {
-    char err[512] = "", p[512];
+    sbx_err_t err = { 0 };
+    char p[512];
     image_t img;
-    ASSERT_EQ(image_resolve(g_imgs, "nosuch", 0, &img, err, sizeof err), -ENOENT);
-    ASSERT_TRUE(strstr(err, "image nosuch: unknown image") == err);
-    ASSERT_EQ(image_resolve(g_imgs, "../good", 0, &img, err, sizeof err), -ENOENT);
-    ASSERT_EQ(image_resolve(g_imgs, "host", 0, &img, err, sizeof err), -ENOENT);
+    ASSERT_EQ(image_resolve(g_imgs, "nosuch", 0, &img, &err), -ENOENT);
+    ASSERT_TRUE(strstr(err.msg, "image nosuch: unknown image") == err.msg);
+    ASSERT_EQ(image_resolve(g_imgs, "../good", 0, &img, &err), -ENOENT);
+    ASSERT_EQ(image_resolve(g_imgs, "host", 0, &img, &err), -ENOENT);
     const ent_t e[] = { { "f", 'f', "x", 0, 0 } };
     blob_t l = make_layer(e, 1, true);
     make_image("garbled", &l, 1, NULL);
     (void)snprintf(p, sizeof p, "%s/garbled/index.json", g_imgs);
     write_file(p, "{\"schemaVersion\":2,\"manifests\":[{]}", 35);
-    int r = image_resolve(g_imgs, "garbled", 0, &img, err, sizeof err);
-    printf("# %s\n", err);
+    int r = image_resolve(g_imgs, "garbled", 0, &img, &err);
+    printf("# %s\n", err.msg);
     ASSERT_EQ(r, -EINVAL);
-    ASSERT_TRUE(strstr(err, "malformed layout") != NULL);
+    ASSERT_TRUE(strstr(err.msg, "malformed layout") != NULL);
     /* a manifest naming another image only */
     make_image("named", &l, 1, NULL);
     (void)snprintf(p, sizeof p, "%s/named", g_imgs);
     char q[512];
     (void)snprintf(q, sizeof q, "%s/renamed", g_imgs);
     ASSERT_EQ(rename(p, q), 0);
-    ASSERT_EQ(image_resolve(g_imgs, "renamed", 0, &img, err, sizeof err), -EINVAL);
-    ASSERT_TRUE(strstr(err, "no manifest named renamed") != NULL);
+    ASSERT_EQ(image_resolve(g_imgs, "renamed", 0, &img, &err), -EINVAL);
+    ASSERT_TRUE(strstr(err.msg, "no manifest named renamed") != NULL);
     blob_free(&l);
 }
 
@@ -570,24 +579,25 @@ TEST(image_list_reports_what_resolved_and_why_the_rest_did_not)
 /* The node's set: the startup scan, image_rootfs from the set and on demand, the report. */
 TEST(the_node_image_set_answers_image_rootfs_and_reports_what_resolved)
 {
+    sbx_err_t err = { 0 };
     static node_t n;
-    char path[PATH_MAX], digest[IMAGE_DIGEST_MAX], err[512] = "";
+    char path[PATH_MAX], digest[IMAGE_DIGEST_MAX];
     memset(&n, 0, sizeof n);
     (void)snprintf(n.cfg.images_dir, sizeof n.cfg.images_dir, "%s", g_imgs);
     ASSERT_EQ(node_images_init(&n), 0);
     image_t good;
-    ASSERT_EQ(image_resolve(g_imgs, "good", 0, &good, err, sizeof err), 0);
-    ASSERT_EQ(image_rootfs(&n, "good", path, sizeof path, digest, err, sizeof err), 0);
+    ASSERT_EQ(image_resolve(g_imgs, "good", 0, &good, &err), 0);
+    ASSERT_EQ(image_rootfs(&n, "good", path, sizeof path, digest, &err), 0);
     ASSERT_STREQ(path, good.rootfs);
     ASSERT_STREQ(digest, good.digest);
-    ASSERT_EQ(image_rootfs(&n, "bitflip", path, sizeof path, NULL, err, sizeof err), -EBADMSG);
-    ASSERT_EQ(image_rootfs(&n, "nosuch", path, sizeof path, NULL, err, sizeof err), -ENOENT);
-    ASSERT_TRUE(strstr(err, "image nosuch: unknown image") == err);
+    ASSERT_EQ(image_rootfs(&n, "bitflip", path, sizeof path, NULL, &err), -EBADMSG);
+    ASSERT_EQ(image_rootfs(&n, "nosuch", path, sizeof path, NULL, &err), -ENOENT);
+    ASSERT_TRUE(strstr(err.msg, "image nosuch: unknown image") == err.msg);
     /* an image added after the scan resolves on demand, and is reported from then on */
     const ent_t e[] = { { "added", 'f', "later", 0, 0 } };
     blob_t l = make_layer(e, 1, true);
     make_image("added", &l, 1, NULL);
-    ASSERT_EQ(image_rootfs(&n, "added", path, sizeof path, NULL, err, sizeof err), 0);
+    ASSERT_EQ(image_rootfs(&n, "added", path, sizeof path, NULL, &err), 0);
     json_t *rep = node_images_json(&n);
     bool has_good = false, has_added = false, has_bad = false;
     size_t i;
