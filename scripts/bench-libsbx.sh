@@ -37,6 +37,7 @@ cleanup() {
         kill "$SPID" 2>/dev/null || true
         wait "$SPID" 2>/dev/null || true
     fi
+    [ -n "${SBX_BENCH_KEEP:-}" ] && { echo "kept: $WORK" >&2; return; }
     rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -20,6 +20,6 @@ int netns_make(int *ret_fd);
 #define NETNS_SNAPSHOT_MAX (32 * 1024) /* a fresh one: ~10 KiB; a bigger one is not fresh */
 int netns_snapshot(char *buf, size_t cap);
 /* Whether netns_fd looks exactly like a fresh namespace whose snapshot is baseline: enters it
- * (this thread), takes the snapshot and goes back to home_fd (the thread's own namespace).
+ * (this thread), takes the snapshot and goes back to home_fd (one it may enter again).
  * 1: equal; 0: not (or it could not be read); -errno when the thread could not go back. */
 int netns_pristine(int netns_fd, int home_fd, const char *baseline, size_t len);

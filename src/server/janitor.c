@@ -201,24 +201,22 @@ static ssize_t send_with_fd(int sock, const void *msg, size_t len, int flags, in
 }
 
 /* Network namespaces, in the janitor: the snapshot of a fresh one (the baseline, taken once)
- * and the janitor's own namespace to come back to after looking into another. */
+ * and that namespace itself, where the janitor stays between checks. Not the namespace it
+ * started in: in a run that one belongs to a user namespace above the run's, and setns() back
+ * into it is refused (the janitor died at every check there). */
 typedef struct {
-    int home_fd;
+    int home_fd; /* the baseline namespace */
     char *baseline;
     int baseline_len; /* < 0: none could be taken (then no namespace is ever called pristine) */
 } jan_netns_t;
 
 static void netns_baseline(jan_netns_t *ns)
 {
-    _cleanup_close_ int fd = -EBADF;
     ns->baseline_len = -1;
-    ns->home_fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
     ns->baseline = malloc(NETNS_SNAPSHOT_MAX);
-    if (ns->home_fd < 0 || !ns->baseline || netns_make(&fd) < 0 || setns(fd, CLONE_NEWNET) < 0)
+    if (!ns->baseline || netns_make(&ns->home_fd) < 0 || setns(ns->home_fd, CLONE_NEWNET) < 0)
         return;
     ns->baseline_len = netns_snapshot(ns->baseline, NETNS_SNAPSHOT_MAX);
-    if (setns(ns->home_fd, CLONE_NEWNET) < 0)
-        _exit(1); /* it cannot stay in a namespace it may hand out */
 }
 
 /* A namespace a deleted sandbox had: handed back (r 0, fd sent) only when it shows nothing
@@ -232,7 +230,7 @@ static int netns_check(jan_netns_t *ns, int fd)
         return -EBUSY;
     int r = netns_pristine(fd, ns->home_fd, ns->baseline, (size_t)ns->baseline_len);
     if (r < 0)
-        _exit(1); /* could not come back to its own namespace */
+        _exit(1); /* could not come back to the baseline: not to stay in a tenant's namespace */
     return r == 1 ? 0 : -EBUSY;
 }
 

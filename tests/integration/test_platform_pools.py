@@ -158,6 +158,27 @@ def test_pooled_sandbox_exec_files_processes_and_delete(plat):
     drain(plat, pool)
 
 
+def test_a_pool_hosts_janitor_survives_creates_and_deletes_in_its_run(plat):
+    """The janitor recycles network namespaces and homes inside the run; there setns() back
+    into the run's own namespace is refused, and a janitor that did so died at every delete
+    (its trees left in the trash, every namespace made again)."""
+    pool = new_pool(plat, per_host=8, max_hosts=1)
+    host = None
+    for _ in range(3):
+        (a,) = make_ok(plat, pool, 1)
+        host = a["host"]
+        assert sb_exec(plat, pool, a, "true").code == 0
+        r = plat.request("DELETE", sb_path(pool, a), timeout=60)
+        assert r.status == 200, r
+    logs = [os.path.join(n.run_dir(host), "log") for n in plat.nodes]
+    logs = [p for p in logs if os.path.exists(p)]
+    assert len(logs) == 1, logs
+    text = open(logs[0], errors="replace").read()
+    assert "listening" in text, text[-2000:]  # positive control: the pool host's own log
+    assert "janitor" not in text, text[-2000:]
+    drain(plat, pool)
+
+
 def test_a_sandbox_route_reaches_only_that_sandbox(plat):
     """ATTACK: the client names sandbox A in the path and hands a sibling's token, or asks for a
     sibling's files by path: it gets A, confined to A's home, every time."""
