@@ -36,6 +36,22 @@ int file_write_atomic(const char *path, const void *p, size_t n, mode_t mode)
     return 0;
 }
 
+ssize_t fd_read_upto(int fd, void *buf, size_t cap)
+{
+    size_t len = 0;
+    while (len < cap) {
+        ssize_t n = read(fd, (char *)buf + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return negative_errno();
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    return (ssize_t)len;
+}
+
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len)
 {
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -49,15 +65,8 @@ int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len)
     char *b = malloc((size_t)st.st_size + 1);
     if (!b)
         return -ENOMEM;
-    size_t n = 0;
-    while (n < (size_t)st.st_size) {
-        ssize_t k = read(fd, b + n, (size_t)st.st_size - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        n += (size_t)k;
-    }
+    ssize_t k = fd_read_upto(fd, b, (size_t)st.st_size);
+    size_t n = k > 0 ? (size_t)k : 0; /* a read error: what was read, as before */
     b[n] = 0;
     *ret = b;
     if (ret_len)

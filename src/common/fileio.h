@@ -16,6 +16,9 @@ static inline void closedirp(DIR **d)
 /* Replace path with exactly these bytes, atomically (a temporary file beside it, fsync,
  * rename), created with mode (also when path existed with a looser one). */
 int file_write_atomic(const char *path, const void *p, size_t n, mode_t mode);
+/* Read from fd until end of file or until cap bytes are in buf, retrying on EINTR. Returns the
+ * length (cap: the file may hold more), or -errno. */
+ssize_t fd_read_upto(int fd, void *buf, size_t cap);
 /* The whole of a regular file of at most max bytes, NUL-terminated, malloc'd in *ret (length in
  * *ret_len). -EFBIG when larger. Symlinks are not followed. */
 int file_read_all(const char *path, size_t max, char **ret, size_t *ret_len);

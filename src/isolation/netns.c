@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
 #include "common/macro.h"
 
 typedef struct {
@@ -136,18 +137,12 @@ int netns_snapshot(char *buf, size_t cap)
             return negative_errno();
         }
         size_t start = len;
-        for (;;) {
-            if (len == cap)
-                return -ENOBUFS;
-            ssize_t n = read(fd, buf + len, cap - len);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0)
-                return negative_errno();
-            if (n == 0)
-                break;
-            len += (size_t)n;
-        }
+        ssize_t n = fd_read_upto(fd, buf + len, cap - len);
+        if (n < 0)
+            return (int)n;
+        len += (size_t)n;
+        if (len == cap)
+            return -ENOBUFS;
         if (strncmp(snapshot_files[i], "sockstat", 8) == 0)
             len = start + sockstat_own(buf + start, len - start);
         if (len == cap)
