@@ -181,11 +181,11 @@ static void check_spec(const char *p, size_t n)
     if (!o)
         return;
     exec_spec_t spec;
-    const char *err = NULL;
+    sbx_err_t err = { 0 };
     int r = exec_spec_parse(o, base_env, &spec, &err);
     CHECK(r == 0 || r == -EINVAL || r == -ENOMEM);
     if (r == -EINVAL)
-        CHECK(err != NULL);
+        CHECK(err.code == r && err.msg[0] != '\0'); /* a refusal says why */
     if (r == 0) {
         CHECK(spec.argv && spec.argv[0]);
         CHECK(spec.envp);
