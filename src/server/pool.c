@@ -323,9 +323,19 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
     p->have_seccomp = seccomp_filter_build(&p->seccomp) >= 0;
     /* A network namespace per sandbox where the kernel allows this process to make them. */
     int nfd;
+    /* Namespaces made ahead hold a descriptor each: where the table is small (a test's 200),
+     * none, so that what a delete frees is a create's, not the warm set's. */
+    struct rlimit rl;
+    p->netns_warm_max = POOL_NETNS_WARM;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 256 < p->netns_warm_max)
+        p->netns_warm_max = (size_t)(rl.rlim_cur / 256);
     if (netns_make(&nfd) >= 0) {
         p->have_netns = true;
-        p->netns_warm[p->n_netns_warm++] = nfd;
+        if (p->netns_warm_max > 0)
+            p->netns_warm[p->n_netns_warm++] = nfd;
+        else
+            safe_close(nfd);
         if (srv->janitor)
             netns_want(p);
         else
@@ -446,7 +456,7 @@ static void netns_want(pool_t *p)
             (void)timer_arm(p->srv->loop, &p->netns_refill, 1);
         return;
     }
-    while (p->n_netns_warm + p->netns_making + p->netns_checking < POOL_NETNS_WARM &&
+    while (p->n_netns_warm + p->netns_making + p->netns_checking < p->netns_warm_max &&
            janitor_netns_make(j) >= 0)
         p->netns_making++;
 }
@@ -465,10 +475,12 @@ static void netns_back(void *data, int op, int fd, int r)
         else
             p->netns_discarded++;
     }
-    if (fd >= 0 && p->n_netns_warm == POOL_NETNS_WARM) {
+    if (fd >= 0 && p->netns_warm_max == 0)
+        fd = safe_close(fd);
+    if (fd >= 0 && p->n_netns_warm >= p->netns_warm_max) {
         /* full: the oldest goes (one closed either way), the one back is taken next */
         safe_close(p->netns_warm[0]);
-        memmove(p->netns_warm, p->netns_warm + 1, (POOL_NETNS_WARM - 1) * sizeof(int));
+        memmove(p->netns_warm, p->netns_warm + 1, (p->n_netns_warm - 1) * sizeof(int));
         p->n_netns_warm--;
     }
     if (fd >= 0)
@@ -504,13 +516,13 @@ static void netns_refill(loop_t *l, timer_t_ *t)
 {
     pool_t *p = t->data;
     /* a few per round, so a burst of creates is never held up behind a long refill */
-    for (int k = 0; k < 4 && p->n_netns_warm < POOL_NETNS_WARM; k++) {
+    for (int k = 0; k < 4 && p->n_netns_warm < p->netns_warm_max; k++) {
         int fd;
         if (netns_make(&fd) < 0)
             return;
         p->netns_warm[p->n_netns_warm++] = fd;
     }
-    if (p->n_netns_warm < POOL_NETNS_WARM)
+    if (p->n_netns_warm < p->netns_warm_max)
         (void)timer_arm(l, t, 1);
 }
 

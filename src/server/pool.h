@@ -86,7 +86,7 @@ struct pool {
     /* network namespaces made ahead for the next sandboxes (netns_make costs ~0.5 ms) */
     bool have_netns;
     int netns_warm[POOL_NETNS_WARM];
-    size_t n_netns_warm;
+    size_t n_netns_warm, netns_warm_max; /* the max: fewer where descriptors are scarce */
     /* asked of the janitor: namespaces being made, deleted sandboxes' being checked */
     size_t netns_making, netns_checking;
     uint64_t netns_recycled, netns_discarded;
