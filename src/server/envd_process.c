@@ -324,13 +324,15 @@ static void rpc_start(envd_call_t *call, json_t *req)
     /* what List answers: the config as sent, and the tag */
     json_t *extra = json_pack("{s:O?}", "config", json_object_get(req, "process"));
     sp->call = call;
-    r = proc_launch(server_of(c), conn_sandbox(c), &spec, extra, start_answered, sp, &err);
+    char why[256];
+    r = proc_launch(server_of(c), conn_sandbox(c), &spec, extra, start_answered, sp, why,
+                    sizeof why);
     json_decref(extra);
     exec_spec_done(&spec);
     if (r < 0) {
         free(sp);
         envd_fail(call, r == -EAGAIN ? CONNECT_RESOURCE_EXHAUSTED : CONNECT_INVALID_ARGUMENT, "%s",
-                  err.msg);
+                  why);
         return;
     }
     ps->pending = sp;
