@@ -882,11 +882,11 @@ static int bench_main(bench_t *b)
         fprintf(stderr, "bench-platform: cannot open %s: %s\n", path, strerror(-r));
         return r;
     }
-    char err[PATH_MAX + 200] = "";
+    sbx_err_t err = { 0 };
     (void)snprintf(path, sizeof path, "%s/secrets.key", b->control_state);
-    r = seal_keys_load(path, &b->seal, err, sizeof err);
+    r = seal_keys_load(path, &b->seal, &err);
     if (r < 0) {
-        fprintf(stderr, "bench-platform: %s\n", err[0] ? err : strerror(-r));
+        fprintf(stderr, "bench-platform: %s\n", err.msg[0] ? err.msg : strerror(-r));
         return r;
     }
     b->rbuf = malloc(RECV_BUF);

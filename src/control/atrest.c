@@ -27,13 +27,14 @@ int secrets_key_path(const control_config_t *cfg, char *out, size_t cap)
 
 int secrets_keys_open(const control_config_t *cfg, seal_keys_t *ret)
 {
-    char path[PATH_MAX], err[PATH_MAX + 200] = "";
+    char path[PATH_MAX];
+    sbx_err_t err = { 0 };
     bool created = false;
     int r = secrets_key_path(cfg, path, sizeof path);
     if (r == 0)
-        r = seal_keys_load_or_create(path, ret, &created, err, sizeof err);
+        r = seal_keys_load_or_create(path, ret, &created, &err);
     if (r < 0) {
-        log_error("%s", err[0] ? err : strerror(-r));
+        log_error("%s", err.msg[0] ? err.msg : strerror(-r));
         return r;
     }
     if (created)
@@ -106,13 +107,14 @@ static void store_closep(store_t **s) { store_close(*s); }
 
 int secrets_rotate(const control_config_t *cfg)
 {
-    char path[PATH_MAX], db[PATH_MAX + 16], err[PATH_MAX + 200] = "";
+    char path[PATH_MAX], db[PATH_MAX + 16];
+    sbx_err_t err = { 0 };
     seal_keys_t old, both = { .n = 0 };
     int r = secrets_key_path(cfg, path, sizeof path);
     if (r == 0)
-        r = seal_keys_load(path, &old, err, sizeof err);
+        r = seal_keys_load(path, &old, &err);
     if (r < 0) {
-        log_error("%s", err[0] ? err : strerror(-r));
+        log_error("%s", err.msg[0] ? err.msg : strerror(-r));
         return r;
     }
     (void)snprintf(db, sizeof db, "%s/store.db", cfg->state_dir);

@@ -321,16 +321,17 @@ typedef struct {
     uint64_t timeout_ms; /* 0: httpc's default */
     size_t body_max;     /* 0: httpc's default */
 } node_req_t;
-/* One exchange; 0 with *resp (any status), or -errno with msg saying why nothing came back. */
+/* One exchange; 0 with *resp (any status), or -errno with err (may be NULL) saying why nothing
+ * came back. */
 int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_req_t *q,
-                 httpc_response_t *resp, char *msg, size_t msgcap);
+                 httpc_response_t *resp, sbx_err_t *err);
 /* A request to the agent of run rr (its port 49983) through its node: path as the agent sees it
  * ("/v1/sandboxes"), token its X-Sandbox-Token (may be NULL), body JSON (may be NULL). 0 with
- * *ret_status and *ret_json (may be NULL; the parsed answer or NULL), msg set for status >= 300;
- * -errno when no answer came (msg says why). */
+ * *ret_status and *ret_json (may be NULL; the parsed answer or NULL), and for a status >= 300 err
+ * says so (err->code -EIO, though 0 is returned); -errno when no answer came (err says why). */
 int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t *rr,
                const char *method, const char *path, const char *token, json_t *body,
-               uint64_t timeout_ms, int *ret_status, json_t **ret_json, char *msg, size_t msgcap);
+               uint64_t timeout_ms, int *ret_status, json_t **ret_json, sbx_err_t *err);
 
 /* work.c: API calls that wait on nodes run on worker threads; the answer returns to the loop */
 typedef struct {

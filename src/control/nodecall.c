@@ -11,7 +11,7 @@
 #include "control.h"
 
 int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_req_t *q,
-                 httpc_response_t *resp, char *msg, size_t msgcap)
+                 httpc_response_t *resp, sbx_err_t *err)
 {
     cap_t cap = { .run = *q->run, .access = q->access, .port = q->cap_port, .proto = q->proto };
     char wire[CAP_WIRE_MAX + 64];
@@ -20,11 +20,9 @@ int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_re
                              q->bind_body ? q->body_len : 0);
     if (r >= 0)
         r = keys_sign(kr, &cap, wire, sizeof wire);
-    if (r < 0) {
-        (void)snprintf(msg, msgcap, "cannot sign a capability for %s: %s", q->run->sandbox,
+    if (r < 0)
+        return sbx_err(err, r, "cannot sign a capability for %s: %s", q->run->sandbox,
                        strerror(-r));
-        return r;
-    }
     size_t hcap = sizeof wire + 128 + (q->headers ? strlen(q->headers) : 0);
     _cleanup_free_ char *hdr = malloc(hcap);
     if (!hdr)
@@ -38,10 +36,8 @@ int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_re
     uint8_t pin[TLS_PIN_BYTES];
     tls_peer_t peer = { .ctx = ctl->tls_client, .ip = q->host, .key_pin = pin };
     if (ctl->tls_client) {
-        if (node_pin_load(st, q->run->node, pin) < 0) {
-            (void)snprintf(msg, msgcap, "node %s has no registered TLS key", q->run->node);
-            return -ENOKEY;
-        }
+        if (node_pin_load(st, q->run->node, pin) < 0)
+            return sbx_err(err, -ENOKEY, "node %s has no registered TLS key", q->run->node);
         rq.transport = (sockio_wrap_t){ tls_wrap_peer, &peer };
     }
     /* Kept alive under what the connection was proven to be: address and pinned key. */
@@ -62,17 +58,15 @@ int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_re
     rq.body_max = q->body_max;
     r = httpc_do(&rq, resp);
     sodium_memzero(hdr, hcap); /* may hold a sandbox token */
-    if (r < 0) {
-        (void)snprintf(msg, msgcap, "node %s:%u: %s%s%s", q->host, q->port, strerror(-r),
+    if (r < 0)
+        return sbx_err(err, r, "node %s:%u: %s%s%s", q->host, q->port, strerror(-r),
                        r == -EPERM ? ": " : "", r == -EPERM ? tls_last_error() : "");
-        return r;
-    }
     return 0;
 }
 
 int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t *rr,
                const char *method, const char *path, const char *token, json_t *body,
-               uint64_t timeout_ms, int *ret_status, json_t **ret_json, char *msg, size_t msgcap)
+               uint64_t timeout_ms, int *ret_status, json_t **ret_json, sbx_err_t *err)
 {
     char target[512], hdr[160] = "";
     int n = snprintf(target, sizeof target, "/v1/runs/%s/ports/%u%s", rr->run.sandbox,
@@ -102,7 +96,7 @@ int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t 
         .timeout_ms = timeout_ms,
     };
     httpc_response_t resp = { 0 };
-    int r = node_request(ctl, st, kr, &q, &resp, msg, msgcap);
+    int r = node_request(ctl, st, kr, &q, &resp, err);
     sodium_memzero(hdr, sizeof hdr);
     if (r < 0)
         return r;
@@ -110,8 +104,8 @@ int agent_call(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t 
     json_t *j = json_loadb(resp.body ? resp.body : "", resp.body_len, 0, NULL);
     if (resp.status >= 300) {
         const char *e = json_string_value(json_object_get(j, "error"));
-        (void)snprintf(msg, msgcap, "agent of %s answered %d: %s", rr->run.sandbox, resp.status,
-                       e ? e : "(no reason given)");
+        (void)sbx_err(err, -EIO, "agent of %s answered %d: %s", rr->run.sandbox, resp.status,
+                      e ? e : "(no reason given)");
     }
     if (ret_json)
         *ret_json = j;

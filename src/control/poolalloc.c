@@ -223,8 +223,8 @@ static void reserve(alloc_t *a)
     }
 }
 
-/* Wait until the host's run serves (or its job ends). 0 with *rr, or -errno with why. */
-static int host_wait_running(alloc_t *a, const char *job, runrec_t *rr, char *why, size_t whycap)
+/* Wait until the host's run serves (or its job ends). 0 with *rr, or -errno with err. */
+static int host_wait_running(alloc_t *a, const char *job, runrec_t *rr, sbx_err_t *err)
 {
     unsigned pause = 20;
     for (;;) {
@@ -232,21 +232,19 @@ static int host_wait_running(alloc_t *a, const char *job, runrec_t *rr, char *wh
             return 0;
         json_t *j;
         int r = job_load(a->w->st, a->ns, job, &j, NULL);
-        if (r == -ENOENT) {
-            (void)snprintf(why, whycap, "pool host %s is gone", job);
-            return -ENOENT;
-        }
+        if (r == -ENOENT)
+            return sbx_err(err, -ENOENT, "pool host %s is gone", job);
         job_stage_t st = STAGE_SCHEDULING;
         if (r == 0 && job_stage_of(j, &st) == 0 && job_stage_ended(st)) {
-            (void)snprintf(why, whycap, "pool host %s ended (%s): %s", job, jstr(j, "stage"),
-                           jstr(j, "message"));
+            (void)sbx_err(err, -ESRCH, "pool host %s ended (%s): %s", job, jstr(j, "stage"),
+                          jstr(j, "message"));
             json_decref(j);
             return -ESRCH;
         }
         if (monotonic_ms() > a->deadline || a->w->ctl->stopping) {
-            (void)snprintf(why, whycap, "pool host %s did not start in time%s%s", job,
-                           r == 0 && *jstr(j, "message") ? ": " : "",
-                           r == 0 ? jstr(j, "message") : "");
+            (void)sbx_err(err, -ETIMEDOUT, "pool host %s did not start in time%s%s", job,
+                          r == 0 && *jstr(j, "message") ? ": " : "",
+                          r == 0 ? jstr(j, "message") : "");
             json_decref(j);
             return -ETIMEDOUT;
         }
@@ -310,8 +308,11 @@ static json_int_t fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out,
 {
     runrec_t rr;
     *ret_room = false;
-    if (host_wait_running(a, rv->job, &rr, why, whycap) < 0)
+    sbx_err_t err = { 0 };
+    if (host_wait_running(a, rv->job, &rr, &err) < 0) {
+        (void)snprintf(why, whycap, "%.*s", (int)whycap - 1, err.msg);
         return 0;
+    }
     uint64_t gen = rr.run.generation;
     (void)pool_host_edit(a->w->st, rv->key, rv->job, mark_ready_edit, &gen);
     char token[80];
@@ -323,14 +324,13 @@ static json_int_t fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out,
     json_t *body = json_deep_copy(req), *ans = NULL;
     json_object_set_new(body, "count", json_integer(rv->n));
     int status = 0, r = -EAGAIN;
-    char msg[256] = "";
     /* Only what surely did not run is tried again: no connection (the agent is not listening
      * yet right after its run is installed), or the node's 503 (not ready). */
     for (int attempt = 0; attempt < 50 && !a->w->ctl->stopping; attempt++) {
         pool_json_wipe(ans);
         ans = NULL;
         r = agent_call(a->w->ctl, a->w->st, &a->w->kr, &rr, "POST", "/v1/sandboxes", token, body,
-                       POOL_AGENT_CALL_MS, &status, &ans, msg, sizeof msg);
+                       POOL_AGENT_CALL_MS, &status, &ans, &err);
         bool again = (r == -ECONNREFUSED || r == -ENOENT) || (r == 0 && status == HTTP_UNAVAILABLE);
         if (!again || monotonic_ms() > a->deadline)
             break;
@@ -342,10 +342,10 @@ static json_int_t fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out,
     json_decref(body);
     sodium_memzero(token, sizeof token);
     if (r < 0 || status != 200) {
-        (void)snprintf(why, whycap, "pool host %s: %s", rv->job,
-                       msg[0]  ? msg
-                       : r < 0 ? strerror(-r)
-                               : "the agent refused");
+        (void)snprintf(why, whycap, "pool host %s: %.255s", rv->job, /* as the 256-byte msg was */
+                       err.msg[0] ? err.msg
+                       : r < 0    ? strerror(-r)
+                                  : "the agent refused");
         pool_json_wipe(ans);
         return 0;
     }
@@ -497,7 +497,8 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
 void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
 {
     pool_del_arg_t *a = arg;
-    char key[200], tkey[200], msg[256] = "";
+    char key[200], tkey[200];
+    sbx_err_t err = { 0 };
     json_t *rec;
     int64_t rev;
     pool_sbx_key(key, sizeof key, a->ns, a->pool, a->id);
@@ -531,14 +532,14 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
                 char path[64];
                 (void)snprintf(path, sizeof path, "/v1/sandboxes/%s", a->id);
                 r = agent_call(w->ctl, w->st, &w->kr, &rr, "DELETE", path, jstr(sec, "token"), NULL,
-                               POOL_AGENT_CALL_MS, &status, NULL, msg, sizeof msg);
+                               POOL_AGENT_CALL_MS, &status, NULL, &err);
             }
             pool_json_wipe(sec);
             /* 200: deleted; 403: the agent has no such sandbox (its idle timeout took it) */
             if (r < 0 || (status != HTTP_OK && status != HTTP_FORBIDDEN)) {
                 work_fail(res, r < 0 ? HTTP_UNAVAILABLE : HTTP_BAD_GATEWAY, 0,
                           "sandbox %s was not deleted on its host: %s", a->id,
-                          msg[0] ? msg : strerror(r < 0 ? -r : EIO));
+                          err.msg[0] ? err.msg : strerror(r < 0 ? -r : EIO));
                 json_decref(rec);
                 return;
             }

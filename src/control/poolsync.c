@@ -130,16 +130,16 @@ static void orphan_forget(pool_syncs_t *ps, const char *id)
 static void delete_orphan(control_t *ctl, store_t *st, const keyring_t *kr, const runrec_t *rr,
                           const char *host_token, const char *id)
 {
-    char path[96], msg[256];
+    char path[96];
     int status = 0;
     json_t *t = NULL;
     (void)snprintf(path, sizeof path, "/v1/sandboxes/%s/token", id);
     if (agent_call(ctl, st, kr, rr, "GET", path, host_token, NULL, POOL_SYNC_CALL_MS, &status, &t,
-                   msg, sizeof msg) == 0 &&
+                   NULL) == 0 &&
         status == 200) {
         (void)snprintf(path, sizeof path, "/v1/sandboxes/%s", id);
         if (agent_call(ctl, st, kr, rr, "DELETE", path, jstr(t, "token"), NULL, POOL_SYNC_CALL_MS,
-                       &status, NULL, msg, sizeof msg) == 0 &&
+                       &status, NULL, NULL) == 0 &&
             status == 200)
             log_warn("deleted sandbox %s on pool host %s: no record names it (an allocation "
                      "that did not finish)",
@@ -155,13 +155,13 @@ static void delete_orphan(control_t *ctl, store_t *st, const keyring_t *kr, cons
 static int host_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_syncs_t *ps,
                      const char *ns, const char *pool, json_t *h, const runrec_t *rr)
 {
-    char token[80], msg[256];
+    char token[80];
     if (pool_host_token(st, &ctl->seal, jstr(h, "job"), token, sizeof token) < 0)
         return -1;
     int status = 0;
     json_t *list = NULL;
     int r = agent_call(ctl, st, kr, rr, "GET", "/v1/sandboxes", token, NULL, POOL_SYNC_CALL_MS,
-                       &status, &list, msg, sizeof msg);
+                       &status, &list, NULL);
     if (r < 0 || status != 200 || !json_is_array(list)) {
         json_decref(list);
         sodium_memzero(token, sizeof token);

@@ -71,7 +71,10 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
                                                       : NODE_INSTALL_MS,
     };
     httpc_response_t resp = { 0 };
-    int r = node_request(rc->ctl, rc->st, &rc->kr, &q, &resp, msg, msgcap);
+    sbx_err_t err = { 0 };
+    int r = node_request(rc->ctl, rc->st, &rc->kr, &q, &resp, &err);
+    if (r < 0 && err.msg[0])
+        (void)snprintf(msg, msgcap, "%s", err.msg);
     if (b) {
         sodium_memzero(b, strlen(b)); /* held the secrets */
         free(b);

@@ -15,7 +15,6 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,16 +26,6 @@
 
 #define SEAL_CONTEXT "sbx-seal-v1"
 #define B64 sodium_base64_VARIANT_URLSAFE_NO_PADDING
-
-_printf_(3, 4) static void seterr(char *err, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || !cap)
-        return;
-    va_start(ap, fmt);
-    (void)vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-}
 
 static bool kid_valid(const char *s, size_t n)
 {
@@ -114,34 +103,28 @@ static int parse_file(const char *text, size_t len, seal_keys_t *ret)
     return r;
 }
 
-int seal_keys_load(const char *path, seal_keys_t *ret, char *err, size_t errcap)
+int seal_keys_load(const char *path, seal_keys_t *ret, sbx_err_t *err)
 {
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY);
     if (fd < 0) {
         int r = negative_errno();
         if (r != -ENOENT)
-            seterr(err, errcap, "secrets key file %s: cannot open it", path);
+            return sbx_err(err, r, "secrets key file %s: cannot open it", path);
         return r;
     }
     struct stat st;
     if (fstat(fd, &st) < 0)
         return negative_errno();
-    if (!S_ISREG(st.st_mode)) {
-        seterr(err, errcap, "secrets key file %s: not a regular file", path);
-        return -EPERM;
-    }
-    if ((st.st_mode & 077) != 0) {
-        seterr(err, errcap,
-               "secrets key file %s: group or other may access it (mode must be 0600 or "
-               "stricter: chmod 600 it after checking who read it)",
-               path);
-        return -EPERM;
-    }
-    if (st.st_uid != 0 && st.st_uid != geteuid()) {
-        seterr(err, errcap, "secrets key file %s: owned by another user (must be root or us)",
-               path);
-        return -EPERM;
-    }
+    if (!S_ISREG(st.st_mode))
+        return sbx_err(err, -EPERM, "secrets key file %s: not a regular file", path);
+    if ((st.st_mode & 077) != 0)
+        return sbx_err(err, -EPERM,
+                       "secrets key file %s: group or other may access it (mode must be 0600 or "
+                       "stricter: chmod 600 it after checking who read it)",
+                       path);
+    if (st.st_uid != 0 && st.st_uid != geteuid())
+        return sbx_err(err, -EPERM,
+                       "secrets key file %s: owned by another user (must be root or us)", path);
     char text[SEAL_FILE_MAX + 1];
     size_t len = 0;
     for (;;) {
@@ -155,19 +138,18 @@ int seal_keys_load(const char *path, seal_keys_t *ret, char *err, size_t errcap)
         len += (size_t)k;
         if (len == sizeof text) {
             sodium_memzero(text, sizeof text);
-            seterr(err, errcap, "secrets key file %s: larger than 4 KiB", path);
-            return -EINVAL;
+            return sbx_err(err, -EINVAL, "secrets key file %s: larger than 4 KiB", path);
         }
     }
     int r = parse_file(text, len, ret);
     sodium_memzero(text, sizeof text);
     if (r == -EINVAL || r == -E2BIG)
-        seterr(err, errcap,
-               "secrets key file %s: malformed (lines \"<8 hex kid> <base64url 32-byte key>\", "
-               "at most 8 keys, each kid once)",
-               path);
-    else if (r == -ENODATA)
-        seterr(err, errcap, "secrets key file %s: holds no key", path);
+        return sbx_err(err, r,
+                       "secrets key file %s: malformed (lines \"<8 hex kid> <base64url 32-byte "
+                       "key>\", at most 8 keys, each kid once)",
+                       path);
+    if (r == -ENODATA)
+        return sbx_err(err, r, "secrets key file %s: holds no key", path);
     return r;
 }
 
@@ -234,14 +216,13 @@ int seal_keys_write(const char *path, const seal_keys_t *k)
     return 0;
 }
 
-int seal_keys_load_or_create(const char *path, seal_keys_t *ret, bool *ret_created, char *err,
-                             size_t errcap)
+int seal_keys_load_or_create(const char *path, seal_keys_t *ret, bool *ret_created, sbx_err_t *err)
 {
-    int r = seal_keys_load(path, ret, err, errcap);
+    int r = seal_keys_load(path, ret, err);
     for (int i = 0; r == -ENODATA && i < 50; i++) { /* another process is writing it */
         struct timespec ts = { 0, 20 * 1000 * 1000 };
         nanosleep(&ts, NULL);
-        r = seal_keys_load(path, ret, err, errcap);
+        r = seal_keys_load(path, ret, err);
     }
     if (r != -ENOENT) {
         if (r == 0)
@@ -260,9 +241,8 @@ int seal_keys_load_or_create(const char *path, seal_keys_t *ret, bool *ret_creat
         sodium_memzero(text, sizeof text);
         sodium_memzero(&ks, sizeof ks);
         if (r == -EEXIST) /* another process made it first: use that one */
-            return seal_keys_load_or_create(path, ret, ret_created, err, errcap);
-        seterr(err, errcap, "secrets key file %s: cannot create it", path);
-        return r;
+            return seal_keys_load_or_create(path, ret, ret_created, err);
+        return sbx_err(err, r, "secrets key file %s: cannot create it", path);
     }
     r = write_all_sync(fd, text, (size_t)len);
     (void)close(fd);

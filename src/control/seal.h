@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
+
 #define SEAL_PREFIX "sbxenc1."
 #define SEAL_KID_LEN 8 /* lowercase hex */
 #define SEAL_KEYS_MAX 8
@@ -36,12 +38,11 @@ typedef struct {
 int seal_key_generate(seal_key_t *ret);
 
 /* Read and check the key file. -ENOENT when absent; -EPERM when its mode or owner is refused,
- * -EINVAL when malformed; err (may be NULL) gets a sentence for the operator. */
-int seal_keys_load(const char *path, seal_keys_t *ret, char *err, size_t errcap);
+ * -EINVAL when malformed; err (may be NULL) gets a sentence for the operator on failure. */
+int seal_keys_load(const char *path, seal_keys_t *ret, sbx_err_t *err);
 /* Load the key file, or make it (one fresh key, mode 0600, O_EXCL: of processes racing to make
  * it, one wins and the others read that one). *ret_created tells which happened. */
-int seal_keys_load_or_create(const char *path, seal_keys_t *ret, bool *ret_created, char *err,
-                             size_t errcap);
+int seal_keys_load_or_create(const char *path, seal_keys_t *ret, bool *ret_created, sbx_err_t *err);
 /* Replace the key file atomically (a 0600 temporary file beside it, fsync, rename, fsync of
  * the directory): a crash leaves either the old file or the new one. */
 int seal_keys_write(const char *path, const seal_keys_t *k);

@@ -324,15 +324,13 @@ static void rpc_start(envd_call_t *call, json_t *req)
     /* what List answers: the config as sent, and the tag */
     json_t *extra = json_pack("{s:O?}", "config", json_object_get(req, "process"));
     sp->call = call;
-    char why[256];
-    r = proc_launch(server_of(c), conn_sandbox(c), &spec, extra, start_answered, sp, why,
-                    sizeof why);
+    r = proc_launch(server_of(c), conn_sandbox(c), &spec, extra, start_answered, sp, &err);
     json_decref(extra);
     exec_spec_done(&spec);
     if (r < 0) {
         free(sp);
         envd_fail(call, r == -EAGAIN ? CONNECT_RESOURCE_EXHAUSTED : CONNECT_INVALID_ARGUMENT, "%s",
-                  why);
+                  err.msg);
         return;
     }
     ps->pending = sp;

@@ -517,21 +517,19 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
 }
 
 /* The shared start of proc_start() and proc_launch(): pp->conn or pp->cb hears the answer.
- * Returns < 0 (nothing started; why says it, pp is freed) or 0 (the answer follows). */
-static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pending_t *pp, char *why,
-                      size_t whylen)
+ * Returns < 0 (nothing started; err says it, pp is freed) or 0 (the answer follows). */
+static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pending_t *pp,
+                      sbx_err_t *err)
 {
     if (server_running_procs(s) + s->procs_starting >= PROC_MAX_RUNNING) {
-        (void)snprintf(why, whylen, "too many running processes (max %d)", PROC_MAX_RUNNING);
         free(pp);
-        return -EAGAIN;
+        return sbx_err(err, -EAGAIN, "too many running processes (max %d)", PROC_MAX_RUNNING);
     }
     proc_t *p = calloc(1, sizeof *p);
     if (!p || !(pp->argv0 = strdup(spec->argv[0]))) {
         free(p);
         free(pp);
-        (void)snprintf(why, whylen, "out of memory");
-        return -ENOMEM;
+        return sbx_err(err, -ENOMEM, "out of memory");
     }
     struct timespec ts;
     (void)clock_gettime(CLOCK_REALTIME, &ts);
@@ -555,13 +553,13 @@ static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pendin
     pp->p = p;
     pp->has_stdin = spec->has_stdin;
     pp->timeout_ms = spec->timeout_ms;
-    sbx_err_t err;
-    int r = spawn_command(s, spec, sb, proc_started, pp, &err);
+    sbx_err_t serr;
+    int r = spawn_command(s, spec, sb, proc_started, pp, &serr);
     if (r < 0) {
         if (r == -ESRCH)
-            (void)snprintf(why, whylen, "%s", err.msg); /* the sandbox was deleted */
+            (void)sbx_err(err, r, "%s", serr.msg); /* the sandbox was deleted */
         else
-            (void)snprintf(why, whylen, "failed to start %s: %s", spec->argv[0], err.msg);
+            (void)sbx_err(err, r, "failed to start %s: %s", spec->argv[0], serr.msg);
         proc_free(p);
         free(pp->argv0);
         free(pp);
@@ -581,27 +579,25 @@ void proc_start(conn_t *c, exec_spec_t *spec, bool from_exec)
     }
     pp->conn = c;
     pp->from_exec = from_exec;
-    char why[256];
-    int r = proc_begin(server_of(c), conn_sandbox(c), spec, pp, why, sizeof why);
+    sbx_err_t err;
+    int r = proc_begin(server_of(c), conn_sandbox(c), spec, pp, &err);
     if (r < 0) {
         http_error(c, r == -EAGAIN || r == -ENOMEM ? HTTP_UNAVAILABLE : HTTP_BAD_REQUEST, 0, "%s",
-                   why);
+                   err.msg);
         return;
     }
     conn_set_handler(c, &proc_pending_ops, pp);
 }
 
 int proc_launch(server_t *s, sandbox_t *sb, exec_spec_t *spec, json_t *extra, proc_launch_cb cb,
-                void *data, char *why, size_t whylen)
+                void *data, sbx_err_t *err)
 {
     proc_pending_t *pp = calloc(1, sizeof *pp);
-    if (!pp) {
-        (void)snprintf(why, whylen, "out of memory");
-        return -ENOMEM;
-    }
+    if (!pp)
+        return sbx_err(err, -ENOMEM, "out of memory");
     pp->cb = cb;
     pp->cb_data = data;
-    int r = proc_begin(s, sb, spec, pp, why, whylen);
+    int r = proc_begin(s, sb, spec, pp, err);
     if (r >= 0)
         pp->p->extra = json_incref(extra);
     return r;

@@ -28,10 +28,10 @@ void procs_drop_sandbox(server_t *s, sandbox_t *sb);
  * now registered (listed, limited, scoped to its sandbox and killed with it like any other). */
 typedef void (*proc_launch_cb)(void *data, int r, proc_t *p, const char *why);
 /* Start spec as a background process of sandbox sb (NULL: dedicated mode); extra (a reference
- * is taken, may be NULL) stays with the entry. < 0: nothing started, why says it (-EAGAIN: too
- * many running). */
+ * is taken, may be NULL) stays with the entry. < 0: nothing started, err (may be NULL) says it
+ * (-EAGAIN: too many running). */
 int proc_launch(server_t *s, sandbox_t *sb, exec_spec_t *spec, json_t *extra, proc_launch_cb cb,
-                void *data, char *why, size_t whylen);
+                void *data, sbx_err_t *err);
 /* Running processes of sb by OS pid or by tag; NULL when none. */
 proc_t *proc_find_pid(server_t *s, sandbox_t *sb, pid_t pid);
 proc_t *proc_find_tag(server_t *s, sandbox_t *sb, const char *tag);

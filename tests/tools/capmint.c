@@ -221,7 +221,8 @@ static int pick_key(const args_t *a, cap_signkey_t *ret)
         fprintf(stderr, "capmint: cannot open %s: %s\n", a->store, strerror(-r));
         return r;
     }
-    char kpath[PATH_MAX], err[PATH_MAX + 200] = "";
+    char kpath[PATH_MAX];
+    sbx_err_t err = { 0 };
     const char *slash = strrchr(a->store, '/');
     if (a->secrets_key)
         (void)snprintf(kpath, sizeof kpath, "%s", a->secrets_key);
@@ -229,9 +230,9 @@ static int pick_key(const args_t *a, cap_signkey_t *ret)
         (void)snprintf(kpath, sizeof kpath, "%.*s/secrets.key", slash ? (int)(slash - a->store) : 1,
                        slash ? a->store : ".");
     seal_keys_t seal;
-    r = seal_keys_load(kpath, &seal, err, sizeof err);
+    r = seal_keys_load(kpath, &seal, &err);
     if (r < 0) {
-        fprintf(stderr, "capmint: %s\n", err[0] ? err : strerror(-r));
+        fprintf(stderr, "capmint: %s\n", err.msg[0] ? err.msg : strerror(-r));
         return r;
     }
     keyring_t kr;

@@ -161,22 +161,22 @@ TEST(key_file_create_load_write)
     path_of("secrets.key", path, sizeof path);
     seal_keys_t k, again;
     bool created = false;
-    char err[512] = "";
-    ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), -ENOENT);
-    ASSERT_EQ(seal_keys_load_or_create(path, &k, &created, err, sizeof err), 0);
+    sbx_err_t err = { 0 };
+    ASSERT_EQ(seal_keys_load(path, &k, &err), -ENOENT);
+    ASSERT_EQ(seal_keys_load_or_create(path, &k, &created, &err), 0);
     ASSERT_TRUE(created);
     ASSERT_EQ((int)k.n, 1);
     struct stat st;
     ASSERT_EQ(stat(path, &st), 0);
     ASSERT_EQ((int)(st.st_mode & 07777), 0600);
-    ASSERT_EQ(seal_keys_load_or_create(path, &again, &created, err, sizeof err), 0);
+    ASSERT_EQ(seal_keys_load_or_create(path, &again, &created, &err), 0);
     ASSERT_FALSE(created);
     ASSERT_MEMEQ(again.keys[0].key, sizeof again.keys[0].key, k.keys[0].key, sizeof k.keys[0].key);
     ASSERT_STREQ(again.keys[0].kid, k.keys[0].kid);
     /* replaced with two keys, in order */
     seal_keys_t two = { .n = 2, .keys = { one_key().keys[0], k.keys[0] } };
     ASSERT_EQ(seal_keys_write(path, &two), 0);
-    ASSERT_EQ(seal_keys_load(path, &again, err, sizeof err), 0);
+    ASSERT_EQ(seal_keys_load(path, &again, &err), 0);
     ASSERT_EQ((int)again.n, 2);
     ASSERT_STREQ(again.keys[0].kid, two.keys[0].kid);
     ASSERT_STREQ(again.keys[1].kid, k.keys[0].kid);
@@ -189,40 +189,42 @@ TEST(key_file_create_load_write)
 
 TEST(key_file_mode_and_owner_are_checked)
 {
-    char path[256], err[512] = "";
+    char path[256];
+    sbx_err_t err = { 0 };
     path_of("k2", path, sizeof path);
     seal_keys_t k;
     const char text[] = "0123abcd AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n";
     ASSERT_EQ(write_file(path, text, 0600), 0);
-    ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), 0); /* positive control */
+    ASSERT_EQ(seal_keys_load(path, &k, &err), 0); /* positive control */
     ASSERT_STREQ(k.keys[0].kid, "0123abcd");
     /* key file mode check: group or other bits refuse the file */
     static const mode_t modes[] = { 0644, 0640, 0604, 0620, 0602, 0610, 0601 };
     for (size_t i = 0; i < ELEMENTSOF(modes); i++) {
         ASSERT_EQ(chmod(path, modes[i]), 0);
-        err[0] = 0;
-        ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), -EPERM);
-        ASSERT_TRUE(strstr(err, "group or other") != NULL);
+        err.msg[0] = 0;
+        ASSERT_EQ(seal_keys_load(path, &k, &err), -EPERM);
+        ASSERT_TRUE(strstr(err.msg, "group or other") != NULL);
     }
     ASSERT_EQ(chmod(path, 0400), 0);
-    ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), 0);
+    ASSERT_EQ(seal_keys_load(path, &k, &err), 0);
     /* owner check: another user's file is refused (root may chown it) */
     if (geteuid() == 0) {
         ASSERT_EQ(chown(path, 65534, 65534), 0);
-        err[0] = 0;
-        ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), -EPERM);
-        ASSERT_TRUE(strstr(err, "owned by another user") != NULL);
+        err.msg[0] = 0;
+        ASSERT_EQ(seal_keys_load(path, &k, &err), -EPERM);
+        ASSERT_TRUE(strstr(err.msg, "owned by another user") != NULL);
     }
     /* a symlink is never followed */
     char link[256];
     path_of("k2-link", link, sizeof link);
     ASSERT_EQ(symlink(path, link), 0);
-    ASSERT_TRUE(seal_keys_load(link, &k, err, sizeof err) < 0);
+    ASSERT_TRUE(seal_keys_load(link, &k, &err) < 0);
 }
 
 TEST(key_file_format)
 {
-    char path[256], err[512];
+    char path[256];
+    sbx_err_t err;
     path_of("k3", path, sizeof path);
     seal_keys_t k;
     static const char *const bad[] = {
@@ -235,16 +237,16 @@ TEST(key_file_format)
     };
     for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
         ASSERT_EQ(write_file(path, bad[i], 0600), 0);
-        ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), -EINVAL);
+        ASSERT_EQ(seal_keys_load(path, &k, &err), -EINVAL);
     }
     ASSERT_EQ(write_file(path, "# only a comment\n\n", 0600), 0);
-    ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), -ENODATA);
+    ASSERT_EQ(seal_keys_load(path, &k, &err), -ENODATA);
     ASSERT_EQ(write_file(path,
                          "# c\n0123abcd AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n\n"
                          "ffffffff BAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
                          0600),
               0);
-    ASSERT_EQ(seal_keys_load(path, &k, err, sizeof err), 0);
+    ASSERT_EQ(seal_keys_load(path, &k, &err), 0);
     ASSERT_EQ((int)k.n, 2);
     ASSERT_STREQ(k.keys[1].kid, "ffffffff");
 }
