@@ -107,9 +107,13 @@ void sandbox_release(sandbox_t *sb)
 static void sandbox_owner_release(void *owner) { sandbox_release(owner); }
 const conn_owner_ops_t sandbox_owner_ops = { .release = sandbox_owner_release };
 
-void conn_scope_sandbox(conn_t *c, sandbox_t *sb)
+int conn_scope_sandbox(conn_t *c, sandbox_t *sb)
 {
+    int r = sandbox_handles(sb);
+    if (r < 0)
+        return r;
     conn_set_owner(c, &sandbox_owner_ops, sandbox_hold(sb));
+    return 0;
 }
 
 void sandbox_unref(sandbox_t *sb)
@@ -130,7 +134,95 @@ void sandbox_unref(sandbox_t *sb)
 
 const char *sandbox_confinement(const sandbox_t *sb)
 {
-    return sb->ruleset_fd >= 0 ? "landlock" : "uid-only";
+    return sb->landlocked ? "landlock" : "uid-only";
+}
+
+/* ---- handles ----------------------------------------------------------------------------- */
+
+/* An idle sandbox needs one descriptor, its network namespace (nothing else keeps that alive).
+ * Its home (O_PATH), its Landlock ruleset and its cgroup.procs files can be opened again when
+ * it is used: the handles_max sandboxes used last keep theirs, the others close them, so that
+ * 10,000 live sandboxes fit a 20,000-entry descriptor table. Only a sandbox nothing holds (no
+ * request, spawn or process: refs == 1, the registry's) closes them, so a descriptor is never
+ * closed under its user. */
+static void lru_unlink(pool_t *p, sandbox_t *sb)
+{
+    if (!sb->lru_prev && p->lru_first != sb)
+        return; /* not in the list */
+    if (sb->lru_prev)
+        sb->lru_prev->lru_next = sb->lru_next;
+    else
+        p->lru_first = sb->lru_next;
+    if (sb->lru_next)
+        sb->lru_next->lru_prev = sb->lru_prev;
+    else
+        p->lru_last = sb->lru_prev;
+    sb->lru_prev = sb->lru_next = NULL;
+    p->n_handles--;
+}
+
+static void lru_push_front(pool_t *p, sandbox_t *sb)
+{
+    if (p->lru_first == sb)
+        return;
+    lru_unlink(p, sb);
+    sb->lru_next = p->lru_first;
+    if (p->lru_first)
+        p->lru_first->lru_prev = sb;
+    else
+        p->lru_last = sb;
+    p->lru_first = sb;
+    p->n_handles++;
+}
+
+static void handles_close(sandbox_t *sb)
+{
+    sb->home_fd = safe_close(sb->home_fd);
+    sb->ruleset_fd = safe_close(sb->ruleset_fd);
+    for (int i = 0; i < 4 && sb->cg_fds[i] >= 0; i++)
+        sb->cg_fds[i] = safe_close(sb->cg_fds[i]);
+    sb->cg_fds[0] = -1;
+}
+
+/* Close the handles of the least recently used sandboxes beyond handles_max that nothing
+ * holds (a bounded look from the list's end: a held one is skipped, tried again later). */
+static void handles_trim(pool_t *p)
+{
+    sandbox_t *sb = p->lru_last;
+    for (unsigned look = 0; sb && p->n_handles > p->handles_max && look < 16; look++) {
+        sandbox_t *prev = sb->lru_prev;
+        if (sb->refs == 1 && sb->spawning == 0 && sb->running == 0 && sb->ops == 0) {
+            lru_unlink(p, sb);
+            handles_close(sb);
+        }
+        sb = prev;
+    }
+}
+
+int sandbox_handles(sandbox_t *sb)
+{
+    pool_t *p = sb->pool;
+    if (sb->deleted)
+        return -ESRCH;
+    bool reopened = false;
+    if (sb->home_fd < 0) {
+        /* by name beneath the homes (root's, 0711: the sandbox cannot rename its home) */
+        sb->home_fd = openat(p->homes_fd, sb->id, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sb->home_fd < 0)
+            return negative_errno();
+        reopened = true;
+    }
+    if (sb->landlocked && sb->ruleset_fd < 0) {
+        int r = landlock_ruleset_for_home(&p->ll, sb->home_fd, &sb->ruleset_fd);
+        if (r < 0)
+            return r;
+        reopened = true;
+    }
+    if (reopened)
+        p->handles_reopened++;
+    lru_push_front(p, sb);
+    handles_trim(p);
+    return 0;
 }
 
 /* ---- setup ------------------------------------------------------------------------------- */
@@ -327,9 +419,15 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
      * none, so that what a delete frees is a create's, not the warm set's. */
     struct rlimit rl;
     p->netns_warm_max = POOL_NETNS_WARM;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        rl.rlim_cur / 256 < p->netns_warm_max)
-        p->netns_warm_max = (size_t)(rl.rlim_cur / 256);
+    p->handles_max = POOL_HANDLES_MAX;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        if (rl.rlim_cur / 256 < p->netns_warm_max)
+            p->netns_warm_max = (size_t)(rl.rlim_cur / 256);
+        /* up to 6 descriptors each (home, ruleset, 3 cgroups' procs, +1 spare): 1/32 of the
+         * table holds a fifth of it at most */
+        if (rl.rlim_cur / 32 < p->handles_max)
+            p->handles_max = rl.rlim_cur / 32 < 4 ? 4 : (size_t)(rl.rlim_cur / 32);
+    }
     if (netns_make(&nfd) >= 0) {
         p->have_netns = true;
         if (p->netns_warm_max > 0)
@@ -564,8 +662,10 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     r = make_home(p, sb);
     if (r >= 0 && p->have_netns)
         r = netns_take(p, &sb->netns_fd);
-    if (r >= 0 && p->ll.abi > 0)
+    if (r >= 0 && p->ll.abi > 0) {
+        sb->landlocked = true;
         r = landlock_ruleset_for_home(&p->ll, sb->home_fd, &sb->ruleset_fd);
+    }
     if (r >= 0)
         r = build_env(sb, o->env, &sb->env);
     if (r < 0) {
@@ -585,6 +685,8 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
         return r;
     }
     pool_link(p, sb);
+    lru_push_front(p, sb);
+    handles_trim(p);
     p->created_total++;
     *ret = sb;
     return 0;
@@ -745,7 +847,7 @@ void route_sandbox_token(conn_t *c, sandbox_t *sb)
  * setsid() escapees are counted too), else a look through /proc. */
 static int sandbox_alive(const sandbox_t *sb)
 {
-    if (sb->cg_fds[0] >= 0) {
+    if (sb->cg_ready) {
         int n = cgroup_count(&sb->pool->cg, sb->uid - (uint32_t)sb->pool->cfg.uid_base);
         if (n >= 0)
             return n > 0;
@@ -921,6 +1023,7 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
      * after this point cannot exist and the teardown below sees every one that did start. */
     spawner_settle_sandbox(p->srv->spawner, sb);
     pool_unlink(p, sb);
+    lru_unlink(p, sb); /* its descriptors are closed with its last reference */
     p->reserved--;
     procs_drop_sandbox(p->srv, sb);
     bool killed = teardown_processes(sb);
@@ -1034,6 +1137,10 @@ void pool_health(pool_t *p, void *json_obj)
                                   (json_int_t)p->warm_pending, "from_warm",
                                   (json_int_t)p->homes_from_warm, "recycled",
                                   (json_int_t)p->homes_recycled));
+    json_object_set_new(j, "handles",
+                        json_pack("{s:I,s:I,s:I}", "open", (json_int_t)p->n_handles, "max",
+                                  (json_int_t)p->handles_max, "reopened",
+                                  (json_int_t)p->handles_reopened));
     json_object_set_new(j, "uids",
                         json_pack("{s:I,s:I,s:I}", "used", (json_int_t)p->uids.n_used,
                                   "quarantined", (json_int_t)p->uids.n_quarantined, "reserved",
@@ -1090,6 +1197,9 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     if (r < 0) {
         return sbx_err(err, r, "invalid cwd");
     }
+    r = sandbox_handles(sb);
+    if (r < 0)
+        return sbx_err(err, r, "cannot open the sandbox's home or ruleset: %s", strerror(-r));
     spec.uid = spec.gid = sb->uid;
     spec.mntns_fd = p->hidepid ? p->ns.ns_fd : -1;
     spec.netns_fd = sb->netns_fd;
@@ -1101,6 +1211,7 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         if (r < 0) {
             return sbx_err(err, r, "cannot prepare the sandbox cgroup: %s", strerror(-r));
         }
+        sb->cg_ready = true;
     }
     int k = 0;
     for (; k < CONFINE_MAX_CGROUPS && k < 4 && sb->cg_fds[k] >= 0; k++)
@@ -1122,6 +1233,8 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         }
         ret_cmdcg->root = p->cg.v2_root;
     }
+    if (sb->landlocked && sb->ruleset_fd < 0) /* fail closed: never a child without it */
+        return sbx_err(err, -EIO, "the sandbox's Landlock ruleset is not open");
     spec.ruleset_fd = sb->ruleset_fd;
     spec.seccomp = p->have_seccomp ? &p->seccomp : NULL;
     const confine_limit_t limits[] = {

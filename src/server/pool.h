@@ -35,6 +35,8 @@ typedef struct sandbox sandbox_t;
 #define POOL_BUCKETS 4096
 #define POOL_NETNS_WARM 16
 #define POOL_HOMES_WARM 32
+/* sandboxes that keep their handles open while idle (fewer where descriptors are scarce) */
+#define POOL_HANDLES_MAX 1024
 /* deleted homes taken over (janitor_recycle_home) may fill the warm set this far beyond what
  * it is refilled to, so that creates and deletes in turn reuse homes instead of making them */
 #define POOL_HOMES_WARM_MAX (POOL_HOMES_WARM + 16)
@@ -47,6 +49,8 @@ struct sandbox {
     char id[17];
     char token[65];
     uint32_t uid;
+    /* Descriptors it can do without while idle (see sandbox_handles): its home (O_PATH), its
+     * Landlock ruleset and its cgroup.procs files; -1 (or cg_fds[0] -1) while closed. */
     int home_fd;
     char home[256];
     char **env; /* base + create-time env, KEY=VALUE */
@@ -57,11 +61,15 @@ struct sandbox {
     unsigned ops;      /* foreground operations in flight on this sandbox */
     unsigned running;  /* running processes (foreground and background) */
     unsigned spawning; /* spawn requests queued or in flight on a spawn helper */
-    int ruleset_fd;    /* -1 with uid-only confinement */
+    int ruleset_fd;    /* -1 while closed or with uid-only confinement */
+    bool landlocked;   /* confined by Landlock (a ruleset is made whenever it runs something) */
+    bool cg_ready;     /* its cgroups exist with its limits (cgroup_prepare ran once) */
+    sandbox_t *lru_prev, *lru_next; /* in the pool's handles list while its handles are open */
     bool deleted;
     bool spawned;  /* something ran as this uid */
-    int cg_fds[4]; /* cgroup.procs files of its cgroups (prepared at first exec), -1 ends */
-    int netns_fd;  /* its own network namespace, or -1 where the kernel refuses them */
+    int cg_fds[4]; /* cgroup.procs files of its cgroups (opened at exec), -1 ends */
+    int netns_fd;  /* its own network namespace (always held: nothing else keeps it), or -1
+                    * where the kernel refuses them */
 };
 
 typedef struct {
@@ -79,6 +87,11 @@ struct pool {
     sandbox_t *buckets[POOL_BUCKETS];
     sandbox_t *first, *last;
     size_t count;
+    /* Sandboxes whose handles are open, most recently used first; beyond handles_max the
+     * least recently used idle ones close theirs (an idle sandbox then holds one descriptor). */
+    sandbox_t *lru_first, *lru_last;
+    size_t n_handles, handles_max;
+    uint64_t handles_reopened;
     uidpool_t uids;
     landlock_base_t ll;
     sandbox_ns_t ns;
@@ -126,14 +139,20 @@ void sandbox_unref(sandbox_t *sb);
 sandbox_t *sandbox_hold(sandbox_t *sb);
 void sandbox_release(sandbox_t *sb);
 /* A request scoped to a sandbox (/v1/sandboxes/{id}/...) holds it as its connection's owner
- * data (conn_set_owner): released when the request ends, or when the tunnel it became closes. */
+ * data (conn_set_owner): released when the request ends, or when the tunnel it became closes.
+ * Opens its handles first (sandbox_handles; a negative errno when they cannot be opened, and
+ * then nothing is held). */
 extern const conn_owner_ops_t sandbox_owner_ops;
-void conn_scope_sandbox(conn_t *c, sandbox_t *sb); /* takes a hold on sb */
+int conn_scope_sandbox(conn_t *c, sandbox_t *sb); /* takes a hold on sb */
 /* The sandbox c's request is scoped to, or NULL (dedicated mode, host-level routes). */
 static inline sandbox_t *conn_sandbox(const conn_t *c)
 {
     return c->owner_ops == &sandbox_owner_ops ? c->owner : NULL;
 }
+/* Open what of sb's handles is closed (its home, its ruleset) and mark it used; may close the
+ * handles of sandboxes nothing uses. A request, spawn or process that uses the handles holds
+ * a reference, which keeps them open. */
+int sandbox_handles(sandbox_t *sb);
 /* "landlock" or "uid-only" */
 const char *sandbox_confinement(const sandbox_t *sb);
 /* {"abi": N, "features": ["fs", "refer", ...]} (Hugging Face's names) for an ABI. */

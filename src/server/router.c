@@ -172,6 +172,16 @@ static bool refuse_transfer_encoding(conn_t *c, sv_t path)
     return true;
 }
 
+/* Scope the request to sb (released when the request ends, conn.c); 503 when its handles
+ * cannot be opened (a full descriptor table: EMFILE). */
+static bool scope_or_refuse(conn_t *c, sandbox_t *sb)
+{
+    int r = conn_scope_sandbox(c, sb);
+    if (r < 0)
+        http_unavailable(c, HTTP_RETRY_SOON, "cannot open the sandbox's home: %s", strerror(-r));
+    return r >= 0;
+}
+
 /* envd (E2B) on a pool sandbox: /v1/sandboxes/<id>/{process.Process/..., filesystem.Filesystem/
  * ..., files, health}, with that sandbox's token in X-Access-Token; 401 otherwise (as envd).
  * The handlers run scoped to the sandbox, like the dedicated table's. */
@@ -190,7 +200,8 @@ static void dispatch_envd_scoped(conn_t *c, sandbox_t *sb, sv_t rest)
             http_method_not_allowed(c, 0, "method not allowed");
         return;
     }
-    conn_scope_sandbox(c, sb); /* released when the request ends (conn.c) */
+    if (!scope_or_refuse(c, sb))
+        return;
     /* the route as the dedicated agent sees it: the prefix is dropped from the path view */
     c->req.path = rest;
     envd_dispatch(c, rest);
@@ -265,7 +276,8 @@ static void dispatch_host(conn_t *c, sv_t path)
      * (the id is at least one byte, so they belong to this path). */
     char *r0 = (char *)rest.p - 3;
     memcpy(r0, "/v1", 3);
-    conn_scope_sandbox(c, sb); /* released when the request ends (conn.c) */
+    if (!scope_or_refuse(c, sb))
+        return;
     c->req.path = sv_make(r0, rest.len + 3);
     dispatch_dedicated_table(c, c->req.path);
 }

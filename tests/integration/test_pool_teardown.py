@@ -5,6 +5,7 @@ sandbox planted, delete removes the home, never anything outside it, and recycle
 import os
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -91,14 +92,32 @@ def test_missing_layout_entries(pool_host):
 
 
 def test_exec_with_many_server_descriptors(make_host_server):
-    """Every confined child starts with a copy of the server's descriptors (each sandbox holds
-    two): its limits, RLIMIT_NOFILE 4096 among them, must not refuse the child its own steps."""
-    s = make_host_server(env={"SBX_CAPACITY": "2200"})
+    """Every confined child starts with a copy of the server's descriptors (an idle sandbox
+    holds one, its network namespace; the ones used last a few more; each connection one): its
+    limits, RLIMIT_NOFILE 4096 among them, must not refuse the child its own steps."""
+    import resource
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    s = make_host_server(env={"SBX_CAPACITY": "2200", "SBX_MAX_CONNECTIONS": "5000"})
     many = s.create(2100)
-    fds = len(os.listdir(f"/proc/{s.proc.pid}/fd"))
-    assert fds > 4096 + 64, fds  # vacuity guard: more than the sandbox's descriptor limit
-    r = many[-1].run("ulimit -n; true")
-    assert (r.code, r.out) == (0, "4096\n"), r  # the limit still holds in the sandbox
+    conns = []
+    try:
+        for _ in range(2200):  # idle connections: a descriptor each in the server
+            conns.append(socket.create_connection(("127.0.0.1", s.port)))
+        fds = 0
+        for _ in range(50):
+            fds = len(os.listdir(f"/proc/{s.proc.pid}/fd"))
+            if fds > 4096 + 64:
+                break
+            time.sleep(0.1)
+        assert fds > 4096 + 64, fds  # vacuity guard: more than the sandbox's descriptor limit
+        r = many[-1].run("ulimit -n; true")
+        assert (r.code, r.out) == (0, "4096\n"), r  # the limit still holds in the sandbox
+    finally:
+        for c in conns:
+            c.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     st, j = s.json("DELETE", "/v1/sandboxes")
     assert (st, j) == (200, {"deleted": 2100})
 
@@ -144,7 +163,8 @@ def test_create_that_runs_out_of_descriptors_leaves_nothing_behind(make_host_ser
     def low_nofile():
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
 
-    host = make_host_server(popen_kw={"preexec_fn": low_nofile})
+    # an idle sandbox holds one descriptor: more than 200 would fit the capacity's default
+    host = make_host_server(env={"SBX_CAPACITY": "400"}, popen_kw={"preexec_fn": low_nofile})
     made, refused = [], None
     for _ in range(300):
         st, j = host.create_raw({"count": 1})
@@ -165,3 +185,46 @@ def test_create_that_runs_out_of_descriptors_leaves_nothing_behind(make_host_ser
     assert st == 200
     st, j = host.create_raw({"count": 1})
     assert st == 200, j
+
+
+def test_idle_sandboxes_hold_one_descriptor_and_reopen_their_handles(make_host_server):
+    """Under a small descriptor table (RLIMIT_NOFILE 8192: handles for 256 sandboxes) an idle
+    sandbox holds its network namespace only; one whose handles were closed opens them again
+    when used, and its confinement is the same: from inside, a world-writable file outside the
+    home stays refused (Landlock, from a ruleset made again), the home works."""
+    import resource
+
+    def nofile_8192():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (8192, 8192))
+
+    host = make_host_server(env={"SBX_CAPACITY": "1000"}, popen_kw={"preexec_fn": nofile_8192})
+    h = host.json("GET", "/health")[1]
+    assert h["handles"]["max"] == 256, h["handles"]
+    fds0 = len(os.listdir(f"/proc/{host.proc.pid}/fd"))
+    many = host.create(900)
+    fds1 = len(os.listdir(f"/proc/{host.proc.pid}/fd"))
+    per = (fds1 - fds0 - 256 * 2) / 900  # the 256 used last keep home + ruleset
+    netns = "netns" in h["confinement"]
+    assert per <= (1.1 if netns else 0.1), (fds0, fds1, per)
+    first = many[0]  # its handles were closed long ago
+    path = os.path.join("/tmp", "sbx-ww-" + first.id)
+    with open(path, "w") as f:
+        f.write("orig\n")
+    os.chmod(path, 0o666)
+    try:
+        r = first.run(f"echo planted >> {path}; echo rc=$?; echo y > $HOME/f && cat $HOME/f")
+        assert "rc=0" not in r.out, f"ATTACK: a reopened sandbox wrote outside its home: {r}"
+        with open(path) as f:
+            assert f.read() == "orig\n"
+        assert r.out.endswith("y\n"), r  # positive control: the home works
+    finally:
+        os.unlink(path)
+    h = host.json("GET", "/health")[1]["handles"]
+    assert h["reopened"] >= 1 and h["open"] <= 256, h  # vacuity guard: it was reopened
+    # a file request reopens a home too (another sandbox whose handles were closed)
+    st, _, _ = many[1].write("g", b"z")
+    assert st == 200 and open(os.path.join(many[1].home, "g"), "rb").read() == b"z"
+    assert os.stat(os.path.join(many[1].home, "g")).st_uid == many[1].uid
+    assert host.json("GET", "/health")[1]["handles"]["reopened"] > h["reopened"]
+    st, j = host.json("DELETE", "/v1/sandboxes")
+    assert (st, j) == (200, {"deleted": 900})
