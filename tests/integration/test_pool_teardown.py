@@ -221,6 +221,12 @@ def test_idle_sandboxes_hold_one_descriptor_and_reopen_their_handles(make_host_s
         os.unlink(path)
     h = host.json("GET", "/health")[1]["handles"]
     assert h["reopened"] >= 1 and h["open"] <= 256, h  # vacuity guard: it was reopened
+    # the home is opened again by name: the sandbox cannot move it aside (or put a link in its
+    # place) for the next open to find; positive control: a move inside the home works
+    r = first.run("mv $HOME $HOME.x; echo rc=$?; ln -s / $HOME.y; echo rc=$?; "
+                  "mkdir $HOME/d && mv $HOME/d $HOME/e && echo moved")
+    assert "rc=0" not in r.out and r.out.endswith("moved\n"), f"ATTACK: home moved: {r}"
+    assert not os.path.exists(first.home + ".x") and not os.path.lexists(first.home + ".y")
     # a file request reopens a home too (another sandbox whose handles were closed)
     st, _, _ = many[1].write("g", b"z")
     assert st == 200 and open(os.path.join(many[1].home, "g"), "rb").read() == b"z"
