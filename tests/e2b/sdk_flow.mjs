@@ -58,15 +58,24 @@ check(/^[A-Za-z0-9]+$/.test(sbx.sandboxId), "a sandbox id without '-' or '.'", s
 
 // ---- commands: streamed output, exit codes -----------------------------------------------------
 const seen = [];
-const res = await sbx.commands.run("echo out1; echo err1 >&2; sleep 0.3; echo out2", {
-  onStdout: (d) => seen.push({ at: Date.now(), d }),
+// out2 is written only once /tmp/sbx-go exists, which the stdout callback makes on seeing out1:
+// so "out2" (not "out2-unreleased") proves out1 reached the client while the command ran
+let released = null;
+const res = await sbx.commands.run(
+  "echo out1; echo err1 >&2; i=0; while [ ! -e /tmp/sbx-go ] && [ $i -lt 600 ]; do sleep 0.05; " +
+  "i=$((i+1)); done; [ -e /tmp/sbx-go ] && echo out2 || echo out2-unreleased", {
+  onStdout: (d) => {
+    seen.push({ at: Date.now(), d });
+    if (!released && d.includes("out1")) released = sbx.files.write("/tmp/sbx-go", "go");
+  },
   onStderr: (d) => seen.push({ at: Date.now(), e: d }),
 });
+if (released) await released;
 out("run", { exitCode: res.exitCode, stdout: res.stdout, stderr: res.stderr, chunks: seen.length });
 check(res.exitCode === 0 && res.stdout === "out1\nout2\n" && res.stderr === "err1\n", "run", res);
 const so = seen.filter((x) => x.d !== undefined);
 check(so.map((x) => x.d).join("") === "out1\nout2\n", "stdout callbacks carry the output", seen);
-check(so.length >= 2 && so[so.length - 1].at - so[0].at >= 200,
+check(so.length >= 2 && released !== null,
   "output streams while the command runs (out1 arrives before out2 is written)", seen);
 check(seen.some((x) => x.e === "err1\n"), "stderr callback", seen);
 

@@ -1227,6 +1227,9 @@ print(json.dumps({"lo": lo(), "udp_in": udp_in(), "tw": tw(),
 
 
 def netns_counts(pool_host):
+    """(recycled, discarded) once no deleted sandbox's namespace is still being checked (an
+    earlier test's delete may still be in the janitor)."""
+    assert wait_until(lambda: pool_host.json("GET", "/health")[1]["netns"]["checking"] == 0, 10)
     n = pool_host.json("GET", "/health")[1]["netns"]
     return n["recycled"], n["discarded"]
 
