@@ -849,7 +849,7 @@ static int idle_then_exec(bench_t *b, client_t *c, sbref_t *s, unsigned k, long 
     }
     if (fd1 >= 0 && fd2 >= 0 && k > 0)
         fig("  more server descriptors per sandbox after its first exec", (double)(fd2 - fd1) / k,
-            "", "(its cgroup.procs files, kept for its next exec)");
+            "", "(its cgroup.procs files, kept while among the used last)");
     unsigned m = b->quick ? 50 : 200;
     _cleanup_free_ uint64_t *v = calloc(m, sizeof *v);
     if (!v)
@@ -886,7 +886,7 @@ static void idle_report(bench_t *b, uint64_t rss0, uint64_t rss1, uint64_t slab0
         target_note(per <= 50 * KIB, "<= 50 KB", note, sizeof note));
     if (fd0 >= 0 && fd1 >= 0)
         fig("server descriptors per idle sandbox", (double)(fd1 - fd0) / n, "",
-            "(its home and its Landlock ruleset)");
+            "(its network namespace; home + ruleset: the 1,024 used last)");
     fig("kernel slab per idle sandbox (system-wide delta, approximate)",
         ((double)slab1 - (double)slab0) / n / KIB, "KiB",
         "(home inodes and dentries, ruleset, open files)");
