@@ -8,7 +8,8 @@
  *      4 threads, wall time and mean per trio;
  *   2. what create, first exec and delete cost the server: its own CPU time (from
  *      /proc/<pid>/schedstat) around batches, divided by the batch size;
- *   3. exec round trip of `true` in one existing sandbox: p50/p99;
+ *   3. exec round trip of `true` in one existing sandbox: p50/p99; then from 4 clients at
+ *      once over 100 live sandboxes, beside 4 threads of posix_spawn;
  *   4. memory per idle sandbox: the server's VmRSS, its descriptors and the kernel's slab
  *      before and after creating many; what that many does to an exec.
  *
@@ -832,6 +833,115 @@ static void bench_exec(bench_t *b)
             NULL);
 }
 
+/* 3b. The same with 4 clients at once over 100 live sandboxes (each client its own keep-alive
+ * connection, its execs spread over the sandboxes), beside 4 threads of posix_spawn+waitpid in
+ * the bench: every latency of each side, p50 over all. */
+#define CONC_SANDBOXES 100
+
+typedef struct {
+    const bench_t *b;
+    const sbref_t *s; /* CONC_SANDBOXES */
+    unsigned k, n;    /* worker index, execs */
+    uint64_t *v;      /* n latencies */
+    int r;
+    char why[320];
+} conc_worker_t;
+
+static void *conc_exec_thread(void *arg)
+{
+    conc_worker_t *w = arg;
+    client_t c;
+    w->r = client_open(&c, w->b->port);
+    if (w->r < 0) {
+        (void)snprintf(w->why, sizeof w->why, "connect: %s", strerror(-w->r));
+        return NULL;
+    }
+    for (unsigned i = 0; i < w->b->warmup + w->n && w->r >= 0; i++) {
+        const sbref_t *s = &w->s[(i * MAX_THREADS + w->k) % CONC_SANDBOXES];
+        uint64_t t0 = now_ns();
+        w->r = pool_exec_true(&c, s, w->why, sizeof w->why);
+        if (i >= w->b->warmup)
+            w->v[i - w->b->warmup] = now_ns() - t0;
+    }
+    client_close(&c);
+    return NULL;
+}
+
+static void *conc_spawn_thread(void *arg)
+{
+    conc_worker_t *w = arg;
+    w->r = time_spawn(w->v, w->n, w->b->warmup);
+    if (w->r < 0)
+        (void)snprintf(w->why, sizeof w->why, "posix_spawn /bin/true: %s", strerror(-w->r));
+    return NULL;
+}
+
+/* Run MAX_THREADS workers of fn, n each, latencies into v (MAX_THREADS * n); 0 or -1. */
+static int conc_run(bench_t *b, void *(*fn)(void *), const sbref_t *s, unsigned n, uint64_t *v)
+{
+    conc_worker_t w[MAX_THREADS];
+    pthread_t t[MAX_THREADS];
+    unsigned started = 0;
+    for (; started < MAX_THREADS; started++) {
+        w[started] =
+            (conc_worker_t){ .b = b, .s = s, .k = started, .n = n, .v = v + (size_t)started * n };
+        if (pthread_create(&t[started], NULL, fn, &w[started]) != 0)
+            break;
+    }
+    int r = started == MAX_THREADS ? 0 : -1;
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(t[i], NULL);
+        if (w[i].r < 0) {
+            fail(b, "concurrent worker %u: %s", i, w[i].why);
+            r = -1;
+        }
+    }
+    return r;
+}
+
+static void bench_exec_concurrent(bench_t *b)
+{
+    unsigned n = b->exec_n / MAX_THREADS;
+    char hdr[200], why[320];
+    (void)snprintf(hdr, sizeof hdr,
+                   "3b. exec round trip of [\"true\"] from %d clients at once, %d live sandboxes: "
+                   "%u each (after %u warm-up), beside %d threads of posix_spawn+waitpid",
+                   MAX_THREADS, CONC_SANDBOXES, n, b->warmup, MAX_THREADS);
+    section(hdr);
+    _cleanup_free_ uint64_t *v = calloc((size_t)n * MAX_THREADS, sizeof *v);
+    _cleanup_free_ sbref_t *s = calloc(CONC_SANDBOXES, sizeof *s);
+    client_t c;
+    unsigned got;
+    if (!v || !s || client_open(&c, b->port) < 0) {
+        fail(b, "concurrent exec: setup failed");
+        return;
+    }
+    if (pool_create(&c, b->token, CONC_SANDBOXES, s, &got, why, sizeof why) < 0) {
+        fail(b, "create: %s", why);
+        client_close(&c);
+        return;
+    }
+    uint64_t p50 = 0, floor50 = 0;
+    if (conc_run(b, conc_exec_thread, s, n, v) == 0) {
+        print_latency("exec [\"true\"], 4 clients", v, (size_t)n * MAX_THREADS);
+        p50 = percentile(v, (size_t)n * MAX_THREADS, 50);
+    }
+    if (pool_delete_all(&c, b->token, CONC_SANDBOXES, why, sizeof why) < 0)
+        fail(b, "delete all: %s", why);
+    client_close(&c);
+    if (conc_run(b, conc_spawn_thread, NULL, n, v) == 0) {
+        print_latency("baseline: posix_spawn+waitpid /bin/true, 4 threads", v,
+                      (size_t)n * MAX_THREADS);
+        floor50 = percentile(v, (size_t)n * MAX_THREADS, 50);
+    }
+    if (p50 && floor50) {
+        char note[96];
+        double x = (double)p50 / (double)floor50;
+        fig("ratio: exec p50, 4 clients / posix_spawn p50, 4 threads", x, "x",
+            target_note(x <= 1.5, "<= 1.5x", note, sizeof note));
+    }
+}
+
 /* ---- 4. memory per idle sandbox ----------------------------------------------------------- */
 
 /* Exec in k of the sandboxes (their first), then time m execs in the first: descriptors per
@@ -1151,8 +1261,10 @@ int main(int argc, char **argv)
         bench_trios(&b);
     if (bench_want(b.only, "cost"))
         bench_server_cost(&b);
-    if (bench_want(b.only, "exec"))
+    if (bench_want(b.only, "exec")) {
         bench_exec(&b);
+        bench_exec_concurrent(&b);
+    }
     if (bench_want(b.only, "idle"))
         bench_idle(&b);
     if (bench_want(b.only, "scale"))
