@@ -391,69 +391,110 @@ size_t event_output_max(size_t n)
     return n * 6 + (n + 2) / 3 * 4 + 96;
 }
 
-static const char hexd[] = "0123456789abcdef";
-
-/* What each byte needs in a JSON string: 0 copied as is, 1 escaped, 2 the start of a UTF-8
- * sequence (or an invalid byte). Runs of 0 are copied with one memcpy. */
-static const unsigned char json_class[256] = {
+/* What each ASCII byte needs in a JSON string: 0 copied as is, 1 escaped. */
+static const unsigned char json_class[128] = {
     [0x00 ... 0x1f] = 1,
     ['"'] = 1,
     ['\\'] = 1,
-    [0x80 ... 0xff] = 2,
 };
 
+/* The escape of each byte that needs one; 8 bytes are copied (the destination has room), n
+ * of them count. */
+static const struct {
+    char s[7];
+    unsigned char n;
+} json_esc[128] = {
+    [0x00] = { "\\u0000", 6 }, [0x01] = { "\\u0001", 6 }, [0x02] = { "\\u0002", 6 },
+    [0x03] = { "\\u0003", 6 }, [0x04] = { "\\u0004", 6 }, [0x05] = { "\\u0005", 6 },
+    [0x06] = { "\\u0006", 6 }, [0x07] = { "\\u0007", 6 }, [0x08] = { "\\b", 2 },
+    [0x09] = { "\\t", 2 },     [0x0a] = { "\\n", 2 },     [0x0b] = { "\\u000b", 6 },
+    [0x0c] = { "\\f", 2 },     [0x0d] = { "\\r", 2 },     [0x0e] = { "\\u000e", 6 },
+    [0x0f] = { "\\u000f", 6 }, [0x10] = { "\\u0010", 6 }, [0x11] = { "\\u0011", 6 },
+    [0x12] = { "\\u0012", 6 }, [0x13] = { "\\u0013", 6 }, [0x14] = { "\\u0014", 6 },
+    [0x15] = { "\\u0015", 6 }, [0x16] = { "\\u0016", 6 }, [0x17] = { "\\u0017", 6 },
+    [0x18] = { "\\u0018", 6 }, [0x19] = { "\\u0019", 6 }, [0x1a] = { "\\u001a", 6 },
+    [0x1b] = { "\\u001b", 6 }, [0x1c] = { "\\u001c", 6 }, [0x1d] = { "\\u001d", 6 },
+    [0x1e] = { "\\u001e", 6 }, [0x1f] = { "\\u001f", 6 }, [0x22] = { "\\\"", 2 },
+    [0x5c] = { "\\\\", 2 },
+};
+
+#define BYTES_01 UINT64_C(0x0101010101010101)
+#define BYTES_80 UINT64_C(0x8080808080808080)
+
+/* Non-zero when a byte of the 8 at p is below 0x20, '"', '\\' or 0x80 and up (SWAR: a byte
+ * below k borrows into its high bit in v - k; equal to k, likewise after the xor). */
+static inline uint64_t json_needs_look(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    uint64_t q = v ^ (BYTES_01 * '"'), b = v ^ (BYTES_01 * '\\');
+    return ((v - BYTES_01 * 0x20) | (q - BYTES_01) | (b - BYTES_01) | v) & BYTES_80;
+}
+
+/* The length of the complete, valid UTF-8 sequence at p (p[0] >= 0x80; RFC 3629: no overlong
+ * forms, surrogates or code points past U+10FFFF), 0 when it is not one. */
+static inline size_t utf8_seq_at(const unsigned char *p, size_t have)
+{
+    unsigned char c = p[0];
+    if (c >= 0xC2 && c <= 0xDF)
+        return have >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (have < 3 || (p[2] & 0xC0) != 0x80)
+            return 0;
+        unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+        return p[1] >= lo && p[1] <= hi ? 3 : 0;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (have < 4 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
+            return 0;
+        unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+        return p[1] >= lo && p[1] <= hi ? 4 : 0;
+    }
+    return 0;
+}
+
 /* JSON-escape valid UTF-8 (invalid bytes become U+FFFD). Returns bytes written; *bad tells
- * whether any byte had to be replaced. */
+ * whether any byte had to be replaced. A span that needs no change (plain ASCII, looked at 8
+ * bytes at a time, and complete valid sequences) is copied with one memcpy; an escape comes
+ * from a table. dst has room for 6 bytes per input byte + 2. */
 static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
 {
     char *d = dst;
     size_t i = 0;
     while (i < n) {
         size_t run = i;
-        while (run + 4 <= n && !(json_class[p[run]] | json_class[p[run + 1]] |
-                                 json_class[p[run + 2]] | json_class[p[run + 3]]))
-            run += 4;
-        while (run < n && !json_class[p[run]])
-            run++;
+        for (;;) {
+            while (run + 8 <= n && !json_needs_look(p + run))
+                run += 8;
+            if (run == n)
+                break;
+            unsigned char c = p[run];
+            if (c >= 0x80) {
+                size_t k = utf8_seq_at(p + run, n - run);
+                if (k == 0)
+                    break;
+                run += k;
+            } else if (json_class[c]) {
+                break;
+            } else {
+                run++;
+            }
+        }
         memcpy(d, p + i, run - i);
         d += run - i;
         i = run;
         if (i == n)
             break;
-        unsigned char c = p[i];
-        if (json_class[c] == 1) {
-            *d++ = '\\';
-            switch (c) {
-            case '"': *d++ = '"'; break;
-            case '\\': *d++ = '\\'; break;
-            case '\n': *d++ = 'n'; break;
-            case '\r': *d++ = 'r'; break;
-            case '\t': *d++ = 't'; break;
-            case '\b': *d++ = 'b'; break;
-            case '\f': *d++ = 'f'; break;
-            default:
-                *d++ = 'u';
-                *d++ = '0';
-                *d++ = '0';
-                *d++ = hexd[c >> 4];
-                *d++ = hexd[c & 15];
-            }
-            i++;
-            continue;
-        }
-        /* one multi-byte sequence, if it is complete and valid */
-        size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2, inc;
-        if (i + len <= n && utf8_valid_prefix(p + i, len, &inc) == len) {
-            memcpy(d, p + i, len);
-            d += len;
-            i += len;
+        unsigned char c = p[i++];
+        if (c < 0x80) {
+            memcpy(d, json_esc[c].s, 8);
+            d += json_esc[c].n;
             continue;
         }
         /* invalid or truncated sequence: one replacement character for this byte */
         *bad = true;
         memcpy(d, "\xEF\xBF\xBD", 3);
         d += 3;
-        i++;
     }
     return (size_t)(d - dst);
 }
@@ -473,8 +514,53 @@ static char *put(char *d, const char *s)
 static const char b64_tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 static char b64_pairs[4096][2];
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* 12 input bytes to 16 characters per step with SSSE3 (Muła's method: each 3-byte group
+ * shuffled to 4 bytes, the 6-bit fields moved into place by two multiplies, then each
+ * field's offset to its character taken from a 16-entry table). Loads 16 bytes, so it stops
+ * 16 bytes before the end; returns the characters written, *ret_used the bytes consumed. */
+__attribute__((target("ssse3"))) static size_t b64_encode_ssse3(char *dst, const unsigned char *p,
+                                                                size_t n, size_t *ret_used)
+{
+    const __m128i shuf = _mm_setr_epi8(1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10);
+    /* offsets: [0] 'a'-26, [1..10] '0'-52, [11] '+'-62, [12] '/'-63, [13] 'A' */
+    const __m128i lut =
+        _mm_setr_epi8(71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 65, 0, 0);
+    size_t i = 0;
+    char *d = dst;
+    for (; i + 16 <= n; i += 12, d += 16) {
+        __m128i in = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + i)), shuf);
+        __m128i hi = _mm_mulhi_epu16(_mm_and_si128(in, _mm_set1_epi32(0x0fc0fc00)),
+                                     _mm_set1_epi32(0x04000040));
+        __m128i lo = _mm_mullo_epi16(_mm_and_si128(in, _mm_set1_epi32(0x003f03f0)),
+                                     _mm_set1_epi32(0x01000010));
+        __m128i idx = _mm_or_si128(hi, lo); /* one 6-bit value per byte */
+        __m128i red = _mm_subs_epu8(idx, _mm_set1_epi8(51));
+        __m128i upper = _mm_cmpgt_epi8(_mm_set1_epi8(26), idx);
+        red = _mm_or_si128(red, _mm_and_si128(upper, _mm_set1_epi8(13)));
+        _mm_storeu_si128((__m128i *)d, _mm_add_epi8(idx, _mm_shuffle_epi8(lut, red)));
+    }
+    *ret_used = i;
+    return (size_t)(d - dst);
+}
+#endif
+
 static size_t b64_encode(char *dst, const unsigned char *p, size_t n)
 {
+    char *start = dst;
+#if defined(__x86_64__)
+    static int ssse3 = -1;
+    if (ssse3 < 0)
+        ssse3 = __builtin_cpu_supports("ssse3") ? 1 : 0;
+    if (ssse3 && n >= 16) {
+        size_t used;
+        dst += b64_encode_ssse3(dst, p, n, &used);
+        p += used;
+        n -= used;
+    }
+#endif
     if (b64_pairs[4095][0] == 0)
         for (unsigned v = 0; v < 4096; v++) {
             b64_pairs[v][0] = b64_tab[v >> 6];
@@ -496,7 +582,7 @@ static size_t b64_encode(char *dst, const unsigned char *p, size_t n)
         d[3] = '=';
         d += 4;
     }
-    return (size_t)(d - dst);
+    return (size_t)(d - start);
 }
 
 size_t event_encode_output(char *dst, const char *stream, const unsigned char *p, size_t n,

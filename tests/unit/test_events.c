@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/strutil.h"
 #include "server/spawn.h"
 #include "tap.h"
 
@@ -167,6 +168,110 @@ TEST(all_byte_values_round_trip)
     ASSERT_TRUE(bin != NULL);
     ASSERT_MEMEQ(bin, blen, in, sizeof in);
     free(bin);
+}
+
+/* Random mixtures of plain ASCII, escapes, valid sequences at the edges of RFC 3629 and
+ * invalid or cut ones, at every alignment (the encoder looks at 8 bytes at a time): data is
+ * the input made valid (each byte of a bad sequence one U+FFFD), data_b64 present exactly when
+ * something was replaced, and then the input byte for byte. */
+TEST(random_mixtures_match_a_bytewise_reference)
+{
+    static const char *const pieces[] = {
+        "a",
+        "plain ascii text ",
+        "\"",
+        "\\",
+        "\n",
+        "\x01",
+        "\x1f",
+        "\x7f",
+        " ",
+        "\xc3\xa9",
+        "\xdf\xbf",
+        "\xe0\xa0\x80",
+        "\xed\x9f\xbf",
+        "\xef\xbf\xbf",
+        "\xf0\x90\x80\x80",
+        "\xf4\x8f\xbf\xbf", /* valid */
+        "\xc0\x80",
+        "\xc1\xbf",
+        "\xe0\x80\x80",
+        "\xed\xa0\x80",
+        "\xf4\x90\x80\x80",
+        "\xf5",
+        "\xff",
+        "\x80",
+        "\xbf",
+        "\xe2\x82",
+        "\xf0\x9f\x98", /* invalid or cut */
+    };
+    unsigned seed = 12345;
+    for (int t = 0; t < 20000; t++) {
+        unsigned char in[160];
+        size_t n = 0;
+        seed = seed * 1103515245u + 12345u;
+        unsigned k = (seed >> 16) % 24;
+        for (unsigned j = 0; j < k; j++) {
+            seed = seed * 1103515245u + 12345u;
+            const char *pc = pieces[(seed >> 16) % (sizeof pieces / sizeof pieces[0])];
+            size_t l = strlen(pc);
+            if (l == 0)
+                l = 1; /* never: every piece has a byte */
+            if (n + l > sizeof in)
+                break;
+            memcpy(in + n, pc, l);
+            n += l;
+        }
+        if (t % 7 == 0 && n < sizeof in)
+            in[n++] = 0; /* a NUL now and then */
+        /* the reference: valid prefixes copied, one U+FFFD per byte that does not start one */
+        unsigned char want[160 * 3];
+        size_t w = 0;
+        bool bad = false;
+        for (size_t i = 0; i < n;) {
+            size_t inc, v = utf8_valid_prefix(in + i, n - i, &inc);
+            memcpy(want + w, in + i, v);
+            w += v;
+            i += v;
+            if (i < n) {
+                memcpy(want + w, "\xef\xbf\xbd", 3);
+                w += 3;
+                i++;
+                bad = true;
+            }
+        }
+        json_t *o = encode_parse("stdout", in, n, false);
+        ASSERT_TRUE(o != NULL);
+        ASSERT_DATA(o, want, w);
+        size_t bl = 0;
+        unsigned char *b = b64_member(o, "data_b64", &bl);
+        ASSERT_EQ(b != NULL, bad);
+        if (b)
+            ASSERT_MEMEQ(b, bl, in, n);
+        free(b);
+        json_decref(o);
+    }
+}
+
+/* Every length around the 12-byte steps of the vector encoder and its 16-byte stop, at odd
+ * alignments, with bytes of every value: base64 decodes back to exactly the input. */
+TEST(base64_round_trips_at_every_length_and_alignment)
+{
+    unsigned char buf[400];
+    for (size_t i = 0; i < sizeof buf; i++)
+        buf[i] = (unsigned char)(i * 2654435761u >> 13);
+    for (size_t off = 0; off < 4; off++)
+        for (size_t n = 0; n + off <= sizeof buf && n < 300; n++) {
+            json_t *o = encode_parse("stdout", buf + off, n, true);
+            ASSERT_TRUE(o != NULL);
+            size_t bl = 0;
+            unsigned char *b = b64_member(o, "data", &bl);
+            ASSERT_TRUE(b != NULL);
+            ASSERT_MEMEQ(b, bl, buf + off, n);
+            ASSERT_EQ_U(json_string_length(json_object_get(o, "data")), (n + 2) / 3 * 4);
+            free(b);
+            json_decref(o);
+        }
 }
 
 TEST(base64_mode)
@@ -356,7 +461,9 @@ int main(void)
         T(valid_multibyte_utf8_passes_through),
         T(invalid_utf8_gets_replacement_and_exact_bytes),
         T(all_byte_values_round_trip),
+        T(random_mixtures_match_a_bytewise_reference),
         T(base64_mode),
+        T(base64_round_trips_at_every_length_and_alignment),
         T(output_bound_holds_for_worst_cases),
         T(utf8_split_tail_keeps_unfinished_sequences),
         T(utf8_split_across_reads_reassembles),
