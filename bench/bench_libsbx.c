@@ -169,10 +169,10 @@ static int direct_call(http_conn_t *hc, const char *method, const char *target, 
                       .body = body,
                       .body_len = body ? strlen(body) : 0,
                       .body_fd = -1 };
-    char msg[300];
-    int r = http_do(hc, &rq, ret, msg, sizeof msg);
+    sbx_err_t err;
+    int r = http_do(hc, &rq, ret, &err);
     if (r < 0 || ret->status != 200) {
-        fail(b, target, r < 0 ? msg : ret->body);
+        fail(b, target, r < 0 ? err.msg : ret->body);
         if (r >= 0)
             http_resp_free(ret);
         return -EIO;
@@ -182,11 +182,12 @@ static int direct_call(http_conn_t *hc, const char *method, const char *target, 
 
 static void direct_trios(worker_t *w)
 {
-    char endpoint[64], msg[300];
+    char endpoint[64];
     (void)snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%s", w->b->direct_port);
     http_conn_t hc;
-    if (http_conn_init(&hc, endpoint, NULL, 0, msg, sizeof msg) < 0) {
-        fail(w->b, "direct", msg);
+    sbx_err_t err;
+    if (http_conn_init(&hc, endpoint, NULL, 0, &err) < 0) {
+        fail(w->b, "direct", err.msg);
         return;
     }
     for (unsigned i = 0; i < w->count; i++) {

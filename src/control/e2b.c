@@ -195,32 +195,29 @@ static json_t *listed_json(const control_t *ctl, json_t *job, bool detail)
 
 /* ---- waiting for a run (workers) -------------------------------------------------------------- */
 
-static int wait_running(worker_t *w, const char *ns, const char *id, char *why, size_t whycap)
+/* 0 once the sandbox runs; -ENOENT (gone), -ESRCH (its job ended) or -ETIMEDOUT, with err. */
+static int wait_running(worker_t *w, const char *ns, const char *id, sbx_err_t *err)
 {
     uint64_t deadline = monotonic_ms() + E2B_START_WAIT_MS;
     unsigned pause_ms = 20;
     for (;;) {
         runrec_t rr;
         json_t *job;
-        if (job_load(w->st, ns, id, &job, NULL) < 0) {
-            (void)snprintf(why, whycap, "sandbox %s is gone", id);
-            return -ENOENT;
-        }
+        if (job_load(w->st, ns, id, &job, NULL) < 0)
+            return sbx_err(err, -ENOENT, "sandbox %s is gone", id);
         job_stage_t st = STAGE_SCHEDULING;
         (void)job_stage_of(job, &st);
-        bool ended = job_stage_ended(st);
-        if (ended)
-            (void)snprintf(why, whycap, "sandbox %s could not start: %s", id, jstr(job, "message"));
-        json_decref(job);
-        if (ended)
+        if (job_stage_ended(st)) {
+            (void)sbx_err(err, -ESRCH, "sandbox %s could not start: %s", id, jstr(job, "message"));
+            json_decref(job);
             return -ESRCH;
+        }
+        json_decref(job);
         if (st == STAGE_RUNNING && runrec_load(w->st, id, &rr, NULL) == 0 && rr.state == RR_RUNNING)
             return 0;
-        if (monotonic_ms() > deadline || w->ctl->stopping) {
-            (void)snprintf(why, whycap, "sandbox %s did not start within %d s", id,
+        if (monotonic_ms() > deadline || w->ctl->stopping)
+            return sbx_err(err, -ETIMEDOUT, "sandbox %s did not start within %d s", id,
                            E2B_START_WAIT_MS / 1000);
-            return -ETIMEDOUT;
-        }
         struct timespec ts = { 0, (long)pause_ms * 1000000L };
         (void)nanosleep(&ts, NULL);
         pause_ms = MIN(pause_ms * 2, 200u);
@@ -345,11 +342,10 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
             log_info("e2b: sandbox %s/%s (template %s) created by %s", a->ns, id, tpl,
                      a->principal);
             control_kick(ctl);
-            char why[300];
-            r = wait_running(w, a->ns, id, why, sizeof why);
+            r = wait_running(w, a->ns, id, &err); /* err is free: the request was taken */
             if (r < 0) {
                 work_fail(res, r == -ETIMEDOUT ? HTTP_GATEWAY_TIMEOUT : HTTP_INTERNAL_ERROR,
-                          HTTP_BODY_CODE, "%s", why);
+                          HTTP_BODY_CODE, "%s", err.msg);
             } else {
                 json_t *fresh;
                 if (job_load(w->st, a->ns, id, &fresh, NULL) == 0) {
@@ -435,14 +431,14 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
         }
         break;
     }
-    char why[300];
-    int r = wait_running(w, a->ns, a->id, why, sizeof why);
+    sbx_err_t err;
+    int r = wait_running(w, a->ns, a->id, &err);
     if (r < 0) {
         work_fail(res,
                   r == -ENOENT      ? HTTP_NOT_FOUND
                   : r == -ETIMEDOUT ? HTTP_GATEWAY_TIMEOUT
                                     : HTTP_INTERNAL_ERROR,
-                  HTTP_BODY_CODE, "%s", why);
+                  HTTP_BODY_CODE, "%s", err.msg);
         return;
     }
     json_t *job, *sec;

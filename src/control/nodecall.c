@@ -26,7 +26,7 @@ int node_request(control_t *ctl, store_t *st, const keyring_t *kr, const node_re
     size_t hcap = sizeof wire + 128 + (q->headers ? strlen(q->headers) : 0);
     _cleanup_free_ char *hdr = malloc(hcap);
     if (!hdr)
-        return -ENOMEM;
+        return sbx_err(err, -ENOMEM, "out of memory");
     (void)snprintf(hdr, hcap, "X-Sbx-Capability: %s\r\nContent-Type: application/json\r\n%s", wire,
                    q->headers ? q->headers : "");
     httpc_request_t rq;

@@ -174,13 +174,13 @@ static int reserve_new_host(alloc_t *a, json_t *hosts)
         return 1; /* another request made this host: pack into it */
     if (r < 0)
         return r;
-    char err[256];
+    sbx_err_t err;
     r = pool_host_job_create(a->w->st, &a->w->ctl->seal, a->w->ctl->cfg.default_image, a->pool,
-                             a->ns, job_id, err, sizeof err);
+                             a->ns, job_id, &err);
     if (r < 0) {
         (void)store_del(a->w->st, key, STORE_REV_ANY);
         a->status = HTTP_UNAVAILABLE;
-        (void)snprintf(a->why, sizeof a->why, "%s", err);
+        (void)snprintf(a->why, sizeof a->why, "%.255s", err.msg); /* as its 256-byte buffer was */
         return 0;
     }
     log_info("pool %s/%s: host %d booting (job %s)", a->ns, name, slot, job_id);
@@ -302,35 +302,34 @@ static int record_sandbox(alloc_t *a, const resv_t *rv, const runrec_t *rr, json
 }
 
 /* Ask the host's agent for rv->n sandboxes and record them (their views, with tokens, go to
- * out). Returns how many were made; *ret_room: the agent said it had no room for the rest. */
-static json_int_t fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out, bool *ret_room,
-                         char *why, size_t whycap)
+ * out). Returns how many were made (which a store failure can leave below what the agent made),
+ * or -errno with err when the host never served or its agent made none; *ret_rejected: how
+ * many of rv->n the agent had no room for. */
+static int fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out, json_int_t *ret_rejected,
+                  sbx_err_t *err)
 {
     runrec_t rr;
-    *ret_room = false;
-    sbx_err_t err = { 0 };
-    if (host_wait_running(a, rv->job, &rr, &err) < 0) {
-        (void)snprintf(why, whycap, "%.*s", (int)whycap - 1, err.msg);
-        return 0;
-    }
+    int r = host_wait_running(a, rv->job, &rr, err);
+    if (r < 0)
+        return r;
     uint64_t gen = rr.run.generation;
     (void)pool_host_edit(a->w->st, rv->key, rv->job, mark_ready_edit, &gen);
     char token[80];
-    if (pool_host_token(a->w->st, &a->w->ctl->seal, rv->job, token, sizeof token) < 0 ||
-        worker_keys(a->w) < 0) {
-        (void)snprintf(why, whycap, "pool host %s: its token cannot be read", rv->job);
-        return 0;
-    }
+    if ((r = pool_host_token(a->w->st, &a->w->ctl->seal, rv->job, token, sizeof token)) < 0 ||
+        (r = worker_keys(a->w)) < 0)
+        return sbx_err(err, r, "pool host %s: its token cannot be read", rv->job);
     json_t *body = json_deep_copy(req), *ans = NULL;
     json_object_set_new(body, "count", json_integer(rv->n));
-    int status = 0, r = -EAGAIN;
+    sbx_err_t aerr = { 0 };
+    int status = 0;
+    r = -EAGAIN;
     /* Only what surely did not run is tried again: no connection (the agent is not listening
      * yet right after its run is installed), or the node's 503 (not ready). */
     for (int attempt = 0; attempt < 50 && !a->w->ctl->stopping; attempt++) {
         pool_json_wipe(ans);
         ans = NULL;
         r = agent_call(a->w->ctl, a->w->st, &a->w->kr, &rr, "POST", "/v1/sandboxes", token, body,
-                       POOL_AGENT_CALL_MS, &status, &ans, &err);
+                       POOL_AGENT_CALL_MS, &status, &ans, &aerr);
         bool again = (r == -ECONNREFUSED || r == -ENOENT) || (r == 0 && status == HTTP_UNAVAILABLE);
         if (!again || monotonic_ms() > a->deadline)
             break;
@@ -342,15 +341,15 @@ static json_int_t fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out,
     json_decref(body);
     sodium_memzero(token, sizeof token);
     if (r < 0 || status != 200) {
-        (void)snprintf(why, whycap, "pool host %s: %.255s", rv->job, /* as the 256-byte msg was */
-                       err.msg[0] ? err.msg
-                       : r < 0    ? strerror(-r)
-                                  : "the agent refused");
         pool_json_wipe(ans);
-        return 0;
+        return sbx_err(err, r < 0 ? r : -EIO, "pool host %s: %.255s", /* as the 256-byte msg was */
+                       rv->job,
+                       aerr.msg[0] ? aerr.msg
+                       : r < 0     ? strerror(-r)
+                                   : "the agent refused");
     }
     crash_point("pool:made");
-    json_int_t made = 0;
+    int made = 0;
     size_t i;
     json_t *s;
     bool active = pool_active(a);
@@ -362,12 +361,7 @@ static json_int_t fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out,
                      jstr(a->pool, "name"), jstr(s, "id"), active ? "store" : "pool draining");
     }
     json_int_t rejected = jint(ans, "rejected");
-    if (rejected > 0) {
-        *ret_room = true;
-        if (!why[0])
-            (void)snprintf(why, whycap, "pool host %s had room for %lld of %lld", rv->job,
-                           (long long)(rv->n - rejected), (long long)rv->n);
-    }
+    *ret_rejected = rejected > 0 ? rejected : 0;
     pool_json_wipe(ans);
     return made;
 }
@@ -456,18 +450,22 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
     bool all_room = true;
     char why2[300] = "";
     for (size_t i = 0; i < a.nr; i++) {
-        char w2[300] = "";
-        bool room;
-        json_int_t got = fulfil(&a, &a.rv[i], req, out, &room, w2, sizeof w2);
+        sbx_err_t err;
+        json_int_t rej = 0;
+        int got = fulfil(&a, &a.rv[i], req, out, &rej, &err);
         /* the sandboxes are recorded: the reservation goes (a failure here is dropped by the
          * reconciler with the rest of a stale reservation) */
         if (pool_host_settle(w->st, a.rv[i].key, a.rv[i].job, rid) < 0)
             log_warn("pool %s/%s: reservation %s on %s not settled (dropped later)", in->ns,
                      in->pool, rid, a.rv[i].key);
-        made += got;
-        all_room = all_room && (got == a.rv[i].n || room);
-        if (w2[0] && !why2[0])
-            (void)snprintf(why2, sizeof why2, "%s", w2);
+        /* a host that failed leaves no room; one whose agent had no room for all says so */
+        made += MAX(got, 0);
+        all_room = all_room && got >= 0 && (got == a.rv[i].n || rej > 0);
+        if (!why2[0] && got < 0)
+            (void)snprintf(why2, sizeof why2, "%.*s", (int)sizeof why2 - 1, err.msg);
+        else if (!why2[0] && rej > 0)
+            (void)snprintf(why2, sizeof why2, "pool host %s had room for %lld of %lld", a.rv[i].job,
+                           (long long)(a.rv[i].n - rej), (long long)a.rv[i].n);
     }
     json_decref(req);
     json_decref(pool);

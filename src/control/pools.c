@@ -201,7 +201,7 @@ int pool_host_token(store_t *st, const seal_keys_t *seal, const char *job, char 
 }
 
 int pool_host_job_create(store_t *st, const seal_keys_t *seal, const char *default_image,
-                         json_t *pool, const char *ns, const char *job_id, char *err, size_t errcap)
+                         json_t *pool, const char *ns, const char *job_id, sbx_err_t *err)
 {
     char cap_s[16], tok[65];
     (void)snprintf(cap_s, sizeof cap_s, "%lld", (long long)jint(pool, "per_host"));
@@ -224,15 +224,13 @@ int pool_host_job_create(store_t *st, const seal_keys_t *seal, const char *defau
         pool_json_wipe(body);
     else
         json_decref(body);
-    if (e) {
-        (void)snprintf(err, errcap, "pool host job: %s", e);
-        return -EINVAL;
-    }
+    if (e)
+        return sbx_err(err, -EINVAL, "pool host job: %s", e);
     int r = job_insert(st, seal, ns, "sbx-pools", job_id, job, sec);
     json_decref(job);
     pool_json_wipe(sec);
     if (r < 0)
-        (void)snprintf(err, errcap, "pool host job: %s", strerror(-r));
+        return sbx_err(err, r, "pool host job: %s", strerror(-r));
     return r;
 }
 

@@ -335,7 +335,7 @@ static void warm_hosts(control_t *ctl, store_t *st, json_t *pool, size_t serving
         int slot = 0;
         while (slot < jint(pool, "max_hosts") && used[slot])
             slot++;
-        char hkey[200], job_id[25], err[256];
+        char hkey[200], job_id[25];
         (void)snprintf(hkey, sizeof hkey, "poolhosts/%s/%s/%03d", ns, name, slot);
         random_hex(job_id, 12);
         int64_t now = wall_ms();
@@ -347,9 +347,10 @@ static void warm_hosts(control_t *ctl, store_t *st, json_t *pool, size_t serving
         json_decref(rec);
         if (r < 0)
             return;
-        if (pool_host_job_create(st, &ctl->seal, ctl->cfg.default_image, pool, ns, job_id, err,
-                                 sizeof err) < 0) {
-            log_warn("pool %s/%s: cannot make a warm host: %s", ns, name, err);
+        sbx_err_t err;
+        r = pool_host_job_create(st, &ctl->seal, ctl->cfg.default_image, pool, ns, job_id, &err);
+        if (r < 0) {
+            log_warn("pool %s/%s: cannot make a warm host: %s", ns, name, err.msg);
             (void)store_del(st, hkey, STORE_REV_ANY);
             return;
         }

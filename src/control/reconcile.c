@@ -47,9 +47,11 @@ typedef struct {
 #define NODE_INSTALL_MS 60000
 #define NODE_RESTORE_MS 600000
 
+/* 0 with the node's answer's status, or -errno with err. Like agent_call, err also carries the
+ * node's reason (its answer's "error", code -EIO) when it answers 300 or more. */
 static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t *run,
                      const char *method, const char *suffix, json_t *body, int *ret_status,
-                     char *msg, size_t msgcap)
+                     sbx_err_t *err)
 {
     char target[160];
     (void)snprintf(target, sizeof target, "/v1/runs/%s%s", run->sandbox, suffix);
@@ -71,10 +73,7 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
                                                       : NODE_INSTALL_MS,
     };
     httpc_response_t resp = { 0 };
-    sbx_err_t err = { 0 };
-    int r = node_request(rc->ctl, rc->st, &rc->kr, &q, &resp, &err);
-    if (r < 0 && err.msg[0])
-        (void)snprintf(msg, msgcap, "%s", err.msg);
+    int r = node_request(rc->ctl, rc->st, &rc->kr, &q, &resp, err);
     if (b) {
         sodium_memzero(b, strlen(b)); /* held the secrets */
         free(b);
@@ -84,7 +83,8 @@ static int node_call(rec_t *rc, const char *host, uint16_t port, const cap_run_t
     *ret_status = resp.status;
     json_t *j = json_loadb(resp.body ? resp.body : "", resp.body_len, 0, NULL);
     const char *e = json_string_value(json_object_get(j, "error"));
-    (void)snprintf(msg, msgcap, "%s", e ? e : "");
+    if (resp.status >= 300)
+        (void)sbx_err(err, -EIO, "%s", e ? e : "");
     json_decref(j);
     httpc_response_free(&resp);
     return 0;
@@ -298,11 +298,11 @@ static int install_body(rec_t *rc, json_t *job, const char *id, json_t *restore,
 static bool retire(rec_t *rc, const char *host, uint16_t port, const cap_run_t *run)
 {
     int status = 0;
-    char msg[256];
-    int r = node_call(rc, host, port, run, "DELETE", "", NULL, &status, msg, sizeof msg);
+    sbx_err_t err = { 0 };
+    int r = node_call(rc, host, port, run, "DELETE", "", NULL, &status, &err);
     if (r < 0 || (status != HTTP_OK && status != HTTP_CONFLICT)) {
         log_warn("retire %s generation %llu on %s: %s (status %d)", run->sandbox,
-                 (unsigned long long)run->generation, run->node, msg, status);
+                 (unsigned long long)run->generation, run->node, err.msg, status);
         return false;
     }
     return true;
@@ -311,12 +311,11 @@ static bool retire(rec_t *rc, const char *host, uint16_t port, const cap_run_t *
 static bool pause_run(rec_t *rc, runrec_t *rr, int64_t *rev)
 {
     int status = 0;
-    char msg[256];
-    int r = node_call(rc, rr->host, rr->port, &rr->run, "POST", "/pause", NULL, &status, msg,
-                      sizeof msg);
+    sbx_err_t err = { 0 };
+    int r = node_call(rc, rr->host, rr->port, &rr->run, "POST", "/pause", NULL, &status, &err);
     if (r < 0 || status != 200) {
         log_warn("pause %s generation %llu: %s (status %d)", rr->run.sandbox,
-                 (unsigned long long)rr->run.generation, msg, status);
+                 (unsigned long long)rr->run.generation, err.msg, status);
         return false;
     }
     crash_point("pause:done");
@@ -436,15 +435,15 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
                   &(job_patch_t){ .set_stage = true, .stage = STAGE_SCHEDULING, .message = "" });
     json_t *body = NULL;
     int status = 0;
-    char msg[512] = "";
+    sbx_err_t err = { 0 };
     r = install_body(rc, job, id, restore, &body);
     bool secrets_lost = r == -EBADMSG || r == -ENOKEY;
     if (secrets_lost)
-        (void)snprintf(msg, sizeof msg, "the job's secrets cannot be decrypted (%s)",
-                       r == -EBADMSG ? "altered in the store"
-                                     : "sealed under a secrets key no longer in the key file");
+        (void)sbx_err(&err, r, "the job's secrets cannot be decrypted (%s)",
+                      r == -EBADMSG ? "altered in the store"
+                                    : "sealed under a secrets key no longer in the key file");
     if (r >= 0)
-        r = node_call(rc, nr.host, nr.port, &nr.run, "PUT", "", body, &status, msg, sizeof msg);
+        r = node_call(rc, nr.host, nr.port, &nr.run, "PUT", "", body, &status, &err);
     json_decref(body);
     if (r >= 0 && (status == 200 || status == 201)) {
         crash_point("install:done");
@@ -489,16 +488,16 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     nr.owner[0] = 0;
     (void)runrec_cas(rc->st, id, &nr, nrev, &nrev);
     log_warn("job %s/%s: install of generation %llu on %s failed (attempt %d): %s", ns, id,
-             (unsigned long long)gen, ni->name, nr.attempts, msg);
+             (unsigned long long)gen, ni->name, nr.attempts, err.msg);
     if (give_up) {
         char m[600];
-        (void)snprintf(m, sizeof m, "could not start: %s", msg);
+        (void)snprintf(m, sizeof m, "could not start: %s", err.msg);
         job_patch(rc, ns, id,
                   &(job_patch_t){ .set_stage = true, .stage = STAGE_ERROR, .message = m });
     } else {
         char m[700];
         (void)snprintf(m, sizeof m, "install on %s failed (attempt %d): %s; trying again in %.1f s",
-                       ni->name, nr.attempts, msg, (double)(nr.next_try_ms - now) / 1000.0);
+                       ni->name, nr.attempts, err.msg, (double)(nr.next_try_ms - now) / 1000.0);
         job_patch(rc, ns, id,
                   &(job_patch_t){ .set_stage = true, .stage = STAGE_SCHEDULING, .message = m });
     }

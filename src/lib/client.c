@@ -186,10 +186,10 @@ int sbx_client_new(const sbx_config_t *cfg, sbx_client_t **ret, sbx_error_t *err
         r = err_set(err, -ENOMEM, 0, "out of memory");
         goto fail;
     }
-    char msg[400];
-    r = http_conn_init(&c->conn, c->endpoint, ca, cfg->io_timeout_ms, msg, sizeof msg);
+    sbx_err_t herr;
+    r = http_conn_init(&c->conn, c->endpoint, ca, cfg->io_timeout_ms, &herr);
     if (r < 0) {
-        err_set(err, r, 0, "%s", msg);
+        err_set(err, r, 0, "%s", herr.msg);
         goto fail;
     }
     c->ca_file = TAKE_PTR(ca);
@@ -271,12 +271,12 @@ int api_raw(sbx_client_t *c, const char *what, http_req_t *rq, const char *extra
     if (!hdr)
         return err_set(err, -ENOMEM, 0, "out of memory");
     rq->headers = hdr;
-    char msg[400];
+    sbx_err_t herr;
     http_resp_t resp = { 0 };
-    int r = http_do(&c->conn, rq, &resp, msg, sizeof msg);
+    int r = http_do(&c->conn, rq, &resp, &herr);
     rq->headers = NULL;
     if (r < 0)
-        return err_set(err, r, 0, "%s: %s", what, msg);
+        return err_set(err, r, 0, "%s: %s", what, herr.msg);
     if (resp.status < 200 || resp.status >= 300) {
         r = api_status_error(what, resp.status, resp.body, resp.body_len, err);
         http_resp_free(&resp);

@@ -152,8 +152,8 @@ typedef struct {
     uint64_t off, len;
     progress_t *prog;
     int r, status;
-    char *body; /* the platform's answer to a refused range */
-    char msg[400];
+    char *body;    /* the platform's answer to a refused range */
+    sbx_err_t err; /* why, when r < 0 and not for a status (err.msg empty: strerror(-r)) */
 } range_t;
 
 static void *range_run(void *arg)
@@ -174,7 +174,7 @@ static void *range_run(void *arg)
         return NULL;
     }
     http_conn_t hc;
-    g->r = http_conn_init(&hc, c->endpoint, c->ca_file, c->io_timeout_ms, g->msg, sizeof g->msg);
+    g->r = http_conn_init(&hc, c->endpoint, c->ca_file, c->io_timeout_ms, &g->err);
     if (g->r < 0)
         return NULL;
     fd_sink_t fs = { .fd = g->fd, .off = g->off };
@@ -190,19 +190,16 @@ static void *range_run(void *arg)
                       .progress = progress_add,
                       .progress_ud = g->prog };
     http_resp_t resp = { 0 };
-    g->r = http_do(&hc, &rq, &resp, g->msg, sizeof g->msg);
+    g->r = http_do(&hc, &rq, &resp, &g->err);
     http_conn_done(&hc);
     if (fs.failed) {
-        g->r = fs.failed;
-        (void)snprintf(g->msg, sizeof g->msg, "cannot write the local file: %s",
-                       strerror(-fs.failed));
+        g->r = sbx_err(&g->err, fs.failed, "cannot write the local file: %s", strerror(-fs.failed));
     } else if (g->r >= 0 && (resp.status < 200 || resp.status >= 300)) {
         g->status = resp.status;
         g->body = TAKE_PTR(resp.body);
         g->r = -EIO;
     } else if (g->r >= 0 && !g->upload && fs.off != g->off + g->len) {
-        g->r = -EIO;
-        (void)snprintf(g->msg, sizeof g->msg, "the file changed while it was copied");
+        g->r = sbx_err(&g->err, -EIO, "the file changed while it was copied");
     }
     http_resp_free(&resp);
     return NULL;
@@ -245,7 +242,7 @@ static int move_ranges(sbx_sandbox_t *s, const char *what, const char *path, int
                                      err);
             else
                 r = err_set(err, g[i].r, 0, "%s: %s", w,
-                            g[i].msg[0] ? g[i].msg : strerror(-g[i].r));
+                            g[i].err.msg[0] ? g[i].err.msg : strerror(-g[i].r));
         }
         free(g[i].body);
     }

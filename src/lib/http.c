@@ -35,7 +35,7 @@ static bool is_ip(const char *h)
 }
 
 int http_conn_init(http_conn_t *c, const char *endpoint, const char *ca_file,
-                   unsigned io_timeout_ms, char *msg, size_t msglen)
+                   unsigned io_timeout_ms, sbx_err_t *err)
 {
     memset(c, 0, sizeof *c);
     c->fd = -1;
@@ -47,8 +47,8 @@ int http_conn_init(http_conn_t *c, const char *endpoint, const char *ca_file,
     } else if (strncmp(endpoint, "http://", 7) == 0) {
         p = endpoint + 7;
     } else {
-        (void)snprintf(msg, msglen, "endpoint %s: must start with https:// (or http://)", endpoint);
-        return -EINVAL;
+        return sbx_err(err, -EINVAL, "endpoint %s: must start with https:// (or http://)",
+                       endpoint);
     }
     const char *end = p + strcspn(p, "/");
     const char *colon;
@@ -83,26 +83,22 @@ int http_conn_init(http_conn_t *c, const char *endpoint, const char *ca_file,
     if (!c->tls)
         return 0;
     c->ctx = SSL_CTX_new(TLS_client_method());
-    if (!c->ctx) {
-        (void)snprintf(msg, msglen, "TLS: cannot make a context (out of memory?)");
-        return -ENOMEM;
-    }
+    if (!c->ctx)
+        return sbx_err(err, -ENOMEM, "TLS: cannot make a context (out of memory?)");
     (void)SSL_CTX_set_min_proto_version(c->ctx, TLS1_3_VERSION);
     SSL_CTX_set_verify(c->ctx, SSL_VERIFY_PEER, NULL);
     if (!ca_file || SSL_CTX_load_verify_locations(c->ctx, ca_file, NULL) != 1) {
         ERR_clear_error();
-        (void)snprintf(msg, msglen,
+        SSL_CTX_free(c->ctx);
+        c->ctx = NULL;
+        return sbx_err(err, -ENOENT,
                        "cannot load the platform's CA certificate from %s (set ca_file, or "
                        "run `sbx up`, which writes $SBX_HOME/ca.crt)",
                        ca_file ? ca_file : "(none)");
-        SSL_CTX_free(c->ctx);
-        c->ctx = NULL;
-        return -ENOENT;
     }
     return 0;
 bad:
-    (void)snprintf(msg, msglen, "endpoint %s: expected https://HOST:PORT", endpoint);
-    return -EINVAL;
+    return sbx_err(err, -EINVAL, "endpoint %s: expected https://HOST:PORT", endpoint);
 }
 
 void http_conn_close(http_conn_t *c)
@@ -126,14 +122,12 @@ void http_conn_done(http_conn_t *c)
     c->ctx = NULL;
 }
 
-static int connect_tcp(http_conn_t *c, char *msg, size_t msglen)
+static int connect_tcp(http_conn_t *c, sbx_err_t *err)
 {
     struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
     int g = getaddrinfo(c->host, c->port, &hints, &ai);
-    if (g != 0) {
-        (void)snprintf(msg, msglen, "cannot resolve %s: %s", c->host, gai_strerror(g));
-        return -EHOSTUNREACH;
-    }
+    if (g != 0)
+        return sbx_err(err, -EHOSTUNREACH, "cannot resolve %s: %s", c->host, gai_strerror(g));
     int r = -ECONNREFUSED;
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -178,23 +172,22 @@ static int connect_tcp(http_conn_t *c, char *msg, size_t msglen)
     }
     freeaddrinfo(ai);
     if (r < 0)
-        (void)snprintf(msg, msglen,
+        return sbx_err(err, r,
                        "cannot connect to %s:%s: %s (is the platform running? `sbx up` starts "
                        "one; `sbx status` tells)",
                        c->host, c->port, strerror(-r));
-    return r;
+    return 0;
 }
 
-static int conn_open(http_conn_t *c, char *msg, size_t msglen)
+static int conn_open(http_conn_t *c, sbx_err_t *err)
 {
-    int r = connect_tcp(c, msg, msglen);
+    int r = connect_tcp(c, err);
     if (r < 0 || !c->tls)
         return r;
     c->ssl = SSL_new(c->ctx);
     if (!c->ssl || SSL_set_fd(c->ssl, c->fd) != 1) {
         http_conn_close(c);
-        (void)snprintf(msg, msglen, "TLS: out of memory");
-        return -ENOMEM;
+        return sbx_err(err, -ENOMEM, "TLS: out of memory");
     }
     X509_VERIFY_PARAM *vp = SSL_get0_param(c->ssl);
     if (is_ip(c->host)) {
@@ -214,13 +207,13 @@ static int conn_open(http_conn_t *c, char *msg, size_t msglen)
         unsigned long e = ERR_get_error();
         ERR_clear_error();
         if (vr != X509_V_OK)
-            (void)snprintf(msg, msglen,
-                           "TLS: the certificate of %s:%s does not verify against the CA file "
-                           "(%s); is the endpoint right, and the CA the one of this platform?",
-                           c->host, c->port, X509_verify_cert_error_string(vr));
+            (void)sbx_err(err, -EPROTO,
+                          "TLS: the certificate of %s:%s does not verify against the CA file "
+                          "(%s); is the endpoint right, and the CA the one of this platform?",
+                          c->host, c->port, X509_verify_cert_error_string(vr));
         else
-            (void)snprintf(msg, msglen, "TLS handshake with %s:%s failed: %s", c->host, c->port,
-                           e ? ERR_reason_error_string(e) : "connection closed");
+            (void)sbx_err(err, -EPROTO, "TLS handshake with %s:%s failed: %s", c->host, c->port,
+                          e ? ERR_reason_error_string(e) : "connection closed");
         http_conn_close(c);
         return -EPROTO;
     }
@@ -614,13 +607,12 @@ static void set_read_timeout(http_conn_t *c, unsigned ms)
     (void)setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
 
-int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, char *msg, size_t msglen)
+int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, sbx_err_t *err)
 {
-    msg[0] = 0;
     for (int attempt = 0;; attempt++) {
         bool reused = c->fd >= 0 && c->used;
         if (c->fd < 0) {
-            int r = conn_open(c, msg, msglen);
+            int r = conn_open(c, err);
             if (r < 0)
                 return r;
         }
@@ -641,19 +633,17 @@ int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, char *msg, s
         if (reused && !any && attempt == 0 && (r == -ECONNRESET || r == -EPIPE))
             continue;
         if (r == -EFBIG)
-            (void)snprintf(msg, msglen, "the answer of %s %s is larger than this call accepts",
+            return sbx_err(err, r, "the answer of %s %s is larger than this call accepts",
                            rq->method, rq->target);
-        else if (r == -EPROTO)
-            (void)snprintf(msg, msglen, "malformed HTTP answer from %s:%s", c->host, c->port);
-        else if (r == -ETIMEDOUT)
-            (void)snprintf(msg, msglen, "%s:%s did not answer within %u ms", c->host, c->port,
+        if (r == -EPROTO)
+            return sbx_err(err, r, "malformed HTTP answer from %s:%s", c->host, c->port);
+        if (r == -ETIMEDOUT)
+            return sbx_err(err, r, "%s:%s did not answer within %u ms", c->host, c->port,
                            c->io_timeout_ms);
-        else if (r == -ECONNRESET || r == -EPIPE)
-            (void)snprintf(msg, msglen, "the connection to %s:%s was closed mid-exchange", c->host,
+        if (r == -ECONNRESET || r == -EPIPE)
+            return sbx_err(err, r, "the connection to %s:%s was closed mid-exchange", c->host,
                            c->port);
-        else if (!msg[0])
-            (void)snprintf(msg, msglen, "%s %s: %s", rq->method, rq->target, strerror(-r));
-        return r;
+        return sbx_err(err, r, "%s %s: %s", rq->method, rq->target, strerror(-r));
     }
 }
 

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "sbx/sbx.h"
 
 #define HTTP_HEAD_MAX (64 * 1024)
@@ -60,12 +61,13 @@ typedef struct {
     uint64_t content_length; /* UINT64_MAX when unknown */
 } http_resp_t;
 
+/* Parse endpoint (and load ca_file for https); on failure err says why. */
 int http_conn_init(http_conn_t *c, const char *endpoint, const char *ca_file,
-                   unsigned io_timeout_ms, char *msg, size_t msglen);
+                   unsigned io_timeout_ms, sbx_err_t *err);
 void http_conn_close(http_conn_t *c);
 void http_conn_done(http_conn_t *c);
-/* One exchange; keeps the connection when the answer allows it. On failure msg says why. */
-int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, char *msg, size_t msglen);
+/* One exchange; keeps the connection when the answer allows it. On failure err says why. */
+int http_do(http_conn_t *c, const http_req_t *rq, http_resp_t *ret, sbx_err_t *err);
 void http_resp_free(http_resp_t *r);
 /* The response half of http_do on an open connection (c->fd a connected socket, no TLS): for
  * tests and fuzzing. *ret_any tells whether any byte of an answer came. */

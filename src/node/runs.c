@@ -229,38 +229,30 @@ static int build_env(json_t *spec, bool pool_host, char ***ret, sbx_err_t *err)
     return env_build(base, ov, ELEMENTSOF(ov), &rules, ret, err);
 }
 
-static int build_argv(json_t *spec, bool pool_host, strv_t *argv, const char **err)
+static int build_argv(json_t *spec, bool pool_host, strv_t *argv, sbx_err_t *err)
 {
     json_t *cmd = json_object_get(spec, "command"), *a;
     size_t i;
-    if (pool_host && json_array_size(cmd) > 0) {
-        *err = "a pool job runs the node's agent: it takes no command";
-        return -EINVAL;
-    }
+    if (pool_host && json_array_size(cmd) > 0)
+        return sbx_err(err, -EINVAL, "a pool job runs the node's agent: it takes no command");
     if (!cmd || json_array_size(cmd) == 0) {
         argv->v[0] = strdup("sbx-server");
         argv->v[1] = NULL;
         argv->n = 1;
-        return argv->v[0] ? 0 : -ENOMEM;
+        return argv->v[0] ? 0 : sbx_err(err, -ENOMEM, "out of memory");
     }
-    if (!json_is_array(cmd) || json_array_size(cmd) > ARGV_MAX) {
-        *err = "command must be an array of strings";
-        return -EINVAL;
-    }
+    if (!json_is_array(cmd) || json_array_size(cmd) > ARGV_MAX)
+        return sbx_err(err, -EINVAL, "command must be an array of strings");
     json_array_foreach(cmd, i, a) {
-        if (!json_is_string(a) || strlen(json_string_value(a)) != json_string_length(a)) {
-            *err = "command must be an array of strings without NUL";
-            return -EINVAL;
-        }
+        if (!json_is_string(a) || strlen(json_string_value(a)) != json_string_length(a))
+            return sbx_err(err, -EINVAL, "command must be an array of strings without NUL");
         argv->v[argv->n] = strdup(json_string_value(a));
         if (!argv->v[argv->n])
-            return -ENOMEM;
+            return sbx_err(err, -ENOMEM, "out of memory");
         argv->v[++argv->n] = NULL;
     }
-    if (argv->v[0][0] != '/' && !streq(argv->v[0], "sbx-server")) {
-        *err = "command[0] must be an absolute path or \"sbx-server\"";
-        return -EINVAL;
-    }
+    if (argv->v[0][0] != '/' && !streq(argv->v[0], "sbx-server"))
+        return sbx_err(err, -EINVAL, "command[0] must be an absolute path or \"sbx-server\"");
     return 0;
 }
 
@@ -817,15 +809,14 @@ static int run_cloned(void *arg, pid_t pid, uint64_t start_time)
 
 int run_install_spawn(node_t *n, run_t *r, json_t *spec, sbx_err_t *err)
 {
-    const char *why = "invalid job spec";
     _cleanup_strv_free_ char **env = NULL;
     _cleanup_(strv_clear) strv_t argv = { 0 };
     int rc = build_env(spec, r->pool_host, &env, err);
     if (rc < 0)
         return rc;
-    rc = build_argv(spec, r->pool_host, &argv, &why);
+    rc = build_argv(spec, r->pool_host, &argv, err);
     if (rc < 0)
-        return sbx_err(err, rc, "%s", why);
+        return rc;
     json_t *fl = json_object_get(spec, "flavor");
     json_int_t mem_mb = 0, pids = 0, cpu_milli = 0;
     (void)json_unpack(fl, "{s?I,s?I,s?I}", "memory_mb", &mem_mb, "pids", &pids, "cpu_milli",

@@ -221,29 +221,25 @@ static void start_deadline(envd_call_t *call)
 /* Our exec request from E2B's ProcessConfig: argv is cmd + args (no shell), envs on top of the
  * base environment, cwd (rooted at the home in a pool sandbox), tag, stdin kept open unless
  * "stdin": false. */
-static json_t *exec_request(json_t *req, const char **err)
+static int exec_request(json_t *req, json_t **ret, sbx_err_t *err)
 {
     json_t *pc = json_object_get(req, "process");
     json_t *cmd = json_object_get(pc, "cmd");
-    if (!json_is_object(pc) || !json_is_string(cmd) || json_string_length(cmd) == 0) {
-        *err = "process.cmd is required";
-        return NULL;
-    }
+    if (!json_is_object(pc) || !json_is_string(cmd) || json_string_length(cmd) == 0)
+        return sbx_err(err, -EINVAL, "process.cmd is required");
     json_t *argv = json_array();
     json_t *o = json_object();
     if (!argv || !o || json_array_append(argv, cmd) < 0) {
         json_decref(argv);
         json_decref(o);
-        *err = "out of memory";
-        return NULL;
+        return sbx_err(err, -ENOMEM, "out of memory");
     }
     json_object_set_new(o, "cmd", argv);
     json_t *args = json_object_get(pc, "args");
     if (args && !json_is_null(args)) {
         if (!json_is_array(args)) {
             json_decref(o);
-            *err = "process.args must be an array of strings";
-            return NULL;
+            return sbx_err(err, -EINVAL, "process.args must be an array of strings");
         }
         size_t i;
         json_t *a;
@@ -258,8 +254,7 @@ static json_t *exec_request(json_t *req, const char **err)
         json_object_set(o, "cwd", cwd);
     else if (cwd && !json_is_null(cwd) && !json_is_string(cwd)) {
         json_decref(o);
-        *err = "process.cwd must be a string";
-        return NULL;
+        return sbx_err(err, -EINVAL, "process.cwd must be a string");
     }
     json_t *tag = json_object_get(req, "tag");
     if (tag && !json_is_null(tag))
@@ -267,11 +262,11 @@ static json_t *exec_request(json_t *req, const char **err)
     json_t *in = json_object_get(req, "stdin");
     if (in && !json_is_null(in) && !json_is_boolean(in)) {
         json_decref(o);
-        *err = "stdin must be a boolean";
-        return NULL;
+        return sbx_err(err, -EINVAL, "stdin must be a boolean");
     }
     json_object_set_new(o, "stdin", json_boolean(!in || json_is_null(in) || json_is_true(in)));
-    return o;
+    *ret = o;
+    return 0;
 }
 
 /* {"cols": N, "rows": N} */
@@ -297,12 +292,12 @@ static void rpc_start(envd_call_t *call, json_t *req)
         return;
     }
     call->on_deadline = start_deadline;
-    const char *bad = "invalid request";
-    json_t *o = exec_request(req, &bad);
+    json_t *o = NULL;
     exec_spec_t spec;
     sbx_err_t err = { 0 };
-    int r = o ? exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err)
-              : sbx_err(&err, -EINVAL, "%s", bad);
+    int r = exec_request(req, &o, &err);
+    if (r >= 0)
+        r = exec_spec_parse(o, conn_sandbox(c) ? conn_sandbox(c)->env : environ, &spec, &err);
     json_decref(o);
     if (r < 0) {
         free(sp);

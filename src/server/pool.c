@@ -732,48 +732,35 @@ static int get_u64(json_t *o, const char *name, uint64_t def, uint64_t min, uint
     return 0;
 }
 
-static int parse_create(json_t *o, create_opts_t *opts, uint64_t *count, const char **err)
+static int parse_create(json_t *o, create_opts_t *opts, uint64_t *count, sbx_err_t *err)
 {
-    if (get_u64(o, "count", 1, 1, POOL_MAX_COUNT, count) < 0) {
-        *err = "count must be an integer from 1 to 4096";
-        return -EINVAL;
-    }
-    if (get_u64(o, "max_procs", DEFAULT_MAX_PROCS, 1, 4096, &opts->max_procs) < 0) {
-        *err = "max_procs must be an integer from 1 to 4096";
-        return -EINVAL;
-    }
-    if (get_u64(o, "max_mem_mb", DEFAULT_MAX_MEM_MB, 1, 1048576, &opts->max_mem_mb) < 0) {
-        *err = "max_mem_mb must be an integer from 1 to 1048576";
-        return -EINVAL;
-    }
+    if (get_u64(o, "count", 1, 1, POOL_MAX_COUNT, count) < 0)
+        return sbx_err(err, -EINVAL, "count must be an integer from 1 to 4096");
+    if (get_u64(o, "max_procs", DEFAULT_MAX_PROCS, 1, 4096, &opts->max_procs) < 0)
+        return sbx_err(err, -EINVAL, "max_procs must be an integer from 1 to 4096");
+    if (get_u64(o, "max_mem_mb", DEFAULT_MAX_MEM_MB, 1, 1048576, &opts->max_mem_mb) < 0)
+        return sbx_err(err, -EINVAL, "max_mem_mb must be an integer from 1 to 1048576");
     uint64_t idle;
-    if (get_u64(o, "idle_timeout_secs", 0, 0, 31536000, &idle) < 0) {
-        *err = "idle_timeout_secs must be an integer from 0 to 31536000";
-        return -EINVAL;
-    }
+    if (get_u64(o, "idle_timeout_secs", 0, 0, 31536000, &idle) < 0)
+        return sbx_err(err, -EINVAL, "idle_timeout_secs must be an integer from 0 to 31536000");
     opts->idle_ms = idle * 1000;
     opts->env = json_object_get(o, "env");
     if (opts->env && json_is_null(opts->env))
         opts->env = NULL;
-    if (opts->env && !json_is_object(opts->env)) {
-        *err = "env must be an object of strings";
-        return -EINVAL;
-    }
+    if (opts->env && !json_is_object(opts->env))
+        return sbx_err(err, -EINVAL, "env must be an object of strings");
     size_t bytes = 0;
     const char *key;
     json_t *val;
     json_object_foreach(opts->env, key, val) {
         if (!*key || strchr(key, '=') || !json_is_string(val) ||
-            strlen(json_string_value(val)) != json_string_length(val)) {
-            *err = "env keys must be non-empty without '=', values strings without NUL";
-            return -EINVAL;
-        }
+            strlen(json_string_value(val)) != json_string_length(val))
+            return sbx_err(err, -EINVAL,
+                           "env keys must be non-empty without '=', values strings without NUL");
         bytes += strlen(key) + json_string_length(val);
     }
-    if (bytes > POOL_MAX_ENV_BYTES) {
-        *err = "env is too large (max 64 KiB of keys and values)";
-        return -EINVAL;
-    }
+    if (bytes > POOL_MAX_ENV_BYTES)
+        return sbx_err(err, -EINVAL, "env is too large (max 64 KiB of keys and values)");
     return 0;
 }
 
@@ -782,9 +769,9 @@ static void create_body(conn_t *c, json_t *o)
     pool_t *p = server_of(c)->pool;
     create_opts_t opts = { 0 };
     uint64_t count;
-    const char *err = NULL;
+    sbx_err_t err;
     if (parse_create(o, &opts, &count, &err) < 0) {
-        http_bad_request(c, 0, "%s", err);
+        http_bad_request(c, 0, "%s", err.msg);
         return;
     }
     json_t *arr = json_array();

@@ -231,31 +231,31 @@ TEST(cut_answers_are_resets_and_silence_is_noticed)
 TEST(endpoints)
 {
     http_conn_t c;
-    char msg[256];
-    ASSERT_EQ(http_conn_init(&c, "http://127.0.0.1:49980", NULL, 0, msg, sizeof msg), 0);
+    sbx_err_t err;
+    ASSERT_EQ(http_conn_init(&c, "http://127.0.0.1:49980", NULL, 0, &err), 0);
     ASSERT_STREQ(c.host, "127.0.0.1");
     ASSERT_STREQ(c.port, "49980");
     http_conn_done(&c);
-    ASSERT_EQ(http_conn_init(&c, "http://[::1]:8080/", NULL, 0, msg, sizeof msg), 0);
+    ASSERT_EQ(http_conn_init(&c, "http://[::1]:8080/", NULL, 0, &err), 0);
     ASSERT_STREQ(c.host, "::1");
     ASSERT_STREQ(c.port, "8080");
     http_conn_done(&c);
-    ASSERT_EQ(http_conn_init(&c, "http://localhost", NULL, 0, msg, sizeof msg), 0);
+    ASSERT_EQ(http_conn_init(&c, "http://localhost", NULL, 0, &err), 0);
     ASSERT_STREQ(c.port, "80");
     http_conn_done(&c);
     static const char *bad[] = { "ftp://x",         "127.0.0.1:1",       "http://",
                                  "http://h:",       "http://h:1x",       "http://[::1",
                                  "http://h:1/path", "http://h:123456789" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int r = http_conn_init(&c, bad[i], NULL, 0, msg, sizeof msg);
+        int r = http_conn_init(&c, bad[i], NULL, 0, &err);
         if (r != -EINVAL)
             printf("#   %s\n", bad[i]);
         ASSERT_EQ(r, -EINVAL);
     }
     /* https needs a CA file it can load */
-    ASSERT_EQ(http_conn_init(&c, "https://127.0.0.1:1", "/nonexistent/ca.crt", 0, msg, sizeof msg),
-              -ENOENT);
-    ASSERT_TRUE(strstr(msg, "/nonexistent/ca.crt") != NULL);
+    ASSERT_EQ(http_conn_init(&c, "https://127.0.0.1:1", "/nonexistent/ca.crt", 0, &err), -ENOENT);
+    ASSERT_EQ(err.code, -ENOENT);
+    ASSERT_TRUE(strstr(err.msg, "/nonexistent/ca.crt") != NULL);
 }
 
 TEST(escaping_and_token_derivation)
