@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -130,6 +131,26 @@ static int parse_num(const char *s, unsigned long max, unsigned long *ret)
     }
     *ret = v;
     return 0;
+}
+
+/* One `sbx up` or `sbx down` at a time per state directory: <state>/up.lock, held (flock) until
+ * the command ends. Another waits for it, saying so, then finds what the first left (so two
+ * `sbx up` at once start one control and one node). Close-on-exec: the daemons never hold it.
+ * Returns the descriptor, or -1 when the directory does not exist (create == false). */
+static int state_lock(const char *state, bool create)
+{
+    char path[PATH_MAX];
+    if (path_join(path, sizeof path, state, "up.lock") < 0)
+        return -1;
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno == EWOULDBLOCK) {
+        fprintf(stderr, "sbx: waiting for another `sbx up` or `sbx down` on %s\n", state);
+        while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+            ;
+    }
+    return fd;
 }
 
 /* The pid in <state>/<name>.pid when that process is alive and runs the binary `name`; else 0. */
@@ -528,6 +549,8 @@ static int wait_up(const up_opts_t *o, const up_paths_t *p, bool want_live, pid_
     }
 }
 
+static int up_locked(up_opts_t *op);
+
 int cmd_up(const cli_t *cli, int argc, char **argv)
 {
     (void)cli;
@@ -543,6 +566,22 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
                         "run it with sudo\n");
         return EXIT_DENIED;
     }
+    if ((r = mkdir_p(o.state_dir, 0700)) < 0) {
+        fprintf(stderr, "sbx: cannot make %s: %s\n", o.state_dir, strerror(-r));
+        return EXIT_FAIL;
+    }
+    int lock = state_lock(o.state_dir, true);
+    r = up_locked(&o);
+    if (lock >= 0)
+        close(lock);
+    return r;
+}
+
+/* sbx up, with <state>/up.lock held. */
+static int up_locked(up_opts_t *op)
+{
+    up_opts_t o = *op;
+    int r;
     unsigned rec = recorded_port(o.state_dir);
     pid_t cpid = running_pid(o.state_dir, "sbx-control"),
           npid = running_pid(o.state_dir, "sbx-node");
@@ -571,11 +610,6 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
                 "sbx: sbx-control and sbx-node must sit next to sbx (%s): build them "
                 "(bash scripts/build.sh) or install them together\n",
                 p.dir);
-        free(home);
-        return EXIT_FAIL;
-    }
-    if ((r = mkdir_p(o.state_dir, 0700)) < 0) {
-        fprintf(stderr, "sbx: cannot make %s: %s\n", o.state_dir, strerror(-r));
         free(home);
         return EXIT_FAIL;
     }
@@ -643,7 +677,10 @@ int cmd_down(const cli_t *cli, int argc, char **argv)
     int r = parse_up(argc, argv, &o, false);
     if (r)
         return r;
+    int lock = state_lock(o.state_dir, false);
     int n = stop_one(o.state_dir, "sbx-node") + stop_one(o.state_dir, "sbx-control");
+    if (lock >= 0)
+        close(lock);
     if (n == 0)
         printf("sbx: not running (state %s)\n", o.state_dir);
     return EXIT_OK;
