@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 bash scripts/build.sh >/dev/null
-bash scripts/build-image.sh # the default image (Debian minbase + python3), once
+# the default image (Debian minbase + python3) is built by `sbx up` when it is missing
 
 SBX=$PWD/build/sbx
 PORT=${SBX_DEMO_CONTROL_PORT:-49970}

@@ -23,6 +23,7 @@
 
 #define DEFAULT_STATE "/var/lib/sbx"
 #define DEFAULT_PORT 49980
+#define DEFAULT_IMAGES "/var/lib/sbx/images" /* sbx-node's default --images */
 #define START_WAIT_MS 60000
 #define STOP_WAIT_MS 15000
 
@@ -577,6 +578,68 @@ int cmd_up(const cli_t *cli, int argc, char **argv)
     return r;
 }
 
+/* The default image `debian` (Debian minbase + python3 from the Debian archive) is built by the
+ * code that needs it: when the node's images directory lacks it, `sbx up` runs sbx-build-image
+ * (scripts/build-image.sh, next to sbx) once, its output in DIR/image.log. Other default
+ * images (`host`, or one the user put there) are not built. */
+static int ensure_default_image(const up_opts_t *o, const up_paths_t *p)
+{
+    const char *name = o->default_image ? o->default_image : "debian";
+    const char *images = o->images ? o->images : DEFAULT_IMAGES;
+    char index[PATH_MAX], builder[PATH_MAX], log[PATH_MAX];
+    if (strcmp(name, "debian") != 0)
+        return 0;
+    if (snprintf(index, sizeof index, "%s/%s/index.json", images, name) >= (int)sizeof index ||
+        path_join(builder, sizeof builder, p->dir, "sbx-build-image") < 0 ||
+        path_join(log, sizeof log, o->state_dir, "image.log") < 0)
+        return -ENAMETOOLONG;
+    if (access(index, F_OK) == 0)
+        return 0;
+    if (access(builder, R_OK) < 0) {
+        fprintf(stderr,
+                "sbx: the default image %s is not in %s and sbx-build-image is not next to sbx "
+                "(%s): run scripts/build-image.sh, or start with --default-image host\n",
+                name, images, p->dir);
+        return -ENOENT;
+    }
+    fprintf(stderr,
+            "sbx: building the default image %s in %s (Debian minbase + python3 from the Debian "
+            "archive; once, a few minutes; log %s)\n",
+            name, images, log);
+    int64_t t0 = wall_ms();
+    int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (lfd < 0)
+        return -errno;
+    pid_t pid = fork();
+    if (pid < 0) {
+        (void)close(lfd);
+        return -errno;
+    }
+    if (pid == 0) {
+        if (dup2(lfd, 1) < 0 || dup2(lfd, 2) < 0)
+            _exit(127);
+        char *const argv[] = { "bash",   builder,      "--out", (char *)images,
+                               "--name", (char *)name, NULL };
+        execv("/bin/bash", argv);
+        _exit(127);
+    }
+    (void)close(lfd);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -errno;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr,
+                "sbx: building the default image failed (see %s); fix that and run sbx up "
+                "again, or start with --default-image host\n",
+                log);
+        return -EIO;
+    }
+    fprintf(stderr, "sbx: default image %s built in %.0f s\n", name,
+            (double)(wall_ms() - t0) / 1000);
+    return 0;
+}
+
 /* sbx up, with <state>/up.lock held. */
 static int up_locked(up_opts_t *op)
 {
@@ -610,6 +673,10 @@ static int up_locked(up_opts_t *op)
                 "sbx: sbx-control and sbx-node must sit next to sbx (%s): build them "
                 "(bash scripts/build.sh) or install them together\n",
                 p.dir);
+        free(home);
+        return EXIT_FAIL;
+    }
+    if (!cpid && ensure_default_image(&o, &p) < 0) {
         free(home);
         return EXIT_FAIL;
     }
