@@ -10,6 +10,7 @@ endpoint, token and ca.crt): the sandbox token is derived from the job's nonce l
 import os
 import secrets
 import subprocess
+import urllib.parse
 
 import pytest
 
@@ -92,6 +93,23 @@ def test_pool_through_libsbx(plat):
     r = check(plat, "pool", "lp-" + secrets.token_hex(4), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
 
+
+
+def test_the_proxy_url_of_a_pooled_sandbox_reaches_its_service(plat):
+    """sbx_sandbox_proxy for a pooled sandbox: the pool route and the API token only (the edge
+    adds the sandbox's token); a request there reaches the service on its proxy socket."""
+    name = "lpp-" + secrets.token_hex(4)
+    r = check(plat, "pool-proxy", name, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    url = urllib.parse.urlsplit(next(x[4:] for x in lines if x.startswith("url ")))
+    headers = dict(x[7:].split(": ", 1) for x in lines if x.startswith("header "))
+    assert url.port == plat.control.port and set(headers) == {"Authorization"}, (url, headers)
+    resp = plat.request("GET", url.path + "/some/path?q=1", token=None, headers=headers)
+    assert resp.status == 200 and resp.body == b"libsbx /some/path?q=1", resp
+    # without the headers the library gave, the same URL is refused (positive control)
+    assert plat.request("GET", url.path + "/x", token=None).status == 401
+    assert plat.request("DELETE", f"/v1/pools/default/{name}").status == 202
 
 def test_cli_move_waits_for_the_new_generation_and_keeps_files(plat):
     """`sbx move` (two nodes here; `sbx up` has one): the new generation runs elsewhere with

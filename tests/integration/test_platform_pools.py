@@ -5,6 +5,7 @@ host is full and never past max_hosts, keeps warm hosts, retires empty ones, and
 sandbox through the edge to exactly the run it was made in (410 once that run is gone)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -229,6 +230,95 @@ def test_roles_and_namespaces_hold_for_pooled_sandboxes(plat):
     drain(plat, pool)
 
 
+
+# A sandbox's service: HTTP on its proxy socket (a pooled sandbox cannot bind TCP), answering
+# with its tag, the path, and which credential headers reached it; each path is logged.
+UNIX_HTTP = textwrap.dedent("""
+    import http.server, os, socketserver, sys
+    path, tag = sys.argv[1], sys.argv[2]
+    log = os.path.join(os.environ["HOME"], "served-" + tag)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            with open(log, "a") as f:
+                f.write(self.path + "\\n")
+            creds = ",".join(h for h in ("authorization", "x-sandbox-token") if h in self.headers)
+            body = ("%s %s creds=[%s]" % (tag, self.path, creds)).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    socketserver.UnixStreamServer(path, H).serve_forever()
+""")
+
+
+def serve(plat, pool, sb, port, tag):
+    """Start the service in sandbox sb on <home>/.sbx/proxy/<port>.sock; wait until it listens."""
+    r = plat.request("PUT", sb_path(pool, sb, "/files/write?path=/svc.py"), UNIX_HTTP.encode())
+    assert r.status in (200, 201), r
+    r = plat.request("POST", sb_path(pool, sb, "/processes"),
+                     {"cmd": f"exec python3 $HOME/svc.py $HOME/.sbx/proxy/{port}.sock {tag}"})
+    assert r.status == 200, r
+    wait_until(lambda: sb_exec(plat, pool, sb, f"test -S $HOME/.sbx/proxy/{port}.sock").code == 0,
+               timeout=20, what=f"the service of {tag} to listen")
+
+
+def served(plat, pool, sb, tag):
+    """The paths sb's service `tag` has answered (read as the sandbox itself)."""
+    r = plat.request("GET", sb_path(pool, sb, f"/files/read?path=/served-{tag}"))
+    return r.body.decode().splitlines() if r.status == 200 else []
+
+
+def test_a_pooled_sandboxs_port_is_reached_through_its_own_route_only(plat):
+    """/v1/pools/{ns}/{pool}/sandboxes/{id}/proxy/{port}/... reaches the service that sandbox
+    runs on its proxy socket. ATTACK: a sibling's route (or the sibling's token on it) never
+    reaches A's service; no API token, a read token or another namespace's token reach
+    nothing; a port nothing listens on is 502 (docs/protocol.md, Port proxy)."""
+    pool = new_pool(plat, per_host=4, max_hosts=1)
+    a, b = make_ok(plat, pool, 2)
+    assert a["host"] == b["host"]
+    serve(plat, pool, a, 8080, "A")
+    serve(plat, pool, b, 8081, "B")
+    # positive: A's route reaches A's service, path and query as sent, no credential passed on
+    r = plat.request("GET", sb_path(pool, a, "/proxy/8080/some/path?x=1"),
+                     headers={"X-Sandbox-Token": b["token"]})
+    assert r.status == 200 and r.body == b"A /some/path?x=1 creds=[]", \
+        ("the pooled proxy route did not reach the sandbox's service as sent", r)
+    r = plat.request("GET", sb_path(pool, b, "/proxy/8081/own"))
+    assert r.status == 200 and r.body == b"B /own creds=[]", r
+    # ATTACK: B's route to A's port, with A's token or none: B has no service there
+    for hdrs in ({}, {"X-Sandbox-Token": a["token"]}):
+        r = plat.request("GET", sb_path(pool, b, "/proxy/8080/steal"), headers=hdrs)
+        assert r.status == 502 and not r.body.startswith(b"A "), \
+            ("ATTACK: a sibling's route reached A's service", hdrs, r)
+    r = plat.request("GET", sb_path(pool, a, "/proxy/8081/steal"))
+    assert r.status == 502 and not r.body.startswith(b"B "), \
+        ("ATTACK: A's route reached B's service", r)
+    # credentials: none, another namespace's, a read token (the proxy needs write)
+    r = plat.request("GET", sb_path(pool, a, "/proxy/8080/noauth"), token=None)
+    assert r.status == 401, ("ATTACK: the proxy route answered without an API token", r)
+    other = plat.token("pool-proxy-other", "u", "write")
+    reader = plat.token("pool-proxy-reader", "t", "read")
+    for tok in (other, reader, "sbx_not-a-token"):
+        r = plat.request("GET", sb_path(pool, a, "/proxy/8080/foreign"), token=tok)
+        assert r.status in (401, 403), ("ATTACK: the proxy route answered a foreign token", r)
+    # nothing listens on that port: 502; not a port: 404
+    r = plat.request("GET", sb_path(pool, a, "/proxy/8099/none"))
+    assert r.status == 502, r
+    for bad in ("0", "65536", "http"):
+        r = plat.request("GET", sb_path(pool, a, f"/proxy/{bad}/x"))
+        assert r.status == 404, (bad, r)
+    # what each service was asked: only its own route's requests
+    assert served(plat, pool, a, "A") == ["/some/path?x=1"], served(plat, pool, a, "A")
+    assert served(plat, pool, b, "B") == ["/own"], served(plat, pool, b, "B")
+    # a gone sandbox's route: 404 after its delete, never a sibling's service
+    assert plat.request("DELETE", sb_path(pool, a), timeout=60).status == 200
+    r = plat.request("GET", sb_path(pool, a, "/proxy/8080/after"))
+    assert r.status == 404, r
+    assert plat.request("GET", sb_path(pool, b, "/proxy/8081/still")).body == b"B /still creds=[]"
+    drain(plat, pool)
+
 # ---- packing: exact under concurrency ----------------------------------------------------------
 
 CLIENT = textwrap.dedent("""
@@ -377,6 +467,54 @@ def test_a_host_that_ends_is_dropped_and_its_sandboxes_are_gone(plat):
     assert c["host"] != host and sb_exec(plat, pool, c, "echo new").out == "new\n"
     drain(plat, pool)
 
+
+
+def host_agent_pid(plat, job):
+    """The pid of a pool host's agent (its run's process, named by the node's run record) after
+    checking that it is that process: an sbx-server in host mode, started when the record says."""
+    recs = [(n, n.run_record(job)) for n in plat.nodes]
+    recs = [(n, r) for n, r in recs if r and r.get("state") == "running"]
+    assert len(recs) == 1, recs
+    rec = recs[0][1]
+    pid = rec["pid"]
+    with open(f"/proc/{pid}/stat") as f:
+        assert int(f.read().rsplit(")", 1)[1].split()[19]) == rec["start_time"]
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = f.read().split(b"\0")
+    assert b"SBX_HOST_MODE=1" in env, env
+    assert os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("sbx-server")
+    return pid
+
+
+def test_a_host_whose_agent_is_killed_is_dropped_and_its_sandboxes_are_gone(plat):
+    """The pool host's agent dies for real (SIGKILL, no cancel): its sandboxes are reported gone
+    (410, never served by another host), the host is dropped, and the pool goes on."""
+    pool = new_pool(plat, per_host=4, max_hosts=2)
+    a, b = make_ok(plat, pool, 2)
+    assert sb_exec(plat, pool, a, "echo up").out == "up\n"  # positive control
+    host = a["host"]
+    pid = host_agent_pid(plat, host)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: plat.request("GET", sb_path(pool, a)).status == 410, timeout=30,
+               what="the sandbox to be reported gone")
+    r = plat.request("GET", sb_path(pool, b))
+    assert r.status == 410 and f"its pool host {host} ended" in r.json()["error"], r
+    for sb in (a, b):
+        r = plat.request("POST", sb_path(pool, sb, "/exec"), {"cmd": "echo served"})
+        assert r.status == 410, ("LIE: a sandbox of a dead host was not reported gone", r)
+    wait_until(lambda: all(h["job"] != host for h in inspect(plat, pool)["hosts"]), timeout=30,
+               what="the dead host dropped")
+    job = plat.request("GET", f"/v1/jobs/t/{host}").json()
+    assert job["stage"] == "ERROR" and "signal 9" in job["message"], job
+    listed = plat.request("GET", f"/v1/pools/t/{pool['name']}/sandboxes").json()["sandboxes"]
+    assert listed == []
+    # the pool goes on: the next request gets a host that runs (positive control)
+    (c,) = make_ok(plat, pool, 1)
+    assert c["host"] != host and sb_exec(plat, pool, c, "echo new").out == "new\n"
+    for sb in (a, b):  # still gone: the new host never answers for the old sandboxes
+        r = plat.request("POST", sb_path(pool, sb, "/exec"), {"cmd": "echo served"})
+        assert r.status == 410, ("ATTACK: a dead host's sandbox was served by another", r)
+    drain(plat, pool)
 
 def test_a_restarted_host_never_serves_the_sandboxes_of_its_old_run(plat):
     """Pause + resume gives the host's job a new generation (a new agent that never had these

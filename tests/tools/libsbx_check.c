@@ -10,6 +10,10 @@
  *                                   /tmp/mark (must be TEXT), exec in it
  *   libsbx-check errors             bad input: unknown ids, bad image, bad labels, bad endpoint
  *   libsbx-check pool NAME          a pool: create, sandboxes, exec/files in them, delete
+ *   libsbx-check pool-proxy NAME    a pool with one sandbox whose service listens on its proxy
+ *                                   socket for port 8080; prints sbx_sandbox_proxy's "url <URL>"
+ *                                   and "header <LINE>"s (the test requests them, then deletes
+ *                                   the pool)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -583,6 +587,77 @@ static int cmd_pool(const char *name)
     return failures ? 1 : 0;
 }
 
+/* A service on the sandbox's proxy socket (a pooled sandbox cannot bind TCP): "libsbx <path>". */
+static const char svc_py[] = "import http.server as h, socketserver as s, sys\n"
+                             "class H(h.BaseHTTPRequestHandler):\n"
+                             "    def do_GET(self):\n"
+                             "        b = ('libsbx ' + self.path).encode()\n"
+                             "        self.send_response(200)\n"
+                             "        self.send_header('Content-Length', str(len(b)))\n"
+                             "        self.end_headers()\n"
+                             "        self.wfile.write(b)\n"
+                             "    def log_message(self, *a):\n"
+                             "        pass\n"
+                             "s.UnixStreamServer(sys.argv[1], H).serve_forever()\n";
+
+static int cmd_pool_proxy(const char *name)
+{
+    sbx_client_t *c;
+    if (client(&c) < 0)
+        return 1;
+    sbx_error_t e = { 0 };
+    sbx_pool_opts_t po;
+    sbx_pool_opts_init(&po);
+    po.name = name;
+    po.per_host = 2;
+    po.max_hosts = 1;
+    char *text;
+    OK(sbx_pool_create(c, &po, &text, &e), e);
+    sbx_free(text);
+    sbx_sandbox_t **list;
+    size_t n, rejected;
+    sbx_pool_sandbox_opts_t so = { .count = 1 };
+    OK(sbx_pool_sandboxes_create(c, name, &so, &list, &n, &rejected, &e), e);
+    CHECK(n == 1, "n %zu", n);
+    if (n != 1)
+        return 1;
+    sbx_sandbox_t *s = list[0];
+    OK(sbx_file_write(s, "/svc.py", svc_py, sizeof svc_py - 1, &e), e);
+    sbx_exec_opts_t so2 = { .cmd = "exec python3 $HOME/svc.py $HOME/.sbx/proxy/8080.sock" };
+    sbx_process_t p;
+    OK(sbx_process_start(s, &so2, &p, &e), e);
+    sbx_process_clear(&p);
+    both_t b = { 0 };
+    sbx_exec_result_t res;
+    OK(run(s,
+           "for i in $(seq 200); do test -S $HOME/.sbx/proxy/8080.sock && exit 0; sleep 0.1; "
+           "done; exit 1",
+           &b, &res, &e),
+       e);
+    CHECK(res.exit_code == 0, "the service never listened: %s", b.err.data ? b.err.data : "");
+    both_free(&b);
+    char *url, *hdr;
+    OK(sbx_sandbox_proxy(s, 8080, &url, &hdr, &e), e);
+    const char *id = strchr(sbx_sandbox_id(s), '/') + 1;
+    char want[256];
+    (void)snprintf(want, sizeof want, "/v1/pools/%s/%s/sandboxes/%s/proxy/8080",
+                   sbx_client_namespace(c), name, id);
+    size_t ul = strlen(url), wl = strlen(want);
+    CHECK(ul > wl && strcmp(url + ul - wl, want) == 0 &&
+              strncmp(url, sbx_client_endpoint(c), strlen(sbx_client_endpoint(c))) == 0,
+          "url %s, want ...%s", url, want);
+    /* a pooled sandbox's token stays with the edge: only the API token is sent */
+    CHECK(strstr(hdr, "Authorization: Bearer ") && !strstr(hdr, "X-Sandbox-Token"), "%s", hdr);
+    printf("url %s\n", url);
+    for (char *l = hdr, *end; (end = strstr(l, "\r\n")) != NULL; l = end + 2)
+        printf("header %.*s\n", (int)(end - l), l);
+    sbx_free(url);
+    sbx_free(hdr);
+    sbx_sandbox_list_free(list, n);
+    sbx_client_free(c);
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "dedicated") == 0)
@@ -595,7 +670,9 @@ int main(int argc, char **argv)
         return cmd_errors();
     if (argc >= 3 && strcmp(argv[1], "pool") == 0)
         return cmd_pool(argv[2]);
-    fprintf(stderr,
-            "usage: libsbx-check dedicated|create TEXT|reconnect ID TEXT|errors|pool NAME\n");
+    if (argc >= 3 && strcmp(argv[1], "pool-proxy") == 0)
+        return cmd_pool_proxy(argv[2]);
+    fprintf(stderr, "usage: libsbx-check dedicated|create TEXT|reconnect ID TEXT|errors|pool NAME|"
+                    "pool-proxy NAME\n");
     return 2;
 }
