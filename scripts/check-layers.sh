@@ -9,33 +9,99 @@
 # and when the dependency list in docs/architecture.md (between the "layers:begin" and
 # "layers:end" markers, one "dir -> dir dir ..." line per directory) differs from what the
 # #include lines say, in either direction.
+#
+# Every #include of every .c/.h under src/ is resolved to the directory it names, whatever its
+# form: "x/y.h" and <x/y.h> through -I src (an angle include counts only when x is a directory
+# of src/ or the public sbx/: the rest are system headers), a relative "../x/y.h" (or any path
+# with a . or .. component) from the includer's own directory. include/sbx/ is the layer "sbx"
+# (the public header); a relative path that climbs out of src/ and include/sbx/ fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DOC=docs/architecture.md
 fail=0
+layers=$(cd src && for d in */; do printf '%s ' "${d%/}"; done)
 
-# "<dir> <included dir>" for every #include "x/..." in src/<dir>, another directory than its own.
-# An include without a directory names a header beside the includer (or fails to compile).
-edges() {
-    local d n
-    for d in src/*/; do
-        d=${d%/} n=${d#src/}
-        grep -ho '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[a-z0-9_]*/' "$d"/*.[ch] 2>/dev/null |
-            sed -E 's/.*"([a-z0-9_]*)\//\1/' | sort -u | grep -vx "$n" | sed "s/^/$n /" || true
-    done
+# "<dir> <included dir> <file>:<line>: <the include>" for every include that names another
+# directory than the includer's own ("?" for a path out of src/ and include/sbx/).
+includes() {
+    find src -name '*.[ch]' -print0 | sort -z |
+        { xargs -0 grep -Hn -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"][^">]*[">]' || true; } |
+        awk -v layers=" $layers " '
+        function norm(p,    n, a, out, k, i, s) { # "." and ".." folded; "" when above the root
+            n = split(p, a, "/"); k = 0
+            for (i = 1; i <= n; i++) {
+                if (a[i] == "" || a[i] == ".") continue
+                if (a[i] == "..") { if (k == 0) return ""; k--; continue }
+                out[++k] = a[i]
+            }
+            s = out[1]
+            for (i = 2; i <= k; i++) s = s "/" out[i]
+            return s
+        }
+        function exists(p,    x) {
+            if (p == "" || (getline x < p) < 0) return 0
+            close(p)
+            return 1
+        }
+        function layer_of(t,    l) { # the directory of src/ a path is in, "sbx", or ""
+            if (t ~ /^include\/sbx\//) return "sbx"
+            if (t !~ /^src\/[^\/]+\//) return ""
+            l = substr(t, 5); sub(/\/.*/, "", l)
+            return l
+        }
+        {
+            file = $0; sub(/:.*/, "", file)
+            rest = substr($0, length(file) + 2); line = rest; sub(/:.*/, "", line)
+            text = substr(rest, length(line) + 2); sub(/^[[:space:]]+/, "", text)
+            dir = file; sub(/\/[^\/]*$/, "", dir)
+            own = substr(dir, 5); sub(/\/.*/, "", own)
+            if (!match(text, /[<"][^">]*[">]/)) next
+            inc = substr(text, RSTART + 1, RLENGTH - 2); angle = substr(text, RSTART, 1) == "<"
+            # where the compiler looks: "x" beside the includer first, then -I src, -I include
+            n = 0
+            if (!angle) cand[++n] = norm(dir "/" inc)
+            cand[++n] = norm("src/" inc); cand[++n] = norm("include/" inc)
+            found = ""
+            for (i = 1; i <= n && found == ""; i++) if (exists(cand[i])) found = cand[i]
+            relative = inc ~ /(^|\/)\.\.?(\/|$)/
+            if (found != "") {
+                layer = layer_of(found)
+            } else if (relative) {      # no such file: judged by where the path points
+                layer = layer_of(cand[1])
+            } else if (inc !~ /\//) {
+                next                    # a system header (or one that does not compile)
+            } else {
+                layer = inc; sub(/\/.*/, "", layer)
+                if (angle && layer != "sbx" && index(layers, " " layer " ") == 0) next
+            }
+            if (layer == "") layer = "?"
+            if (layer != own) print own, layer, file ":" line ": " text
+        }'
 }
+
+INCLUDES=$(includes)
+
+# "<dir> <included dir>" for every directory another one includes.
+edges() { echo "$INCLUDES" | awk 'NF >= 2 && $2 != "?" { print $1, $2 }' | sort -u; }
 
 forbid() { # dir, regex of directories it must not include, why
     local hits
-    hits=$(grep -n -E "^[[:space:]]*#[[:space:]]*include[[:space:]]*\"($2)/" src/"$1"/*.[ch] || true)
+    hits=$(echo "$INCLUDES" | awk -v d="$1" -v re="^($2)\$" '$1 == d && $2 ~ re' |
+        cut -d' ' -f3- | sed 's/^/  /' || true)
     if [[ -n $hits ]]; then
         echo "check-layers: src/$1 must not include ${2//|/\/ or }/ ($3):"
-        echo "$hits" | sed 's/^/  /'
+        echo "$hits"
         fail=1
     fi
 }
 
+outside=$(echo "$INCLUDES" | awk '$2 == "?"' | cut -d' ' -f3- | sed 's/^/  /' || true)
+if [[ -n $outside ]]; then
+    echo "check-layers: an include climbs out of src/ (and is not include/sbx/):"
+    echo "$outside"
+    fail=1
+fi
 forbid http 'server|node|control' 'the HTTP core knows no daemon'
 forbid node 'server|control' 'sbx-node runs on the HTTP core, not on the agent'
 forbid control 'server|node' 'sbx-control runs on the HTTP core, not on the agent'

@@ -5,8 +5,10 @@ client configuration written with its modes), status, create/exec (streamed, exi
 stdin, timeout, signal)/cp/ls/kill, background processes, jobs and lifecycle, tokens, bad input
 (exit codes and messages that say what to do next), --help everywhere, and down (daemons
 stopped, store kept: `sbx up` again finds the same jobs)."""
+import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -338,13 +340,43 @@ def test_bad_input_exit_codes_and_messages(up):
     assert r.returncode in (3, 1), r
 
 
-@pytest.mark.parametrize("cmd", [
-    [], ["up"], ["down"], ["status"], ["create"], ["exec"], ["spawn"], ["ps"], ["logs"],
-    ["signal"], ["stdin"], ["cp"], ["ls"], ["kill"], ["proxy"], ["pool"], ["jobs"], ["pause"],
-    ["resume"], ["move"], ["token"]])
-def test_help_everywhere(cmd):
-    r = subprocess.run([SBX, *cmd, "--help"], capture_output=True, text=True, timeout=10)
-    assert r.returncode == 0 and "usage: sbx" in r.stdout, (cmd, r)
+HELP_CMDS = [
+    [], ["help"], ["up"], ["down"], ["status"], ["create"], ["exec"], ["spawn"], ["ps"],
+    ["logs"], ["signal"], ["stdin"], ["cp"], ["ls"], ["kill"], ["proxy"], ["pool"], ["jobs"],
+    ["pause"], ["resume"], ["move"], ["token"],
+    ["pool", "create"], ["pool", "ls"], ["pool", "inspect"], ["pool", "rm"],
+    ["jobs", "ls"], ["jobs", "inspect"], ["jobs", "cancel"],
+    ["token", "create"], ["token", "revoke"]]
+
+
+def help_run(*args):
+    # no platform configured: --help must not need one
+    env = {"PATH": os.environ["PATH"], "SBX_HOME": "/nonexistent/sbx-home"}
+    return subprocess.run([SBX, *args], capture_output=True, text=True, env=env, timeout=10)
+
+
+@pytest.mark.parametrize("cmd", HELP_CMDS, ids=lambda c: " ".join(c) or "sbx")
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_everywhere(cmd, flag):
+    r = help_run(*cmd, flag)
+    assert r.returncode == 0 and r.stdout.startswith("usage: sbx") and r.stderr == "", (cmd, r)
+    if cmd and cmd != ["help"]:
+        assert "sbx " + " ".join(cmd) in r.stdout, (cmd, r.stdout)  # its own usage
+
+
+def test_help_list_covers_every_command():
+    """HELP_CMDS holds every command of the CLI's table (src/cli/main.c) and every subcommand
+    the pool, jobs and token usages name, so a new one cannot go without a --help test."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "src", "cli", "main.c")) as f:
+        table = re.findall(r'\{ "([a-z]+)", cmd_[a-z]+ \}', f.read())
+    assert len(table) >= 20, table  # positive control: the table was found
+    covered = {c[0] for c in HELP_CMDS if c}
+    assert set(table) - covered == set(), set(table) - covered
+    for group in ("pool", "jobs", "token"):
+        subs = set(re.findall(rf"sbx {group} ([a-z]+)", help_run(group, "--help").stdout))
+        assert len(subs) >= 2, (group, subs)
+        assert subs - {c[1] for c in HELP_CMDS if len(c) == 2 and c[0] == group} == set(), subs
 
 
 def test_bash_completion_parses():
@@ -361,6 +393,11 @@ def test_pool_commands(up):
     name = "cp-" + secrets.token_hex(3)
     up.sbx("pool", "create", name, "--per-host", "4", "--max-hosts", "1", check=0)
     assert name in up.sbx("pool", "ls", check=0).stdout
+    pools = json.loads(up.sbx("pool", "ls", "--json", check=0).stdout)
+    assert isinstance(pools, list), pools
+    mine = [p for p in pools if p["name"] == name]
+    assert len(mine) == 1, pools
+    assert (mine[0]["per_host"], mine[0]["max_hosts"], mine[0]["flavor"]) == (4, 1, "cpu-small")
     r = up.sbx("create", "--pool", name, "--count", "2", check=0, timeout=180)
     ids = r.stdout.split()
     assert len(ids) == 2 and all(i.startswith(name + "/") for i in ids), r.stdout
@@ -371,6 +408,22 @@ def test_pool_commands(up):
         f.write("pooled file")
     up.sbx("cp", src, f"{ids[1]}:/x.txt", check=0)
     assert up.sbx("exec", ids[1], "--", "cat", "x.txt", check=0).stdout == "pooled file"
+    # and back out: a file the sandbox made (binary, past one read) comes out byte for byte
+    r = up.sbx("exec", ids[1], "--", "sh", "-c",
+               "head -c 1500007 /dev/urandom > made.bin && sha256sum made.bin", check=0)
+    made_sum = r.stdout.split()[0]
+    out = os.path.join(up.dir, "made-back.bin")
+    up.sbx("cp", f"{ids[1]}:/made.bin", out, check=0)
+    with open(out, "rb") as f:
+        back = f.read()
+    assert len(back) == 1500007 and hashlib.sha256(back).hexdigest() == made_sum
+    up.sbx("cp", f"{ids[1]}:/x.txt", out, check=0)  # over an existing local file
+    with open(out, "rb") as f:
+        assert f.read() == b"pooled file"
+    r = up.sbx("cp", f"{ids[1]}:/no-such-file", out)
+    assert r.returncode == 3, r
+    with open(out, "rb") as f:  # a failed copy leaves the local file as it was
+        assert f.read() == b"pooled file"
     bare = ids[1].split("/")[1]  # a pooled sandbox is found by its id alone too
     assert up.sbx("exec", bare, "--", "true").returncode == 0
     assert ids[0] in up.sbx("ls", check=0).stdout
@@ -395,6 +448,36 @@ def test_pooled_sandbox_of_a_dead_host_is_reported_gone(up):
         return r if r.returncode == 3 else None
     r = wait_until(gone, 20, 0.3)
     assert r and "410" in r.stderr and "gone" in r.stderr, r
+    up.sbx("pool", "rm", name, check=0)
+
+
+def test_kill_all_kills_every_listed_sandbox(up):
+    """`sbx kill --all`: every sandbox `sbx ls` lists, dedicated and pooled, is killed (and
+    printed); `sbx ls` is then empty and none of them runs a command any more."""
+    name = "ka-" + secrets.token_hex(3)
+    up.sbx("pool", "create", name, "--max-hosts", "1", check=0)
+    pooled = up.sbx("create", "--pool", name, "--count", "2", check=0, timeout=180).stdout.split()
+    dedicated = [new_sandbox(up), new_sandbox(up)]
+    # positive control: they all run and all list
+    for sid in pooled + dedicated:
+        assert up.sbx("exec", sid, "--", "true").returncode == 0, sid
+    listed = {x["id"] for x in json.loads(up.sbx("ls", "--json", check=0).stdout)}
+    assert set(pooled + dedicated) <= listed, listed
+    r = up.sbx("kill", "--all", check=0)
+    assert set(r.stdout.split()) == listed, (r.stdout, listed)
+
+    def empty():
+        return json.loads(up.sbx("ls", "--json", check=0).stdout) == []
+    assert wait_until(empty, 30, 0.3), up.sbx("ls", check=0).stdout
+    assert up.sbx("ls", check=0).stdout.splitlines()[1:] == []
+    for sid in dedicated:
+        assert json.loads(up.sbx("jobs", "inspect", sid, check=0).stdout)["stage"] == "CANCELED"
+        assert up.sbx("exec", sid, "--", "true").returncode != 0, sid
+    for sid in pooled:
+        assert up.sbx("exec", sid, "--", "true").returncode == 3, sid
+    # nothing left: kill --all kills nothing and succeeds
+    r = up.sbx("kill", "--all", check=0)
+    assert r.stdout == "", r
     up.sbx("pool", "rm", name, check=0)
 
 

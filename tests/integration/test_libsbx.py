@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import BUILD
+from conftest import BUILD, wait_until
 from sbxplatform import Platform
 
 CHECK_BIN = os.path.join(BUILD, "tests", "libsbx-check")
@@ -133,3 +133,36 @@ def test_cli_move_waits_for_the_new_generation_and_keeps_files(plat):
     r = run("exec", sid, "--", "cat", "/root/f")
     assert (r.returncode, r.stdout) == (0, "moved-with-me\n"), r
     assert run("kill", sid).returncode == 0
+
+
+def test_create_options_env_secret_and_idle_timeout_take_effect(plat):
+    """A dedicated create with env, a secret and an idle timeout: the command sees env and
+    secret (libsbx-check options), the job record keeps the env and the idle timeout and names
+    the secret without its value, and the idle timeout really ends an idle sandbox (one of 2 s
+    exits on its own while the one of an hour, idle as long, keeps running)."""
+    secret = "opt-secret-" + secrets.token_hex(16)
+    r = check(plat, "options", secret)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    sid, idle_id = out["id"], out["idle"]
+    resp = plat.request("GET", f"/v1/jobs/default/{sid}")
+    j = resp.json()
+    assert j["env"] == {"SBX_CHECK_ENV": "env value with spaces", "SBX_IDLE_TIMEOUT": "3600"}, j
+    assert sorted(j["secret_names"]) == ["SBX_CHECK_SECRET", "SBX_TOKEN"], j
+    assert j["labels"]["purpose"] == "libsbx-options"
+    assert secret not in resp.text
+    listing = plat.request("GET", "/v1/jobs/default?label=purpose%3Dlibsbx-options")
+    assert sid in listing.text and secret not in listing.text
+    assert plat.request("GET", f"/v1/jobs/default/{idle_id}").json()["env"] == \
+        {"SBX_IDLE_TIMEOUT": "2"}
+
+    def idle_ended():
+        job = plat.request("GET", f"/v1/jobs/default/{idle_id}").json()
+        return job if job["stage"] in ("COMPLETED", "ERROR", "CANCELED") else None
+    ended = wait_until(idle_ended, 90, 0.5)
+    assert ended and ended["stage"] == "COMPLETED", ended or \
+        plat.request("GET", f"/v1/jobs/default/{idle_id}").json()
+    # positive control: the hour-long one was idle at least as long and still runs
+    j = plat.request("GET", f"/v1/jobs/default/{sid}").json()
+    assert j["stage"] == "RUNNING" and j["run"]["state"] == "running", j
+    assert plat.request("POST", f"/v1/jobs/default/{sid}/cancel", {}).status == 202

@@ -14,6 +14,11 @@
  *                                   socket for port 8080; prints sbx_sandbox_proxy's "url <URL>"
  *                                   and "header <LINE>"s (the test requests them, then deletes
  *                                   the pool)
+ *   libsbx-check options SECRET     a dedicated create with env, a secret (SECRET) and an idle
+ *                                   timeout of an hour: the command sees env and secret, the
+ *                                   job record and listing never hold the secret; prints
+ *                                   "id <ID>"; then one with an idle timeout of 2 s, left to
+ *                                   exit on its own: prints "idle <ID>"
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -658,6 +663,69 @@ static int cmd_pool_proxy(const char *name)
     return failures ? 1 : 0;
 }
 
+/* A buffer of n bytes holds text (not NUL-terminated) */
+static bool holds(const void *buf, size_t n, const char *text)
+{
+    size_t k = strlen(text);
+    for (size_t i = 0; k && i + k <= n; i++)
+        if (memcmp((const char *)buf + i, text, k) == 0)
+            return true;
+    return false;
+}
+
+static int cmd_options(const char *secret)
+{
+    sbx_client_t *c;
+    if (client(&c) < 0)
+        return 1;
+    sbx_error_t e = { 0 };
+    sbx_sandbox_t *s;
+    sbx_kv_t env[] = { { "SBX_CHECK_ENV", "env value with spaces" } };
+    sbx_kv_t sec[] = { { "SBX_CHECK_SECRET", secret } };
+    sbx_kv_t labels[] = { { "purpose", "libsbx-options" } };
+    sbx_create_opts_t co = { .env = env,
+                             .n_env = 1,
+                             .secrets = sec,
+                             .n_secrets = 1,
+                             .labels = labels,
+                             .n_labels = 1,
+                             .idle_timeout_s = 3600 };
+    OK(sbx_sandbox_create(c, &co, &s, &e), e);
+    printf("id %s\n", sbx_sandbox_id(s));
+    fflush(stdout);
+    /* a command in the sandbox sees the env and the secret */
+    both_t b = { 0 };
+    sbx_exec_result_t res;
+    OK(run(s, "printf '%s|%s|%s' \"$SBX_CHECK_ENV\" \"$SBX_CHECK_SECRET\" \"$SBX_IDLE_TIMEOUT\"",
+           &b, &res, &e),
+       e);
+    char want[512];
+    (void)snprintf(want, sizeof want, "env value with spaces|%s|3600", secret);
+    CHECK(res.exit_code == 0 && b.out.data && strcmp(b.out.data, want) == 0, "[%s] want [%s]",
+          b.out.data, want);
+    both_free(&b);
+    /* the job record and the listing name the secret, never its value (positive control: the
+     * env value and the secret's name are in both) */
+    char *text;
+    OK(sbx_job_inspect(c, sbx_sandbox_id(s), &text, &e), e);
+    CHECK(strstr(text, "env value with spaces") && strstr(text, "SBX_CHECK_SECRET"), "%s", text);
+    CHECK(!holds(text, strlen(text), secret), "the secret is in the job record: %s", text);
+    sbx_free(text);
+    const char *sel[] = { "purpose=libsbx-options" };
+    OK(sbx_jobs_list(c, sel, 1, &text, &e), e);
+    CHECK(strstr(text, sbx_sandbox_id(s)) && strstr(text, "env value with spaces"), "%s", text);
+    CHECK(!holds(text, strlen(text), secret), "the secret is in the job listing: %s", text);
+    sbx_free(text);
+    /* a sandbox that idles out: nothing runs in it, it exits on its own (the test watches) */
+    sbx_sandbox_t *idle;
+    sbx_create_opts_t io = { .labels = labels, .n_labels = 1, .idle_timeout_s = 2 };
+    OK(sbx_sandbox_create(c, &io, &idle, &e), e);
+    printf("idle %s\n", sbx_sandbox_id(idle));
+    sbx_sandbox_free(idle);
+    sbx_sandbox_free(s);
+    sbx_client_free(c);
+    return failures ? 1 : 0;
+}
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "dedicated") == 0)
@@ -672,7 +740,9 @@ int main(int argc, char **argv)
         return cmd_pool(argv[2]);
     if (argc >= 3 && strcmp(argv[1], "pool-proxy") == 0)
         return cmd_pool_proxy(argv[2]);
+    if (argc >= 3 && strcmp(argv[1], "options") == 0)
+        return cmd_options(argv[2]);
     fprintf(stderr, "usage: libsbx-check dedicated|create TEXT|reconnect ID TEXT|errors|pool NAME|"
-                    "pool-proxy NAME\n");
+                    "pool-proxy NAME|options SECRET\n");
     return 2;
 }
