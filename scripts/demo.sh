@@ -44,11 +44,10 @@ say "a pool: 100 sandboxes packed into pool hosts by the control plane"
 "$SBX" pool create demo --per-host 50 --max-hosts 2
 "$SBX" create --pool demo --count 100 >"$WORK/pooled"
 wc -l <"$WORK/pooled"
-while read -r S; do
-    "$SBX" exec -c "$S" -- 'echo "uid $(id -u) in $PWD"'
-done <"$WORK/pooled" >"$WORK/out"
-head -n 5 "$WORK/out"
-echo "... ($(wc -l <"$WORK/out") lines, one from each sandbox)"
+say "each of the 100 runs a command, 10 at a time; their output streams as it comes"
+xargs -P 10 -I{} "$SBX" exec -c {} -- \
+    'echo "sandbox $SBX_SANDBOX_ID: uid $(id -u) in $PWD"' <"$WORK/pooled" | tee "$WORK/out"
+echo "($(wc -l <"$WORK/out") lines, one from each sandbox)"
 "$SBX" pool inspect demo | python3 -c 'import json,sys; p=json.load(sys.stdin)
 print("hosts:", [(h["job"], h["used"], h["capacity"]) for h in p["hosts"]], "sandboxes:", p["sandboxes"])'
 
