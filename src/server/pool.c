@@ -1031,6 +1031,8 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
     p->deleted_total++;
     if (!(killed && removed))
         p->teardown_failures++;
+    if (p->count == 0) /* the host's idle clock (SBX_IDLE_TIMEOUT) starts now, not at a tick */
+        p->srv->pool_empty_since_ms = monotonic_ms();
     sandbox_unref(sb);
     return ret;
 }

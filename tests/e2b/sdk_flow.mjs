@@ -58,15 +58,16 @@ check(/^[A-Za-z0-9]+$/.test(sbx.sandboxId), "a sandbox id without '-' or '.'", s
 
 // ---- commands: streamed output, exit codes -----------------------------------------------------
 const seen = [];
-// out2 is written only once /tmp/sbx-go exists, which the stdout callback makes on seeing out1:
+// out2 is written only once $HOME/sbx-go exists, which the stdout callback makes on seeing out1:
 // so "out2" (not "out2-unreleased") proves out1 reached the client while the command ran
+const goHome = (await sbx.commands.run("printf %s \"$HOME\"")).stdout;
 let released = null;
 const res = await sbx.commands.run(
-  "echo out1; echo err1 >&2; i=0; while [ ! -e /tmp/sbx-go ] && [ $i -lt 600 ]; do sleep 0.05; " +
-  "i=$((i+1)); done; [ -e /tmp/sbx-go ] && echo out2 || echo out2-unreleased", {
+  "echo out1; echo err1 >&2; i=0; while [ ! -e \"$HOME/sbx-go\" ] && [ $i -lt 600 ]; do " +
+  "sleep 0.05; i=$((i+1)); done; [ -e \"$HOME/sbx-go\" ] && echo out2 || echo out2-unreleased", {
   onStdout: (d) => {
     seen.push({ at: Date.now(), d });
-    if (!released && d.includes("out1")) released = sbx.files.write("/tmp/sbx-go", "go");
+    if (!released && d.includes("out1")) released = sbx.files.write(`${goHome}/sbx-go`, "go");
   },
   onStderr: (d) => seen.push({ at: Date.now(), e: d }),
 });
