@@ -319,23 +319,26 @@ int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, 
     return 0;
 }
 
-void cgroup_cmd_remove(const cgroups_t *cg, const char *name)
+bool cgroup_cmd_remove(const cgroups_t *cg, const char *name)
 {
     char dir[256];
-    if (cg->v2_root[0] && snprintf(dir, sizeof dir, "%s/%s", cg->v2_root, name) < (int)sizeof dir)
-        (void)rmdir(dir);
+    return cg->v2_root[0] &&
+           snprintf(dir, sizeof dir, "%s/%s", cg->v2_root, name) < (int)sizeof dir &&
+           rmdir(dir) == 0;
 }
 
-void cgroup_cmd_remove_prefix(const cgroups_t *cg, const char *prefix)
+unsigned cgroup_cmd_remove_prefix(const cgroups_t *cg, const char *prefix)
 {
     if (!cg->v2_root[0])
-        return;
+        return 0;
     DIR *d = opendir(cg->v2_root);
     struct dirent *de;
     size_t n = strlen(prefix);
+    unsigned gone = 0;
     while (d && (de = readdir(d)))
         if (de->d_type == DT_DIR && strncmp(de->d_name, prefix, n) == 0)
-            cgroup_cmd_remove(cg, de->d_name);
+            gone += cgroup_cmd_remove(cg, de->d_name);
     if (d)
         closedir(d);
+    return gone;
 }

@@ -44,9 +44,9 @@ void cgroup_remove_run(const cgroups_t *cg, const char *name);
 int cgroup_cmd_create(const cgroups_t *cg, const char *name, int *ret_procs_fd, int *ret_kill_fd);
 /* The same under root (a spawn helper, which has no cgroups_t): name is one component. */
 int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd);
-/* rmdir v2_root/name (fails quietly while something still runs in it). */
-void cgroup_cmd_remove(const cgroups_t *cg, const char *name);
-/* rmdir every v2_root/<prefix>* left (after the processes are gone). */
-void cgroup_cmd_remove_prefix(const cgroups_t *cg, const char *prefix);
+/* rmdir v2_root/name (fails quietly while something still runs in it); true when it is gone. */
+bool cgroup_cmd_remove(const cgroups_t *cg, const char *name);
+/* rmdir every v2_root/<prefix>* left (after the processes are gone); how many went. */
+unsigned cgroup_cmd_remove_prefix(const cgroups_t *cg, const char *prefix);
 /* Number of processes left in the slot's cgroup (pids controller), -errno if unknown. */
 int cgroup_count(const cgroups_t *cg, uint32_t slot);

@@ -1000,6 +1000,11 @@ static int remove_home(sandbox_t *sb, bool killed)
     return remove_tree(p->homes_fd, sb->id, sb->home_fd);
 }
 
+/* Commands' cgroup2 groups that could not be removed when their command ended (descendants
+ * lived on; or unknown): a delete looks through the cgroup root for its sandbox's only while
+ * some are left, so that a delete is no readdir of every live command's group. */
+static unsigned cmdcg_left;
+
 int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
 {
     pool_t *p = sb->pool;
@@ -1023,9 +1028,12 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
         ret = sbx_err(err, -EBUSY, "processes of uid %u survived the kill", sb->uid);
     else if (!removed)
         ret = sbx_err(err, r, "home could not be removed: %s", strerror(-r));
-    char cgp[24]; /* its commands' cgroup2 groups, empty now */
-    (void)snprintf(cgp, sizeof cgp, "s%u-", sb->uid);
-    cgroup_cmd_remove_prefix(&p->cg, cgp);
+    if (cmdcg_left > 0) { /* its commands' cgroup2 groups left over, empty now */
+        char cgp[24];
+        (void)snprintf(cgp, sizeof cgp, "s%u-", sb->uid);
+        unsigned gone = cgroup_cmd_remove_prefix(&p->cg, cgp);
+        cmdcg_left -= gone < cmdcg_left ? gone : cmdcg_left;
+    }
     /* The uid is recycled only after verified teardown; otherwise it stays quarantined. */
     uidpool_release(&p->uids, sb->uid, killed && removed);
     p->deleted_total++;
@@ -1164,10 +1172,13 @@ void sandbox_cmd_kill(cmdcg_t *cg)
 
 void sandbox_cmd_done(cmdcg_t *cg)
 {
-    if (cg->kill_fd < 0)
-        return;
-    cg->kill_fd = safe_close(cg->kill_fd);
-    (void)rmdir(cg->dir); /* EBUSY while descendants live on: removed with the sandbox */
+    if (cg->kill_fd >= 0)
+        cg->kill_fd = safe_close(cg->kill_fd);
+    if (!cg->dir[0])
+        return; /* no group (dedicated mode, cgroup2 off), or done already */
+    if (rmdir(cg->dir) < 0 && errno != ENOENT)
+        cmdcg_left++; /* EBUSY while descendants live on: removed with the sandbox */
+    cg->dir[0] = '\0';
 }
 
 int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, const char *cwd,

@@ -57,13 +57,35 @@ def test_a_killed_background_process_takes_its_setsid_descendants(pool_host):
     sb.delete()
 
 
+def cgroup2_dir(rel):
+    """The host path of a cgroup2 group named as in /proc/<pid>/cgroup's "0::" line."""
+    with open("/proc/self/mounts") as f:
+        mnts = [l.split()[1] for l in f if l.split()[2] == "cgroup2"]
+    for m in mnts:
+        if os.path.isdir(m + rel):
+            return m + rel
+    return None
+
+
 def test_a_command_that_ends_leaves_its_escapee_until_the_sandbox_goes(pool_host):
     sb = pool_host.sandbox()
+    # a command that ends with nothing left: its own group goes with it
+    res = sb.run("grep '^0::' /proc/self/cgroup | cut -d: -f3")
+    rel = res.out.strip()
+    assert res.code == 0 and rel.startswith("/"), res
+    if cgroup2_dir(os.path.dirname(rel)) is not None:  # where cgroup2 groups per command exist
+        assert cgroup2_dir(rel) is None, f"the ended command's group {rel} is left"
     marker = "9" + str(secrets.randbelow(10**6))
     res = sb.run(f"setsid sh -c 'exec sleep 300 {marker}' </dev/null >/dev/null 2>&1 & "
                  "sleep 0.3; echo done")
     assert res.code == 0 and "done" in res.out, res
     time.sleep(0.2)
-    assert alive_with_marker(sb.uid, marker)  # positive control: the escapee is there
+    pids = alive_with_marker(sb.uid, marker)
+    assert pids  # positive control: the escapee is there
+    with open(f"/proc/{pids[0]}/cgroup") as f:
+        rel = next(l.split(":", 2)[2].strip() for l in f if l.startswith("0::"))
+    left = cgroup2_dir(rel)
     sb.delete()
     assert not alive_with_marker(sb.uid, marker)
+    if left:  # the escapee kept its command's group; the delete removes it
+        assert not os.path.exists(left), f"the escapee's command group {left} outlived the delete"
