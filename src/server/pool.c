@@ -191,7 +191,7 @@ static void handles_trim(pool_t *p)
     sandbox_t *sb = p->lru_last;
     for (unsigned look = 0; sb && p->n_handles > p->handles_max && look < 16; look++) {
         sandbox_t *prev = sb->lru_prev;
-        if (sb->refs == 1 && sb->spawning == 0 && sb->running == 0 && sb->ops == 0) {
+        if (sb->refs == 1) { /* requests, spawns and processes each hold a reference */
             lru_unlink(p, sb);
             handles_close(sb);
         }
@@ -1198,9 +1198,6 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     if (r < 0) {
         return sbx_err(err, r, "invalid cwd");
     }
-    r = sandbox_handles(sb);
-    if (r < 0)
-        return sbx_err(err, r, "cannot open the sandbox's home or ruleset: %s", strerror(-r));
     spec.uid = spec.gid = sb->uid;
     spec.mntns_fd = p->hidepid ? p->ns.ns_fd : -1;
     spec.netns_fd = sb->netns_fd;
@@ -1234,7 +1231,9 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         }
         ret_cmdcg->root = p->cg.v2_root;
     }
-    if (sb->landlocked && sb->ruleset_fd < 0) /* fail closed: never a child without it */
+    /* The request's scope opened the handles (conn_scope_sandbox) and its hold keeps them
+     * open; fail closed all the same: never a child without its ruleset. */
+    if (sb->landlocked && sb->ruleset_fd < 0)
         return sbx_err(err, -EIO, "the sandbox's Landlock ruleset is not open");
     spec.ruleset_fd = sb->ruleset_fd;
     spec.seccomp = p->have_seccomp ? &p->seccomp : NULL;
