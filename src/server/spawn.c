@@ -457,7 +457,7 @@ static inline size_t utf8_seq_at(const unsigned char *p, size_t have)
  * whether any byte had to be replaced. A span that needs no change (plain ASCII, looked at 8
  * bytes at a time, and complete valid sequences) is copied with one memcpy; an escape comes
  * from a table. dst has room for 6 bytes per input byte + 2. */
-static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
+static size_t json_escape_scalar(char *dst, const unsigned char *p, size_t n, bool *bad)
 {
     char *d = dst;
     size_t i = 0;
@@ -499,6 +499,145 @@ static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad
     return (size_t)(d - dst);
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* Whether p[0..n) is complete, valid UTF-8 (RFC 3629), 16 bytes per step with SSSE3: the
+ * lookup method of Keiser and Lemire ("Validating UTF-8 in less than one instruction per
+ * byte", 2021). Each byte pair (previous, current) is classified by three 16-entry tables
+ * indexed by the previous byte's high and low nibbles and the current byte's high nibble; a
+ * bit set in all three is an error (too short, too long, overlong, surrogate, too large, a
+ * stray continuation), except where the byte must be the 2nd or 3rd continuation of a 3- or
+ * 4-byte sequence, which the bytes 2 and 3 back tell. An all-ASCII block costs one test. */
+enum {
+    U8_TOO_SHORT = 1 << 0,  /* 11______ then 0_______ or 11______ */
+    U8_TOO_LONG = 1 << 1,   /* 0_______ then 10______ */
+    U8_OVERLONG_3 = 1 << 2, /* 11100000 100_____ */
+    U8_TOO_LARGE = 1 << 3,  /* 11110100 1001____, 11110100 101_____, 11110101.. */
+    U8_SURROGATE = 1 << 4,  /* 11101101 101_____ */
+    U8_OVERLONG_2 = 1 << 5, /* 1100000_ 10______ */
+    U8_TOO_LARGE_1000 = 1 << 6,
+    U8_OVERLONG_4 = 1 << 6, /* 11110000 1000____ */
+    U8_TWO_CONTS = 1 << 7,  /* 10______ 10______ */
+    U8_CARRY = U8_TOO_SHORT | U8_TOO_LONG | U8_TWO_CONTS,
+};
+
+__attribute__((target("ssse3"))) static inline __m128i u8_block_errors(__m128i in, __m128i prev)
+{
+    const __m128i b1_high = _mm_setr_epi8(
+        U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG,
+        U8_TOO_LONG, (char)U8_TWO_CONTS, (char)U8_TWO_CONTS, (char)U8_TWO_CONTS, (char)U8_TWO_CONTS,
+        U8_TOO_SHORT | U8_OVERLONG_2, U8_TOO_SHORT, U8_TOO_SHORT | U8_OVERLONG_3 | U8_SURROGATE,
+        U8_TOO_SHORT | U8_TOO_LARGE | U8_TOO_LARGE_1000 | U8_OVERLONG_4);
+    const char c = (char)U8_CARRY, l = (char)(U8_CARRY | U8_TOO_LARGE | U8_TOO_LARGE_1000);
+    const __m128i b1_low = _mm_setr_epi8(
+        (char)(U8_CARRY | U8_OVERLONG_3 | U8_OVERLONG_2 | U8_OVERLONG_4),
+        (char)(U8_CARRY | U8_OVERLONG_2), c, c, (char)(U8_CARRY | U8_TOO_LARGE), l, l, l, l, l, l,
+        l, l, (char)(U8_CARRY | U8_TOO_LARGE | U8_TOO_LARGE_1000 | U8_SURROGATE), l, l);
+    const char cont8 = (char)(U8_TOO_LONG | U8_OVERLONG_2 | U8_TWO_CONTS | U8_OVERLONG_3 |
+                              U8_TOO_LARGE_1000 | U8_OVERLONG_4),
+               cont9 = (char)(U8_TOO_LONG | U8_OVERLONG_2 | U8_TWO_CONTS | U8_OVERLONG_3 |
+                              U8_TOO_LARGE),
+               contab =
+                   (char)(U8_TOO_LONG | U8_OVERLONG_2 | U8_TWO_CONTS | U8_SURROGATE | U8_TOO_LARGE),
+               s = U8_TOO_SHORT;
+    const __m128i b2_high =
+        _mm_setr_epi8(s, s, s, s, s, s, s, s, cont8, cont9, contab, contab, s, s, s, s);
+    const __m128i nib = _mm_set1_epi8(0x0F);
+    __m128i prev1 = _mm_alignr_epi8(in, prev, 15);
+    __m128i sc = _mm_and_si128(
+        _mm_and_si128(_mm_shuffle_epi8(b1_high, _mm_and_si128(_mm_srli_epi16(prev1, 4), nib)),
+                      _mm_shuffle_epi8(b1_low, _mm_and_si128(prev1, nib))),
+        _mm_shuffle_epi8(b2_high, _mm_and_si128(_mm_srli_epi16(in, 4), nib)));
+    __m128i third = _mm_subs_epu8(_mm_alignr_epi8(in, prev, 14), _mm_set1_epi8(0xE0 - 0x80));
+    __m128i fourth = _mm_subs_epu8(_mm_alignr_epi8(in, prev, 13), _mm_set1_epi8(0xF0 - 0x80));
+    __m128i must23 = _mm_and_si128(_mm_or_si128(third, fourth), _mm_set1_epi8((char)0x80));
+    return _mm_xor_si128(must23, sc);
+}
+
+__attribute__((target("ssse3"))) static bool utf8_valid_ssse3(const unsigned char *p, size_t n)
+{
+    /* a block ending in the lead of an unfinished sequence: above these, byte by byte */
+    const __m128i unfinished = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                             (char)(0xF0 - 1), (char)(0xE0 - 1), (char)(0xC0 - 1));
+    __m128i prev = _mm_setzero_si128(), err = prev, prev_unfinished = prev;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128i in = _mm_loadu_si128((const __m128i *)(p + i));
+        if (_mm_movemask_epi8(in) == 0) { /* ASCII: fine unless a sequence was left open */
+            err = _mm_or_si128(err, prev_unfinished);
+            prev_unfinished = _mm_setzero_si128();
+        } else {
+            err = _mm_or_si128(err, u8_block_errors(in, prev));
+            prev_unfinished = _mm_subs_epu8(in, unfinished);
+        }
+        prev = in;
+    }
+    if (i < n) { /* the tail, padded with ASCII: a sequence cut by the end is an error */
+        unsigned char t[16] = { 0 };
+        memcpy(t, p + i, n - i);
+        err = _mm_or_si128(err, u8_block_errors(_mm_loadu_si128((const __m128i *)t), prev));
+    } else
+        err = _mm_or_si128(err, prev_unfinished);
+    return _mm_movemask_epi8(_mm_cmpeq_epi8(err, _mm_setzero_si128())) == 0xFFFF;
+}
+
+/* JSON-escape p[0..n), known to be valid UTF-8: only bytes below 0x20, '"' and '\\' change,
+ * found 16 at a time; the runs between them are copied whole. */
+static size_t json_escape_valid(char *dst, const unsigned char *p, size_t n)
+{
+    const __m128i c1f = _mm_set1_epi8(0x1F), quote = _mm_set1_epi8('"'),
+                  bslash = _mm_set1_epi8('\\');
+    char *d = dst;
+    size_t i = 0;
+    while (i < n) {
+        size_t run = i;
+        for (;;) {
+            if (run + 16 <= n) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(p + run));
+                __m128i m =
+                    _mm_or_si128(_mm_cmpeq_epi8(_mm_max_epu8(v, c1f), c1f),
+                                 _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)));
+                unsigned bits = (unsigned)_mm_movemask_epi8(m);
+                if (bits == 0) {
+                    run += 16;
+                    continue;
+                }
+                run += (size_t)__builtin_ctz(bits);
+                break;
+            }
+            while (run < n && !(p[run] < 0x80 && json_class[p[run]]))
+                run++;
+            break;
+        }
+        memcpy(d, p + i, run - i);
+        d += run - i;
+        i = run;
+        if (i == n)
+            break;
+        unsigned char c = p[i++];
+        memcpy(d, json_esc[c].s, 8);
+        d += json_esc[c].n;
+    }
+    return (size_t)(d - dst);
+}
+#endif
+
+/* JSON-escape p[0..n): valid UTF-8 (checked with the vector validator where the CPU has
+ * SSSE3) takes the vector path; anything else the bytewise one, which replaces what is not
+ * valid. Returns bytes written; *bad tells whether any byte had to be replaced. */
+static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
+{
+#if defined(__x86_64__)
+    static int ssse3 = -1;
+    if (ssse3 < 0)
+        ssse3 = __builtin_cpu_supports("ssse3") ? 1 : 0;
+    if (ssse3 && n >= 16 && utf8_valid_ssse3(p, n))
+        return json_escape_valid(dst, p, n);
+#endif
+    return json_escape_scalar(dst, p, n, bad);
+}
+
 static char *put(char *d, const char *s)
 {
     size_t n = strlen(s);
@@ -515,7 +654,6 @@ static const char b64_tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 static char b64_pairs[4096][2];
 
 #if defined(__x86_64__)
-#include <immintrin.h>
 
 /* 12 input bytes to 16 characters per step with SSSE3 (Muła's method: each 3-byte group
  * shuffled to 4 bytes, the 6-bit fields moved into place by two multiplies, then each

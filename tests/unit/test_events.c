@@ -206,11 +206,11 @@ TEST(random_mixtures_match_a_bytewise_reference)
         "\xf0\x9f\x98", /* invalid or cut */
     };
     unsigned seed = 12345;
-    for (int t = 0; t < 20000; t++) {
-        unsigned char in[160];
+    for (int t = 0; t < 40000; t++) {
+        unsigned char in[640]; /* up to 40 blocks of the vector validator's 16 bytes */
         size_t n = 0;
         seed = seed * 1103515245u + 12345u;
-        unsigned k = (seed >> 16) % 24;
+        unsigned k = (seed >> 16) % (t % 2 ? 24 : 96);
         for (unsigned j = 0; j < k; j++) {
             seed = seed * 1103515245u + 12345u;
             const char *pc = pieces[(seed >> 16) % (sizeof pieces / sizeof pieces[0])];
@@ -225,7 +225,7 @@ TEST(random_mixtures_match_a_bytewise_reference)
         if (t % 7 == 0 && n < sizeof in)
             in[n++] = 0; /* a NUL now and then */
         /* the reference: valid prefixes copied, one U+FFFD per byte that does not start one */
-        unsigned char want[160 * 3];
+        unsigned char want[640 * 3];
         size_t w = 0;
         bool bad = false;
         for (size_t i = 0; i < n;) {
@@ -240,6 +240,10 @@ TEST(random_mixtures_match_a_bytewise_reference)
                 bad = true;
             }
         }
+        /* a second opinion on validity: jansson's own UTF-8 check */
+        json_t *js = json_stringn((const char *)in, n);
+        ASSERT_EQ(js != NULL, !bad);
+        json_decref(js);
         json_t *o = encode_parse("stdout", in, n, false);
         ASSERT_TRUE(o != NULL);
         ASSERT_DATA(o, want, w);
@@ -251,6 +255,65 @@ TEST(random_mixtures_match_a_bytewise_reference)
         free(b);
         json_decref(o);
     }
+}
+
+/* A sequence cut short at every position, then plain ASCII (whole 16-byte blocks of it, which
+ * the vector validator passes with one test): replaced, never passed through. */
+TEST(cut_sequences_before_ascii_blocks_are_replaced)
+{
+    static const char *const cuts[] = { "\xc3", "\xe2\x82", "\xf0\x9f\x98", "\xe2" };
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++)
+        for (size_t at = 0; at < 40; at++) {
+            unsigned char in[128];
+            size_t l = strlen(cuts[c]), n = 0;
+            memset(in, 'a', sizeof in);
+            memcpy(in + at, cuts[c], l);
+            n = at + l + 48;
+            json_t *o = encode_parse("stdout", in, n, false);
+            ASSERT_TRUE(o != NULL);
+            size_t bl = 0;
+            unsigned char *b = b64_member(o, "data_b64", &bl);
+            ASSERT_TRUE(b != NULL);
+            ASSERT_MEMEQ(b, bl, in, n);
+            json_t *d = json_object_get(o, "data");
+            ASSERT_EQ_U(json_string_length(d), n - l + 3 * l);
+            free(b);
+            json_decref(o);
+        }
+}
+
+/* Every 2- and 3-byte pattern, and every 4-byte one with four kinds of last byte, placed
+ * across the boundary of two 16-byte blocks in ASCII: the encoder's verdict (a data_b64 copy
+ * or not) is the bytewise validator's. */
+static bool encoded_as_bad(const unsigned char *in, size_t n)
+{
+    char dst[64 * 6 + 200];
+    size_t len = event_encode_output(dst, "stdout", in, n, false);
+    return memmem(dst, len, "\"data_b64\"", 10) != NULL;
+}
+
+TEST(every_short_pattern_across_a_block_boundary)
+{
+    static const unsigned char last[] = { 0x41, 0x80, 0xBF, 0xC0 };
+    unsigned char in[48];
+    size_t miss = 0;
+    for (unsigned a = 0x80; a < 0x100; a++)
+        for (unsigned b = 0; b < 0x100; b++)
+            for (unsigned c = 0; c < (a >= 0xE0 ? 0x100u : 1u); c++)
+                for (unsigned k = 0; k < (a >= 0xF0 ? sizeof last : 1u); k++) {
+                    size_t at = 14 + (b + c) % 3, l = a >= 0xF0 ? 4 : a >= 0xE0 ? 3 : 2;
+                    memset(in, 'x', sizeof in);
+                    in[at] = (unsigned char)a;
+                    in[at + 1] = (unsigned char)b;
+                    if (l > 2)
+                        in[at + 2] = (unsigned char)c;
+                    if (l > 3)
+                        in[at + 3] = last[k];
+                    size_t inc;
+                    bool valid = utf8_valid_prefix(in, sizeof in, &inc) == sizeof in;
+                    miss += encoded_as_bad(in, sizeof in) == valid;
+                }
+    ASSERT_EQ_U(miss, 0);
 }
 
 /* Every length around the 12-byte steps of the vector encoder and its 16-byte stop, at odd
@@ -462,6 +525,8 @@ int main(void)
         T(invalid_utf8_gets_replacement_and_exact_bytes),
         T(all_byte_values_round_trip),
         T(random_mixtures_match_a_bytewise_reference),
+        T(cut_sequences_before_ascii_blocks_are_replaced),
+        T(every_short_pattern_across_a_block_boundary),
         T(base64_mode),
         T(base64_round_trips_at_every_length_and_alignment),
         T(output_bound_holds_for_worst_cases),
