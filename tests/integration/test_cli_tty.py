@@ -17,10 +17,16 @@ import time
 
 import pytest
 
-from test_cli import SBX, new_sandbox, up  # noqa: F401 (up: this module's platform)
+from test_cli import SBX, new_sandbox, platform_up
 
 MIB = 1024 * 1024
 BAR = re.compile(r"^ *(\d+\.\d) / (\d+\.\d) MiB +(\d+)%$")
+
+
+@pytest.fixture(scope="module")
+def up():
+    with platform_up() as u:
+        yield u
 
 
 def on_tty(up, *args, timeout=120):
