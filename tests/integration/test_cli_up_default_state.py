@@ -13,6 +13,7 @@ import stat
 import subprocess
 import tempfile
 
+from conftest import assert_no_sanitizer_report
 from test_cli import ID_RANGE, SBX, alive, port_pair
 
 DEFAULT_STATE = "/var/lib/sbx"
@@ -140,7 +141,13 @@ def test_up_status_down_without_state_use_var_lib_sbx_and_home_dot_sbx():
             if p and alive(p):
                 os.kill(p, signal.SIGKILL)
         ns.close()
-        shutil.rmtree(top, ignore_errors=True)
+        try:
+            for log in ("control.log", "node.log"):  # the daemons `sbx up` started
+                if os.path.exists(os.path.join(ns.state, log)):
+                    with open(os.path.join(ns.state, log), errors="replace") as f:
+                        assert_no_sanitizer_report(f.read())
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
     # the host's /var/lib/sbx was never touched: not made, and nothing of a platform added
     assert os.path.lexists(DEFAULT_STATE) == host_had_it
     if host_had_it:

@@ -16,11 +16,11 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 
 import pytest
 
-from conftest import BUILD
+from conftest import BUILD, assert_no_sanitizer_report
+from sbxplatform import IMAGE_AGENT_BIN
 from test_cli import ID_RANGE, SBX, Up, alive
 from test_platform_images import MOTD, make_layer, tiny_entries, write_layout
 
@@ -57,7 +57,13 @@ class ImageUp(Up):
             p = self.pid(name)
             if p and alive(p):
                 os.kill(p, signal.SIGKILL)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            for log in ("control.log", "node.log"):  # the daemons `sbx up` started, if any
+                if os.path.exists(os.path.join(self.state, log)):
+                    with open(os.path.join(self.state, log), errors="replace") as f:
+                        assert_no_sanitizer_report(f.read())
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def assert_nothing_started(u, r):
@@ -102,12 +108,15 @@ echo "stand-in $*" >> {calls}
 
 def bin_dir(top, builder_body=None):
     """A directory holding a copy of sbx (it looks next to itself for its daemons and the
-    builder), links to the build's sbx-control and sbx-node, and a builder when given."""
+    builder), a link to the build's sbx-control, a copy of its sbx-node with the static agent
+    beside it (a node takes the agent next to itself; runs in an image need the static one,
+    which the sanitizer build lacks), and a builder when given."""
     d = os.path.join(top, "bin")
     os.mkdir(d)
     shutil.copy2(SBX, os.path.join(d, "sbx"))
-    for name in ("sbx-control", "sbx-node"):
-        os.symlink(os.path.join(BUILD, name), os.path.join(d, name))
+    os.symlink(os.path.join(BUILD, "sbx-control"), os.path.join(d, "sbx-control"))
+    shutil.copy2(os.path.join(BUILD, "sbx-node"), os.path.join(d, "sbx-node"))
+    shutil.copy2(IMAGE_AGENT_BIN, os.path.join(d, "sbx-server-static"))
     calls = os.path.join(top, "builder-calls")
     if builder_body is not None:
         path = os.path.join(d, "sbx-build-image")
