@@ -201,7 +201,8 @@ SBX_API int sbx_file_write(sbx_sandbox_t *s, const char *path, const void *data,
 /* Copy a local file into the sandbox / a sandbox file to a local path, streamed; at or above
  * the client's parallel_threshold in ranges moved at once. progress (may be NULL) is called
  * with bytes done and the total as they move (one call at a time; from the library's transfer
- * threads when the file moves in ranges). */
+ * threads when the file moves in ranges); the total is UINT64_MAX while unknown (a download
+ * whose answer has no length). */
 typedef void (*sbx_transfer_fn)(uint64_t done, uint64_t total, void *userdata);
 SBX_API int sbx_file_upload(sbx_sandbox_t *s, const char *local_path, const char *path,
                             sbx_transfer_fn progress, void *userdata, sbx_error_t *err);

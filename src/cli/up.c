@@ -444,7 +444,10 @@ static const char up_help[] =
     "in DIR/control, default /var/lib/sbx) and one sbx-node on P+1, logs and pid files in DIR;\n"
     "wait until the node is live; write $SBX_HOME (default ~/.sbx, 0700): endpoint, token\n"
     "(0600), ca.crt. Running again when it runs says so and rewrites $SBX_HOME. Needs root.\n"
-    "--images, --id-range: passed to sbx-node; --default-image: to sbx-control.\n";
+    "--images, --id-range: passed to sbx-node; --default-image: to sbx-control. When the\n"
+    "default image is debian (the default) and the images directory (default\n"
+    "/var/lib/sbx/images) lacks it, sbx-build-image (next to sbx) builds it first, log in\n"
+    "DIR/image.log; if that fails, nothing is started.\n";
 
 typedef struct {
     char dir[PATH_MAX], ctl_bin[PATH_MAX], node_bin[PATH_MAX], ctl_state[PATH_MAX],
@@ -633,6 +636,15 @@ static int ensure_default_image(const up_opts_t *o, const up_paths_t *p)
                 "sbx: building the default image failed (see %s); fix that and run sbx up "
                 "again, or start with --default-image host\n",
                 log);
+        return -EIO;
+    }
+    /* a builder that says it succeeded but left no image would start a platform whose every
+     * sandbox is refused (no node offers the default image): stop here instead */
+    if (access(index, F_OK) < 0) {
+        fprintf(stderr,
+                "sbx: sbx-build-image exited 0 but %s is missing (see %s); run sbx up again, "
+                "or start with --default-image host\n",
+                index, log);
         return -EIO;
     }
     fprintf(stderr, "sbx: default image %s built in %.0f s\n", name,

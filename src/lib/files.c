@@ -102,7 +102,9 @@ int sbx_file_write(sbx_sandbox_t *s, const char *path, const void *data, size_t 
 
 /* ---- upload and download: one stream, or ranges on connections of their own ------------------ */
 
-/* Progress summed over the ranges, reported cumulatively, one call at a time. */
+/* Progress summed over the ranges, reported cumulatively, one call at a time. total is
+ * UINT64_MAX while unknown: a download in one stream takes its response's length (the request's
+ * own total, once its headers came), so its caller sees the size as the bytes arrive. */
 typedef struct {
     pthread_mutex_t lock;
     uint64_t done, total;
@@ -113,8 +115,9 @@ typedef struct {
 static void progress_add(uint64_t n, uint64_t total, void *ud)
 {
     progress_t *p = ud;
-    (void)total;
     (void)pthread_mutex_lock(&p->lock);
+    if (p->total == UINT64_MAX)
+        p->total = total;
     p->done += n;
     if (p->fn)
         p->fn(p->done, p->total, p->ud);

@@ -5,6 +5,7 @@ client configuration written with its modes), status, create/exec (streamed, exi
 stdin, timeout, signal)/cp/ls/kill, background processes, jobs and lifecycle, tokens, bad input
 (exit codes and messages that say what to do next), --help everywhere, and down (daemons
 stopped, store kept: `sbx up` again finds the same jobs)."""
+import contextlib
 import hashlib
 import json
 import os
@@ -90,8 +91,10 @@ def alive(pid):
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.fixture(scope="module")
-def up():
+@contextlib.contextmanager
+def platform_up():
+    """A platform `sbx up` started (Up); after: `sbx down`, leftovers killed, the daemons' logs
+    checked for sanitizer reports."""
     u = Up()
     r = u.up()
     try:
@@ -109,6 +112,12 @@ def up():
                     assert_no_sanitizer_report(f.read())
         finally:
             shutil.rmtree(u.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def up():
+    with platform_up() as u:
+        yield u
 
 
 def new_sandbox(up):

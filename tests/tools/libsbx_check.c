@@ -258,9 +258,10 @@ static int scenario_ranges(const char *id)
     snprintf(dst, sizeof dst, "%s.back", src);
     prog_t down = { .main = pthread_self() };
     OK(sbx_file_download(s, "/tmp/ranges/up.bin", dst, on_progress, &down, &e), e);
-    CHECK(down.last == size && !down.backwards && down.other_thread > 0,
-          "download progress last %llu backwards %d other_thread %d", (unsigned long long)down.last,
-          down.backwards, down.other_thread);
+    CHECK(down.last == size && down.total == size && !down.backwards && down.other_thread > 0,
+          "download progress last %llu total %llu backwards %d other_thread %d",
+          (unsigned long long)down.last, (unsigned long long)down.total, down.backwards,
+          down.other_thread);
     unsigned char *back = malloc(size + 1);
     int dfd = open(dst, O_RDONLY);
     ssize_t got = 0, k;
@@ -276,8 +277,9 @@ static int scenario_ranges(const char *id)
     prog_t small = { .main = pthread_self() };
     OK(sbx_file_write(s, "/tmp/ranges/small", "tiny", 4, &e), e);
     OK(sbx_file_download(s, "/tmp/ranges/small", dst, on_progress, &small, &e), e);
-    CHECK(small.last == 4 && small.other_thread == 0, "small: %llu %d",
-          (unsigned long long)small.last, small.other_thread);
+    /* its total is the answer's length (the bar of `sbx cp` needs it) */
+    CHECK(small.last == 4 && small.total == 4 && small.other_thread == 0, "small: %llu of %llu %d",
+          (unsigned long long)small.last, (unsigned long long)small.total, small.other_thread);
     unlink(src);
     unlink(dst);
     free(buf);
