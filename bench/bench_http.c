@@ -19,22 +19,89 @@ static bool all_zero(const unsigned char *p, size_t n)
 
 /* ---- base64 and JSON strings ------------------------------------------------------------- */
 
-/* Base64 character -> value + 1; 0 = not a base64 character. */
-static const unsigned char b64_table[256] = {
-    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
-    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  63, 0,  0,  0,  64,
-    53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 0,  0,  0,  0,  0,  0,  0,  1,  2,  3,  4,  5,  6,  7,
-    8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 0,  0,  0,  0,  0,
-    0,  27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
-    50, 51, 52, 0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
-    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
-    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
-    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
-    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
-    0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,
+/* Base64 character -> its 6-bit value; XX (bit 7 set) = not in the alphabet, '=' included. */
+#define XX 0x80
+/* clang-format off */
+static const unsigned char b64_val[256] = { /* a row per high nibble */
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, 62, XX, XX, XX, 63,
+    52, 53, 54, 55, 56, 57, 58, 59, 60, 61, XX, XX, XX, XX, XX, XX,
+    XX,  0,  1,  2,  3,  4,  5,  6,  7,  8,  9, 10, 11, 12, 13, 14,
+    15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, XX, XX, XX, XX, XX,
+    XX, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40,
+    41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
+    XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX, XX,
 };
+/* clang-format on */
+#undef XX
 
-ssize_t b64_decode(const char *s, size_t n, unsigned char *out)
+/* Full quads (no padding) into 3 bytes each: four lookups and one test per quad. */
+static int b64_quads(const unsigned char *u, size_t quads, unsigned char *o)
+{
+    for (size_t i = 0; i < quads; i++, u += 4, o += 3) {
+        uint32_t a = b64_val[u[0]], b = b64_val[u[1]], c = b64_val[u[2]], d = b64_val[u[3]];
+        if ((a | b | c | d) & 0x80)
+            return -EINVAL;
+        uint32_t v = a << 18 | b << 12 | c << 6 | d;
+        o[0] = (unsigned char)(v >> 16);
+        o[1] = (unsigned char)(v >> 8);
+        o[2] = (unsigned char)v;
+    }
+    return 0;
+}
+
+#if defined(__x86_64__)
+#include <tmmintrin.h>
+
+/* 16 characters -> 12 bytes a step (Mula and Lemire, "Faster Base64 Encoding and Decoding using
+ * AVX2 Instructions", the pshufb bitmask lookup, here on 128 bits). Each character's low and high
+ * nibble select a class bitmask from two tables; a character is in the alphabet exactly when
+ * the two masks share no bit. The high nibble (and "is it '/'") then picks the offset that turns
+ * the character into its value, and two multiply-adds pack four 6-bit values into 3 bytes.
+ * Each step stores 16 bytes for its 12; it runs only while 24 characters are left, so the 4
+ * extra bytes land where the next quads' bytes go. Returns the characters consumed: it stops
+ * before a block holding a character outside the alphabet, for the scalar loop to reject. */
+__attribute__((target("ssse3"))) static size_t b64_decode_ssse3(const unsigned char *u, size_t n,
+                                                                unsigned char *out)
+{
+    const __m128i lut_lo = _mm_setr_epi8(0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+                                         0x13, 0x1A, 0x1B, 0x1B, 0x1B, 0x1A);
+    const __m128i lut_hi = _mm_setr_epi8(0x10, 0x10, 0x01, 0x02, 0x04, 0x08, 0x04, 0x08, 0x10, 0x10,
+                                         0x10, 0x10, 0x10, 0x10, 0x10, 0x10);
+    /* By high nibble: '+' (2) +19, '/' (2, moved to 1 by the compare) +16, digits +4,
+     * 'A'-'Z' -65, 'a'-'z' -71. */
+    const __m128i lut_roll =
+        _mm_setr_epi8(0, 16, 19, 4, -65, -65, -71, -71, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128i nib = _mm_set1_epi8(0x0F), slash = _mm_set1_epi8('/'), zero = _mm_setzero_si128();
+    const __m128i pack = _mm_setr_epi8(2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1);
+    size_t i = 0;
+    unsigned char *o = out;
+    for (; i + 24 <= n; i += 16, o += 12) {
+        __m128i in = _mm_loadu_si128((const __m128i *)(u + i));
+        __m128i hi = _mm_and_si128(_mm_srli_epi32(in, 4), nib);
+        __m128i cls = _mm_and_si128(_mm_shuffle_epi8(lut_lo, _mm_and_si128(in, nib)),
+                                    _mm_shuffle_epi8(lut_hi, hi));
+        if (_mm_movemask_epi8(_mm_cmpeq_epi8(cls, zero)) != 0xFFFF)
+            break;
+        __m128i roll = _mm_shuffle_epi8(lut_roll, _mm_add_epi8(_mm_cmpeq_epi8(in, slash), hi));
+        __m128i v = _mm_add_epi8(in, roll);                   /* one 6-bit value per byte */
+        v = _mm_maddubs_epi16(v, _mm_set1_epi32(0x01400140)); /* 12 bits per 16-bit lane */
+        v = _mm_madd_epi16(v, _mm_set1_epi32(0x00011000));    /* 24 bits per 32-bit lane */
+        _mm_storeu_si128((__m128i *)o, _mm_shuffle_epi8(v, pack));
+    }
+    return i;
+}
+#endif
+
+static ssize_t b64_decode_with(const char *s, size_t n, unsigned char *out, bool simd)
 {
     if (n % 4)
         return -EINVAL;
@@ -44,26 +111,41 @@ ssize_t b64_decode(const char *s, size_t n, unsigned char *out)
     size_t full = n / 4 - (pad ? 1 : 0);
     const unsigned char *u = (const unsigned char *)s;
     unsigned char *o = out;
-    for (size_t i = 0; i < full; i++, u += 4, o += 3) {
-        unsigned a = b64_table[u[0]], b = b64_table[u[1]], c = b64_table[u[2]], d = b64_table[u[3]];
-        if (!a || !b || !c || !d)
-            return -EINVAL;
-        uint32_t v = (a - 1) << 18 | (b - 1) << 12 | (c - 1) << 6 | (d - 1);
-        o[0] = (unsigned char)(v >> 16);
-        o[1] = (unsigned char)(v >> 8);
-        o[2] = (unsigned char)v;
+#if defined(__x86_64__)
+    if (simd && __builtin_cpu_supports("ssse3")) {
+        size_t used = b64_decode_ssse3(u, full * 4, o);
+        u += used;
+        o += used / 4 * 3;
+        full -= used / 4;
     }
+#else
+    (void)simd;
+#endif
+    if (b64_quads(u, full, o) < 0)
+        return -EINVAL;
+    u += full * 4;
+    o += full * 3;
     if (pad) {
-        unsigned a = b64_table[u[0]], b = b64_table[u[1]];
-        unsigned c = pad == 1 ? b64_table[u[2]] : 1;
-        if (!a || !b || !c)
+        uint32_t a = b64_val[u[0]], b = b64_val[u[1]];
+        uint32_t c = pad == 1 ? b64_val[u[2]] : 0;
+        if ((a | b | c) & 0x80)
             return -EINVAL;
-        uint32_t v = (a - 1) << 18 | (b - 1) << 12 | (c - 1) << 6;
+        uint32_t v = a << 18 | b << 12 | c << 6;
         *o++ = (unsigned char)(v >> 16);
         if (pad == 1)
             *o++ = (unsigned char)(v >> 8);
     }
     return o - out;
+}
+
+ssize_t b64_decode(const char *s, size_t n, unsigned char *out)
+{
+    return b64_decode_with(s, n, out, true);
+}
+
+ssize_t b64_decode_scalar(const char *s, size_t n, unsigned char *out)
+{
+    return b64_decode_with(s, n, out, false);
 }
 
 static int hexval(char c)
