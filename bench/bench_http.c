@@ -232,26 +232,31 @@ static int unescape_one(const char *p, const char *e, unsigned char **o)
 }
 
 /* Unescape the inside of a JSON string into out (never longer than the input). Plain runs are
- * copied with memchr/memcpy, so text with few escapes goes at memory speed. */
+ * copied with memchr/memcpy, so text with few escapes goes at memory speed; a run of \u00XX
+ * escapes below 0x80 (control bytes, how JSON carries them: six characters a byte) is decoded
+ * in a loop of its own. */
 static ssize_t json_unescape(const char *s, size_t n, unsigned char *out)
 {
     const char *p = s, *e = s + n;
     unsigned char *o = out;
     while (p < e) {
-        const char *bs = *p == '\\' ? p : memchr(p, '\\', (size_t)(e - p));
-        size_t run = bs ? (size_t)(bs - p) : (size_t)(e - p);
-        memcpy(o, p, run);
-        o += run;
-        p += run;
-        if (!bs)
-            break;
-        int hi, lo;
-        if (e - p >= 6 && p[1] == 'u' && p[2] == '0' && p[3] == '0' && (hi = hexval(p[4])) >= 0 &&
-            hi < 8 && (lo = hexval(p[5])) >= 0) { /* \u00XX below 0x80: control bytes */
-            *o++ = (unsigned char)(hi << 4 | lo);
-            p += 6;
+        if (*p != '\\') {
+            const char *bs = memchr(p, '\\', (size_t)(e - p));
+            size_t run = bs ? (size_t)(bs - p) : (size_t)(e - p);
+            memcpy(o, p, run);
+            o += run;
+            p += run;
             continue;
         }
+        int hi, lo;
+        const char *p0 = p;
+        while (e - p >= 6 && memcmp(p, "\\u00", 4) == 0 && (hi = hexval(p[4])) >= 0 && hi < 8 &&
+               (lo = hexval(p[5])) >= 0) {
+            *o++ = (unsigned char)(hi << 4 | lo);
+            p += 6;
+        }
+        if (p != p0)
+            continue;
         int k = unescape_one(p, e, &o);
         if (k < 0)
             return -EINVAL;
@@ -665,6 +670,25 @@ static ssize_t nd_payload(nd_t *nd, sv_t data, bool esc, sv_t data_b64, const un
     return d ? json_unescape(data.p, data.len, d) : -ENOMEM;
 }
 
+/* The decoded bytes of an output event: counted, the first kept, stdout checked for zeros. */
+static void nd_bytes(nd_t *nd, bool is_stdout, const unsigned char *bytes, size_t n)
+{
+    if (!is_stdout) {
+        size_t keep = MIN(n, sizeof nd->err - 1 - nd->err_len);
+        memcpy(nd->err + nd->err_len, bytes, keep);
+        nd->err_len += keep;
+        nd->err[nd->err_len] = '\0';
+        nd->err_bytes += n;
+        return;
+    }
+    if (nd->check_zero && !all_zero(bytes, n))
+        nd_bad(nd, "stdout byte at offset >= %llu is not zero", (unsigned long long)nd->out_bytes);
+    size_t keep = MIN(n, sizeof nd->out - nd->out_len);
+    memcpy(nd->out + nd->out_len, bytes, keep);
+    nd->out_len += keep;
+    nd->out_bytes += n;
+}
+
 static void nd_output(nd_t *nd, bool is_stdout, sv_t data, bool esc, sv_t data_b64)
 {
     const unsigned char *bytes;
@@ -673,20 +697,34 @@ static void nd_output(nd_t *nd, bool is_stdout, sv_t data, bool esc, sv_t data_b
         nd_bad(nd, "undecodable output event (%s)", strerror((int)-n));
         return;
     }
-    if (!is_stdout) {
-        size_t keep = MIN((size_t)n, sizeof nd->err - 1 - nd->err_len);
-        memcpy(nd->err + nd->err_len, bytes, keep);
-        nd->err_len += keep;
-        nd->err[nd->err_len] = '\0';
-        nd->err_bytes += (uint64_t)n;
-        return;
-    }
-    if (nd->check_zero && !all_zero(bytes, (size_t)n))
-        nd_bad(nd, "stdout byte at offset >= %llu is not zero", (unsigned long long)nd->out_bytes);
-    size_t keep = MIN((size_t)n, sizeof nd->out - nd->out_len);
-    memcpy(nd->out + nd->out_len, bytes, keep);
-    nd->out_len += keep;
-    nd->out_bytes += (uint64_t)n;
+    nd_bytes(nd, is_stdout, bytes, (size_t)n);
+}
+
+/* The usual line of a base64 stream, {"event":"stdout","data":"<base64>"} (or stderr), decoded
+ * without first scanning its data for the closing quote and for backslashes: data that decodes
+ * as base64 holds neither, so the general parser would read the same one event from it. Returns
+ * false, having counted nothing, for any other line or data that does not decode; nd_line then
+ * parses it (and reports what is wrong). */
+static bool nd_line_b64(nd_t *nd, const char *s, size_t len)
+{
+    static const char head[] = "{\"event\":\"std???\",\"data\":\"";
+    const size_t hl = sizeof head - 1;
+    if (len < hl + 2 || memcmp(s, head, 13) != 0 || memcmp(s + 16, head + 16, hl - 16) != 0 ||
+        s[len - 2] != '"' || s[len - 1] != '}')
+        return false;
+    bool is_stdout = memcmp(s + 13, "out", 3) == 0;
+    if (!is_stdout && memcmp(s + 13, "err", 3) != 0)
+        return false;
+    size_t n = len - hl - 2;
+    unsigned char *d = nd_scratch(nd, n / 4 * 3 + 3);
+    ssize_t r = d ? b64_decode(s + hl, n, d) : -ENOMEM;
+    if (r < 0)
+        return false;
+    if (nd->exited)
+        nd_bad(nd, "event after exit");
+    nd->events++;
+    nd_bytes(nd, is_stdout, d, (size_t)r);
+    return true;
 }
 
 /* One event: a flat JSON object of string, number and literal members. */
@@ -695,6 +733,8 @@ static void nd_line(nd_t *nd, const char *s, size_t len)
     const char *p = s, *e = s + len;
     sv_t event = { 0 }, data = { 0 }, data_b64 = { 0 }, code = { 0 }, pid = { 0 };
     bool data_esc = false;
+    if (nd->base64 && nd_line_b64(nd, s, len))
+        return;
     if (p == e || *p++ != '{')
         goto bad;
     while (p < e && *p != '}') {

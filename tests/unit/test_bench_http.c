@@ -3,7 +3,8 @@
  * (b64_decode) against the scalar one (b64_decode_scalar) and against the decoder they replaced
  * (kept below as the reference): the same result for every input, valid or not. Inputs and
  * outputs are heap blocks of the exact size, so the sanitizer build sees any read or write past
- * them. */
+ * them. Then NDJSON exec events: the shortcut for base64 output lines gives what the general
+ * parser gives, and JSON escapes (runs of \u00XX included) decode to the right bytes. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,4 +225,118 @@ TEST(random_round_trip_and_corruption)
     ASSERT_GT(rejected, ROUNDS / 2);
 }
 
-TAP_MAIN(T(cpu), T(known), T(every_byte_everywhere), T(random_round_trip_and_corruption))
+/* ---- NDJSON events ----------------------------------------------------------------------- */
+
+/* Feed text to a fresh decoder in pieces of `step` bytes (0: all at once). */
+static void feed(nd_t *nd, bool base64, bool check_zero, const char *text, size_t step)
+{
+    nd_free(nd);
+    *nd = (nd_t){ .base64 = base64, .check_zero = check_zero };
+    nd_reset(nd);
+    size_t n = strlen(text);
+    for (size_t off = 0; off < n;) {
+        size_t k = step && n - off > step ? step : n - off;
+        nd_sink(nd, text + off, k);
+        off += k;
+    }
+}
+
+#define START "{\"event\":\"start\",\"pid\":42}\n"
+#define EXIT "{\"event\":\"exit\",\"exit_code\":0,\"signal\":null}\n"
+
+TEST(nd_base64_stream)
+{
+    static const char text[] = START "{\"event\":\"stdout\",\"data\":\"AAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+                                     "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==\"}\n"
+                                     "{\"event\":\"stderr\",\"data\":\"b29wcw==\"}\n"
+                                     "{\"event\":\"stdout\",\"data\":\"\"}\n"
+                                     "{\"event\":\"stdout\",\"data\":\"AAA=\"}\n" EXIT;
+    nd_t nd = { 0 };
+    for (size_t step = 0; step < 9; step++) {
+        feed(&nd, true, true, text, step);
+        if (nd.bad)
+            printf("#     why: %s\n", nd.why);
+        ASSERT_FALSE(nd.bad);
+        ASSERT_EQ(nd.events, 6);
+        ASSERT_TRUE(nd.started && nd.exited);
+        ASSERT_EQ(nd.exit_code, 0);
+        ASSERT_EQ(nd.pid, 42);
+        ASSERT_EQ_U(nd.out_bytes, 55 + 2);
+        ASSERT_EQ_U(nd.err_bytes, 4);
+        ASSERT_STREQ(nd.err, "oops");
+    }
+    nd_free(&nd);
+}
+
+/* Lines the base64 shortcut must leave to the general parser, which reads them its own way. */
+TEST(nd_base64_general_cases)
+{
+    nd_t nd = { 0 };
+    /* data_b64 wins over data; the shortcut would have tried to decode the quote */
+    feed(&nd, true, false,
+         START "{\"event\":\"stdout\",\"data\":\"AAAA\",\"data_b64\":\"AQID\"}\n" EXIT, 0);
+    ASSERT_FALSE(nd.bad);
+    ASSERT_MEMEQ(nd.out, nd.out_len, "\x01\x02\x03", 3);
+    /* members in another order, spaces: still one stdout event */
+    feed(&nd, true, false, START "{\"data\":\"AQID\",\"event\":\"stdout\"}\n" EXIT, 0);
+    ASSERT_FALSE(nd.bad);
+    ASSERT_MEMEQ(nd.out, nd.out_len, "\x01\x02\x03", 3);
+    /* not base64, an escape, an unknown stream: refused with the general parser's words */
+    feed(&nd, true, false, START "{\"event\":\"stdout\",\"data\":\"AQI*\"}\n", 0);
+    ASSERT_TRUE(nd.bad);
+    ASSERT_STREQ(nd.why, "undecodable output event (Invalid argument)");
+    feed(&nd, true, false, START "{\"event\":\"stdout\",\"data\":\"AQ\\/D\"}\n", 0);
+    ASSERT_TRUE(nd.bad);
+    ASSERT_STREQ(nd.why, "undecodable output event (Invalid argument)");
+    feed(&nd, true, false, START "{\"event\":\"stdfoo\",\"data\":\"AQID\"}\n", 0);
+    ASSERT_TRUE(nd.bad);
+    ASSERT_STREQ(nd.why, "unknown event stdfoo");
+    /* an output event after exit, through the shortcut */
+    feed(&nd, true, false, START EXIT "{\"event\":\"stdout\",\"data\":\"AQID\"}\n", 0);
+    ASSERT_TRUE(nd.bad);
+    ASSERT_STREQ(nd.why, "event after exit");
+    ASSERT_EQ_U(nd.out_bytes, 3);
+    /* zeros checked through the shortcut */
+    feed(&nd, true, true, START "{\"event\":\"stdout\",\"data\":\"AAAB\"}\n", 0);
+    ASSERT_TRUE(nd.bad);
+    ASSERT_STREQ(nd.why, "stdout byte at offset >= 0 is not zero");
+    nd_free(&nd);
+}
+
+TEST(nd_json_escapes)
+{
+    static const char text[] =
+        START "{\"event\":\"stdout\",\"data\":\"\\u0000\\u0000\\u001f\\u007f\\u0080a\\u0000\\n"
+              "\\\"\\\\\\/\\b\\f\\r\\t\\u00e9\\u20ac\\ud83d\\ude00\\u0041\\u00\"}\n";
+    static const char want[] = "\0\0\x1f\x7f\xc2\x80"
+                               "a\0\n\"\\/\b\f\r\t\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"
+                               "A";
+    nd_t nd = { 0 };
+    /* "\u00" at the end is cut short: all before it decoded, then the line refused */
+    feed(&nd, false, false, text, 0);
+    ASSERT_TRUE(nd.bad);
+    ASSERT_STREQ(nd.why, "undecodable output event (Invalid argument)");
+    char fixed[sizeof text + 4];
+    size_t cut = strlen(text) - strlen("\\u00\"}\n");
+    memcpy(fixed, text, cut);
+    memcpy(fixed + cut, "\"}\n", 4);
+    feed(&nd, false, false, fixed, 0);
+    ASSERT_FALSE(nd.bad);
+    ASSERT_MEMEQ(nd.out, nd.out_len, want, sizeof want - 1);
+    static const char *const bad[] = {
+        "\\u00g0", "\\u0", "\\x41", "\\ude00", "\\ud83d\\u0041", "\\"
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[128];
+        (void)snprintf(line, sizeof line, START "{\"event\":\"stdout\",\"data\":\"a%s\"}\n",
+                       bad[i]);
+        feed(&nd, false, false, line, 0);
+        if (!nd.bad)
+            printf("#     accepted: %s\n", bad[i]);
+        ASSERT_TRUE(nd.bad);
+    }
+    nd_free(&nd);
+}
+
+TAP_MAIN(T(cpu), T(known), T(every_byte_everywhere), T(random_round_trip_and_corruption),
+         T(nd_base64_stream), T(nd_base64_general_cases), T(nd_json_escapes))
