@@ -73,8 +73,11 @@ typedef struct {
 } nd_t;
 
 /* Standard base64 with padding into out (room for n / 4 * 3 bytes). Returns the length or
- * -EINVAL. */
+ * -EINVAL: a length that is not a multiple of 4, a character outside the alphabet, '=' anywhere
+ * but the last two places (the bits that padding drops are not checked). SSSE3 where the CPU
+ * has it; b64_decode_scalar is the same decoder without it (the unit test compares the two). */
 ssize_t b64_decode(const char *s, size_t n, unsigned char *out);
+ssize_t b64_decode_scalar(const char *s, size_t n, unsigned char *out);
 
 void rp_init(rp_t *rp, sink_fn sink, void *ctx);
 /* Consume what can be consumed of p[0..n); body bytes go to the sink as they are. Returns the
