@@ -1201,15 +1201,15 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     spec.uid = spec.gid = sb->uid;
     spec.mntns_fd = p->hidepid ? p->ns.ns_fd : -1;
     spec.netns_fd = sb->netns_fd;
+    ret_cmdcg->prep = NULL;
     if (p->cg.enabled && sb->cg_fds[0] < 0) {
-        /* Aggregate limits for everything the sandbox runs; the cgroup is recycled with the
-         * uid, so after the first exec of the first sandbox on a uid this is only writes. */
-        cg_limits_t lim = { .mem_bytes = sb->max_mem_mb << 20, .pids = sb->max_procs };
-        r = cgroup_prepare(&p->cg, sb->uid - (uint32_t)p->cfg.uid_base, &lim, sb->cg_fds, 4);
-        if (r < 0) {
-            return sbx_err(err, r, "cannot prepare the sandbox cgroup: %s", strerror(-r));
-        }
-        sb->cg_ready = true;
+        /* Aggregate limits for everything the sandbox runs, made (or, the cgroup being
+         * recycled with the uid, refreshed) by the spawn helper, which hands the cgroup.procs
+         * descriptors back for the sandbox's next commands (spawner.c, job_done). */
+        ret_cmdcg->prep = &p->cg;
+        ret_cmdcg->prep_slot = sb->uid - (uint32_t)p->cfg.uid_base;
+        ret_cmdcg->prep_lim =
+            (cg_limits_t){ .mem_bytes = sb->max_mem_mb << 20, .pids = sb->max_procs };
     }
     int k = 0;
     for (; k < CONFINE_MAX_CGROUPS && k < 4 && sb->cg_fds[k] >= 0; k++)

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "common/err.h"
+#include "isolation/cgroup.h"
 
 typedef struct sandbox sandbox_t;
 typedef struct server server_t;
@@ -48,10 +49,16 @@ typedef struct {
                     * may be gone by then: at shutdown processes are freed after it) */
 } cmdcg_t;
 
-/* The command's group for a spawn helper to make: root/name (root NULL: none). */
+/* The cgroups a spawn helper makes for a command: the command's own group root/name (root
+ * NULL: none), and the sandbox's (v1) groups when they are not open yet (its first command,
+ * or its handles were closed): made or refreshed there (limits written, cgroup.procs opened,
+ * off the event loop) and handed back to the sandbox (prep NULL: none). */
 typedef struct {
     const char *root;
     char name[40];
+    const cgroups_t *prep;
+    uint32_t prep_slot;
+    cg_limits_t prep_lim;
 } cmdcg_req_t;
 
 typedef struct {

@@ -37,17 +37,27 @@ typedef struct {
     confine_limit_t limits[CONFINE_MAX_LIMITS];
     uint32_t argc, envc, ncand, seccomp_len;
     uint64_t blob_len;
+    /* the sandbox's v1 groups to make or refresh (bit i: cgroups_t's v1 controller i, memory,
+     * pids, cpu), its slot and limits */
+    uint8_t cgprep, pad[3];
+    uint32_t cgprep_slot;
+    uint64_t cg_mem, cg_pids, cg_cpu_quota, cg_cpu_period;
     /* then the blob (unless in_memfd): seccomp instructions, home\0 cwd\0, candidates\0...,
-     * argv\0..., envp\0..., [cmdcg root\0 name\0]; fds in this order: stdin stdout stderr [mntns] [netns] [ruleset]
-     * cgroups... [memfd] */
+     * argv\0..., envp\0..., [cmdcg root\0 name\0], [a v1 root\0 per cgprep bit]; fds in
+     * this order: stdin stdout stderr [mntns] [netns] [ruleset] cgroups... [memfd] */
 } spw_req_t;
 
-#define SPW_STEP_CMDCG (-1) /* failed_step: the command's cgroup could not be made */
+#define SPW_STEP_CMDCG (-1)  /* failed_step: the command's cgroup could not be made */
+#define SPW_STEP_CGPREP (-2) /* failed_step: the sandbox's cgroups could not be prepared */
 
 typedef struct {
     int32_t r, pid, failed_step, failed_errno;
-    uint8_t has_pidfd, has_killfd; /* the descriptors that follow, in this order */
+    /* the descriptors that follow, in this order: pidfd, cgroup.kill, the sandbox's
+     * cgroup.procs files (n_cgfds, when it asked for them: cgprep) */
+    uint8_t has_pidfd, has_killfd, n_cgfds;
 } spw_rep_t;
+
+#define SPW_REP_MAX_FDS (2 + CONFINE_MAX_CGROUPS)
 
 /* ---- the helper process ------------------------------------------------------------------ */
 
@@ -138,7 +148,7 @@ static int take_strv(const char **p, const char *end, uint32_t n, char **v)
 }
 
 static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, int nfds,
-                          spw_rep_t *rep, int *ret_pidfd, int *ret_killfd)
+                          spw_rep_t *rep, int *ret_pidfd, int *ret_killfd, int *ret_cgfds)
 {
     const char *p = blob, *end = blob + q->blob_len;
     confine_spec_t spec = { .mntns_fd = -1, .netns_fd = -1, .ruleset_fd = -1, .pidfd = -1 };
@@ -187,22 +197,66 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
     }
     spec.argv = argv;
     spec.envp = envp;
+    char *cg[3] = { NULL, NULL, NULL };
+    if (q->has_cmdcg && take_strv(&p, end, 2, cg) < 0) {
+        free(argv);
+        return -EINVAL;
+    }
+    /* The sandbox's own groups, when it has none open: made or refreshed here (a mkdir, the
+     * limits and an open of cgroup.procs per controller), joined first, and handed back. */
+    int ncg = q->n_cg;
+    if (q->cgprep) {
+        cgroups_t lc = { .enabled = true };
+        char *roots[3];
+        int nroots = __builtin_popcount(q->cgprep & 7), k2 = 0;
+        if (ncg != 0 || (q->cgprep & ~7) || take_strv(&p, end, (uint32_t)nroots, roots) < 0) {
+            free(argv);
+            return -EINVAL;
+        }
+        bool *have[3] = { &lc.v1_memory, &lc.v1_pids, &lc.v1_cpu };
+        for (int i = 0; i < 3; i++)
+            if (q->cgprep & (1 << i)) {
+                if (strlen(roots[k2]) >= sizeof lc.v1_root[i]) {
+                    free(argv);
+                    return -EINVAL;
+                }
+                *have[i] = true;
+                memcpy(lc.v1_root[i], roots[k2], strlen(roots[k2]) + 1);
+                k2++;
+            }
+        cg_limits_t lim = { .mem_bytes = q->cg_mem,
+                            .pids = q->cg_pids,
+                            .cpu_quota_us = q->cg_cpu_quota,
+                            .cpu_period_us = q->cg_cpu_period };
+        r = cgroup_prepare(&lc, q->cgprep_slot, &lim, ret_cgfds, CONFINE_MAX_CGROUPS);
+        if (r < 0) {
+            free(argv);
+            *rep = (spw_rep_t){ .r = r, .failed_step = SPW_STEP_CGPREP, .failed_errno = -r };
+            return 0;
+        }
+        while (ncg < CONFINE_MAX_CGROUPS - 1 && ret_cgfds[ncg] >= 0) {
+            spec.cgroup_procs_fds[ncg] = ret_cgfds[ncg];
+            ncg++;
+        }
+        rep->n_cgfds = (uint8_t)ncg;
+    }
     /* The command's own group: made here (a mkdir and two opens in cgroupfs), joined by the
      * child after the sandbox's groups, removed again if the child does not start. */
-    char *cg[3] = { NULL, NULL, NULL };
     int procs = -1, killfd = -1;
     if (q->has_cmdcg) {
-        if (q->n_cg >= CONFINE_MAX_CGROUPS || take_strv(&p, end, 2, cg) < 0) {
+        if (ncg >= CONFINE_MAX_CGROUPS) {
             free(argv);
             return -EINVAL;
         }
         r = cgroup_cmd_create_at(cg[0], cg[1], &procs, &killfd);
         if (r < 0) {
             free(argv);
-            *rep = (spw_rep_t){ .r = r, .failed_step = SPW_STEP_CMDCG, .failed_errno = -r };
+            *rep = (spw_rep_t){
+                .r = r, .failed_step = SPW_STEP_CMDCG, .failed_errno = -r, .n_cgfds = rep->n_cgfds
+            };
             return 0;
         }
-        spec.cgroup_procs_fds[q->n_cg] = procs;
+        spec.cgroup_procs_fds[ncg] = procs;
     }
     pid_t pid = 0;
     if (q->kind == SPAWN_CONFINED) {
@@ -227,25 +281,27 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
     rep->r = r;
     rep->pid = r >= 0 ? pid : 0;
     rep->failed_step = spec.failed_step;
-    rep->failed_errno = spec.failed_errno;
+    rep->failed_errno = spec.failed_errno; /* n_cgfds stays: the groups were made */
     *ret_pidfd = r >= 0 ? spec.pidfd : -1;
     *ret_killfd = r >= 0 ? killfd : -1;
     return 0;
 }
 
-static void helper_reply(int sock, spw_rep_t *rep, int pidfd, int killfd)
+static void helper_reply(int sock, spw_rep_t *rep, int pidfd, int killfd, const int *cgfds)
 {
     union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
+        char buf[CMSG_SPACE(SPW_REP_MAX_FDS * sizeof(int))];
         struct cmsghdr align;
     } u;
-    int fds[2], n = 0;
+    int fds[SPW_REP_MAX_FDS], n = 0;
     rep->has_pidfd = pidfd >= 0;
     rep->has_killfd = killfd >= 0;
     if (pidfd >= 0)
         fds[n++] = pidfd;
     if (killfd >= 0)
         fds[n++] = killfd;
+    for (int i = 0; i < rep->n_cgfds && i < CONFINE_MAX_CGROUPS; i++)
+        fds[n++] = cgfds[i];
     struct iovec iov = { (void *)rep, sizeof *rep };
     struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
     if (n > 0) {
@@ -290,7 +346,7 @@ static _Noreturn void helper_main(int sock)
                     memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
             }
         spw_rep_t rep = { .r = -EINVAL };
-        int pidfd = -1, killfd = -1;
+        int pidfd = -1, killfd = -1, cgfds[CONFINE_MAX_CGROUPS] = { -1, -1, -1, -1 };
         spw_req_t q = { 0 };
         const char *blob = NULL;
         void *map = MAP_FAILED;
@@ -304,8 +360,10 @@ static _Noreturn void helper_main(int sock)
                 blob = map == MAP_FAILED ? NULL : map;
             } else if (!q.in_memfd && q.blob_len == (uint64_t)n - sizeof q)
                 blob = msg + sizeof q;
-            if (blob && helper_run_one(&q, blob, fds, nfds, &rep, &pidfd, &killfd) < 0)
+            if (blob && helper_run_one(&q, blob, fds, nfds, &rep, &pidfd, &killfd, cgfds) < 0) {
                 rep.r = -EINVAL;
+                rep.n_cgfds = 0;
+            }
         }
         if (map != MAP_FAILED)
             munmap(map, q.blob_len);
@@ -313,11 +371,13 @@ static _Noreturn void helper_main(int sock)
             close(fds[i]);
         if (memfd >= 0)
             close(memfd);
-        helper_reply(sock, &rep, pidfd, killfd);
+        helper_reply(sock, &rep, pidfd, killfd, cgfds);
         if (pidfd >= 0)
             close(pidfd);
         if (killfd >= 0)
             close(killfd);
+        for (int i = 0; i < CONFINE_MAX_CGROUPS && cgfds[i] >= 0; i++)
+            close(cgfds[i]);
     }
 }
 
@@ -402,13 +462,32 @@ static void job_free(job_t *j)
 
 static void settle_pid(spawner_t *sp, pid_t pid, int pidfd);
 
+/* The sandbox's cgroup.procs files a helper made (cgprep): its own from now on, unless it has
+ * a set already (two first commands at once) or is gone. Either way its groups exist with
+ * its limits now. */
+static void adopt_cgroups(sandbox_t *sb, int *cgfds, int n)
+{
+    bool take = sb && !sb->deleted && sb->cg_fds[0] < 0 && n > 0;
+    for (int i = 0; i < n; i++) {
+        if (take)
+            sb->cg_fds[i] = cgfds[i];
+        else
+            safe_close(cgfds[i]);
+    }
+    if (take)
+        sb->cg_fds[n] = -1;
+    if (sb && n > 0)
+        sb->cg_ready = true;
+}
+
 /* One answer: the callback, then the child's exit if server_reap() saw it first. */
-static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int killfd, int pidfd,
-                     const char *err)
+static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int killfd, int pidfd, int *cgfds,
+                     int n_cgfds, const char *err)
 {
     sp->pending--;
     sandbox_t *sb = j->sb;
     j->sb = NULL;
+    adopt_cgroups(sb, cgfds, n_cgfds);
     if (sb)
         sb->spawning--;
     j->cb(j->data, r, pid, r >= 0 ? killfd : safe_close(killfd), err);
@@ -479,7 +558,7 @@ static void helper_fail(helper_t *h, const char *why)
         h->inflight--;
         char err[96];
         (void)snprintf(err, sizeof err, "the spawn helper died (%s)", why);
-        job_done(sp, j, -EPIPE, 0, -1, -1, err);
+        job_done(sp, j, -EPIPE, 0, -1, -1, NULL, 0, err);
     }
     h->tail = NULL;
 }
@@ -557,7 +636,7 @@ static void spawner_pump(spawner_t *sp)
             sp->queue_head = j->next;
             if (!sp->queue_head)
                 sp->queue_tail = NULL;
-            job_done(sp, j, -EAGAIN, 0, -1, -1, "cannot start a spawn helper");
+            job_done(sp, j, -EAGAIN, 0, -1, -1, NULL, 0, "cannot start a spawn helper");
             continue;
         }
         if (!best)
@@ -576,7 +655,7 @@ static void spawner_pump(spawner_t *sp)
         }
         if (r < 0) {
             helper_fail(best, "cannot send to it");
-            job_done(sp, j, r, 0, -1, -1, "cannot reach a spawn helper");
+            job_done(sp, j, r, 0, -1, -1, NULL, 0, "cannot reach a spawn helper");
         }
     }
 }
@@ -587,7 +666,7 @@ static void helper_read(helper_t *h)
     for (int i = 0; i < 64 && h->fd >= 0; i++) {
         spw_rep_t rep;
         union {
-            char buf[CMSG_SPACE(2 * sizeof(int))];
+            char buf[CMSG_SPACE(SPW_REP_MAX_FDS * sizeof(int))];
             struct cmsghdr align;
         } u;
         struct iovec iov = { &rep, sizeof rep };
@@ -597,10 +676,12 @@ static void helper_read(helper_t *h)
         ssize_t n = recvmsg(h->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             return;
-        int fds[2] = { -1, -1 }, nf = 0, pidfd = -1, killfd = -1;
+        int fds[SPW_REP_MAX_FDS], nf = 0, pidfd = -1, killfd = -1;
+        int cgfds[CONFINE_MAX_CGROUPS], ncg = 0;
         for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c))
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-                for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && nf < 2; k++)
+                for (size_t k = 0;
+                     k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && nf < SPW_REP_MAX_FDS; k++)
                     memcpy(&fds[nf++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
         if (n == (ssize_t)sizeof rep) {
             int k = 0;
@@ -608,6 +689,8 @@ static void helper_read(helper_t *h)
                 pidfd = fds[k++];
             if (rep.has_killfd && k < nf)
                 killfd = fds[k++];
+            while (ncg < rep.n_cgfds && ncg < CONFINE_MAX_CGROUPS - 1 && k < nf)
+                cgfds[ncg++] = fds[k++];
             for (; k < nf; k++)
                 safe_close(fds[k]);
         } else
@@ -616,6 +699,8 @@ static void helper_read(helper_t *h)
         if (n != (ssize_t)sizeof rep || !h->head) {
             safe_close(pidfd);
             safe_close(killfd);
+            for (int k = 0; k < ncg; k++)
+                safe_close(cgfds[k]);
             helper_fail(h, n == 0 ? "it closed its socket" : "a malformed answer");
             return;
         }
@@ -630,13 +715,16 @@ static void helper_read(helper_t *h)
             if (rep.failed_step == SPW_STEP_CMDCG)
                 (void)snprintf(err, sizeof err, "cannot prepare the command's cgroup: %s",
                                strerror(-rep.r));
+            else if (rep.failed_step == SPW_STEP_CGPREP)
+                (void)snprintf(err, sizeof err, "cannot prepare the sandbox cgroup: %s",
+                               strerror(-rep.r));
             else if (rep.failed_step > 0)
                 (void)snprintf(err, sizeof err, "%s failed: %s", confine_step_name(rep.failed_step),
                                strerror(-rep.r));
             else
                 (void)snprintf(err, sizeof err, "%s", strerror(-rep.r));
         }
-        job_done(sp, j, rep.r, rep.pid, killfd, pidfd, err);
+        job_done(sp, j, rep.r, rep.pid, killfd, pidfd, cgfds, ncg, err);
     }
 }
 
@@ -682,7 +770,7 @@ spawner_t *spawner_free(spawner_t *sp)
     while (sp->queue_head) {
         job_t *j = sp->queue_head;
         sp->queue_head = j->next;
-        job_done(sp, j, -ECANCELED, 0, -1, -1, "the server is shutting down");
+        job_done(sp, j, -ECANCELED, 0, -1, -1, NULL, 0, "the server is shutting down");
     }
     for (size_t i = 0; i < sp->n; i++) {
         helper_t *h = &sp->h[i];
@@ -754,6 +842,21 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg
     blob += strv_bytes(spec->argv, &argc) + strv_bytes(spec->envp, &envc);
     if (cmdcg)
         blob += strlen(cgq->root) + 1 + strlen(cgq->name) + 1;
+    const cgroups_t *prep = kind == SPAWN_CONFINED && cgq ? cgq->prep : NULL;
+    const bool prep_have[3] = { prep && prep->v1_memory, prep && prep->v1_pids,
+                                prep && prep->v1_cpu };
+    for (int i = 0; i < 3; i++)
+        if (prep_have[i]) {
+            blob += strlen(prep->v1_root[i]) + 1;
+            q.cgprep |= (uint8_t)(1 << i);
+        }
+    if (q.cgprep) {
+        q.cgprep_slot = cgq->prep_slot;
+        q.cg_mem = cgq->prep_lim.mem_bytes;
+        q.cg_pids = cgq->prep_lim.pids;
+        q.cg_cpu_quota = cgq->prep_lim.cpu_quota_us;
+        q.cg_cpu_period = cgq->prep_lim.cpu_period_us;
+    }
     if (blob > SPW_MAX_BLOB)
         return -E2BIG;
     q.uid = spec->uid;
@@ -789,6 +892,9 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg
         d = put_str(d, cgq->name);
         q.has_cmdcg = 1;
     }
+    for (int i = 0; i < 3; i++)
+        if (prep_have[i])
+            d = put_str(d, prep->v1_root[i]);
     j->fds[j->nfds++] = spec->stdin_fd;
     j->fds[j->nfds++] = spec->stdout_fd;
     j->fds[j->nfds++] = spec->stderr_fd;
@@ -868,7 +974,7 @@ void spawner_settle_sandbox(spawner_t *sp, sandbox_t *sb)
         *pp = j->next;
         if (sp->queue_tail == j)
             sp->queue_tail = prev;
-        job_done(sp, j, -ESRCH, 0, -1, -1, "sandbox has been deleted");
+        job_done(sp, j, -ESRCH, 0, -1, -1, NULL, 0, "sandbox has been deleted");
     }
     /* sent: their answers (and so their children, if any) come before the teardown */
     while (sb->spawning > 0) {

@@ -20,7 +20,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import uid_pids, wait_until
+from conftest import POOL_UID_BASE, uid_pids, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
 
@@ -869,6 +869,33 @@ def test_fork_bomb_is_contained(pool_host):
         st, j = a.delete()
         assert st == 200, (st, j)
         assert uid_pids(a.uid) == []
+    finally:
+        a.delete()
+        b.delete()
+
+
+def v1_groups(sb):
+    """The cgroup v1 memory/pids/cpu groups of a command run in sb, from its /proc/self/cgroup."""
+    out = sb.run("cat /proc/self/cgroup").out
+    return {c: line.split(":", 2)[2] for line in out.splitlines()
+            for c in ("memory", "pids", "cpu") if line.split(":")[1:2] == [c]}
+
+
+def test_first_and_later_commands_join_the_sandbox_cgroups(pool_host):
+    """The spawn helper makes a sandbox's groups at its first command and hands them back:
+    that first command and every later one run in them, and two sandboxes never share."""
+    a = pool_host.sandbox()
+    b = pool_host.sandbox()
+    try:
+        if not a.info["limits"]["cgroup_memory_bytes"]:
+            pytest.skip("no cgroup v1 memory controller on this host")
+        first = v1_groups(a)
+        assert set(first) >= {"memory", "pids"}, first
+        slot = f"/s{a.uid - POOL_UID_BASE}"  # the pool_host fixture's uids
+        assert all(g.endswith(slot) for g in first.values()), (first, slot)
+        assert v1_groups(a) == first  # a later command: the descriptors the sandbox kept
+        other = v1_groups(b)
+        assert all(other[c] != first[c] for c in first), (first, other)
     finally:
         a.delete()
         b.delete()
