@@ -102,7 +102,7 @@ struct pool {
     size_t n_netns_warm, netns_warm_max; /* the max: fewer where descriptors are scarce */
     /* asked of the janitor: namespaces being made, deleted sandboxes' being checked */
     size_t netns_making, netns_checking;
-    uint64_t netns_recycled, netns_discarded;
+    uint64_t netns_recycled, netns_discarded, netns_made; /* made: by the janitor, ahead */
     timer_t_ netns_refill;
     cgroups_t cg;
     seccomp_filter_t seccomp;
