@@ -305,7 +305,9 @@ fam = getattr(socket, sys.argv[1])
 s = socket.socket(fam)
 s.bind((sys.argv[2], 0))
 s.listen(8)
-open(sys.argv[3] + ".port", "w").write(str(s.getsockname()[1]))
+# written whole, then renamed: the test waits for the name and reads the number at once
+open(sys.argv[3] + ".port.tmp", "w").write(str(s.getsockname()[1]))
+__import__("os").rename(sys.argv[3] + ".port.tmp", sys.argv[3] + ".port")
 while True:
     c, _ = s.accept()
     c.sendall(b"from-B")
@@ -429,7 +431,9 @@ UDP_LISTENER = """
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind(("127.0.0.1", 0))
-open(sys.argv[1] + ".port", "w").write(str(s.getsockname()[1]))
+# written whole, then renamed: the test waits for the name and reads the number at once
+open(sys.argv[1] + ".port.tmp", "w").write(str(s.getsockname()[1]))
+__import__("os").rename(sys.argv[1] + ".port.tmp", sys.argv[1] + ".port")
 while True:
     data, addr = s.recvfrom(100)
     with open(sys.argv[1], "ab") as f:
