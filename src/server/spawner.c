@@ -207,7 +207,7 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
     int ncg = q->n_cg;
     if (q->cgprep) {
         cgroups_t lc = { .enabled = true };
-        char *roots[3];
+        char *roots[3 + 1]; /* take_strv ends the vector with NULL */
         int nroots = __builtin_popcount(q->cgprep & 7), k2 = 0;
         if (ncg != 0 || (q->cgprep & ~7) || take_strv(&p, end, (uint32_t)nroots, roots) < 0) {
             free(argv);
