@@ -76,12 +76,21 @@ int node_init(node_t *n, const node_config_t *cfg, const httpd_config_t *scfg)
         log_error("state directory %s: %s", cfg->state_dir, strerror(-r));
         return r;
     }
-    /* the node's parent cgroups: named after the node and its state directory, so that two
-     * nodes of one name on a machine (tests) never remove each other's */
+    /* the node's parent cgroups: named after the node and its state directory (its path and
+     * its device and inode: one path may name different directories in different mount
+     * namespaces, two `sbx up` with the default /var/lib/sbx in two containers), so that two
+     * nodes of one name on a machine never remove each other's; a restart on the same state
+     * finds its own again */
     char tag[96];
     uint32_t h = 2166136261u; /* FNV-1a */
     for (const char *c = cfg->state_dir; *c; c++)
         h = (h ^ (uint8_t)*c) * 16777619u;
+    struct stat sst;
+    if (stat(cfg->state_dir, &sst) == 0) {
+        uint64_t id[2] = { (uint64_t)sst.st_dev, (uint64_t)sst.st_ino };
+        for (size_t i = 0; i < sizeof id; i++)
+            h = (h ^ ((const uint8_t *)id)[i]) * 16777619u;
+    }
     (void)snprintf(tag, sizeof tag, "sbx-node-%s-%08x", cfg->name, h);
     cgroups_init(&n->cg, tag);
     r = idrange_init(&n->ids, cfg->id_start, cfg->id_count);
