@@ -57,6 +57,18 @@ def pid_in(state, name):
         return 0
 
 
+def daemon_logs(state, tail=4000):
+    """The ends of the logs of the daemons `sbx up` started (for a failure's message)."""
+    out = []
+    for log in ("control.log", "node.log"):
+        try:
+            with open(os.path.join(state, log), errors="replace") as f:
+                out.append(f"--- {log} (end) ---\n" + f.read()[-tail:])
+        except OSError as e:
+            out.append(f"--- {log}: {e}")
+    return "\n".join(out)
+
+
 def test_up_status_down_without_state_use_var_lib_sbx_and_home_dot_sbx():
     host_had_it = os.path.lexists(DEFAULT_STATE)
     ours = {"admin.token", "control", "node", "port", "sbx-control.pid", "sbx-node.pid",
@@ -115,8 +127,12 @@ def test_up_status_down_without_state_use_var_lib_sbx_and_home_dot_sbx():
         r = subprocess.run([SBX, "status"], capture_output=True, text=True, env=env, timeout=30)
         assert r.returncode == 4 and "control   stopped" in r.stdout, r.stdout + r.stderr
         # a sandbox through ~/.sbx alone (no SBX_HOME, no token in the environment)
-        r = subprocess.run([SBX, "create"], capture_output=True, text=True, env=env, timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
+        try:
+            r = subprocess.run([SBX, "create"], capture_output=True, text=True, env=env,
+                               timeout=120)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"sbx create: {e}\n{daemon_logs(st)}") from None
+        assert r.returncode == 0, r.stdout + r.stderr + daemon_logs(st)
         sid = r.stdout.strip()
         r = subprocess.run([SBX, "exec", sid, "--", "sh", "-c", "echo hi; exit 7"],
                            capture_output=True, text=True, env=env, timeout=60)
