@@ -418,6 +418,13 @@ static const struct {
     [0x5c] = { "\\\\", 2 },
 };
 
+/* The escape of ASCII byte c at d (8 bytes written, room for them); returns its end. */
+static inline char *put_escape(char *d, unsigned char c)
+{
+    memcpy(d, json_esc[c].s, 8);
+    return d + json_esc[c].n;
+}
+
 #define BYTES_01 UINT64_C(0x0101010101010101)
 #define BYTES_80 UINT64_C(0x8080808080808080)
 
@@ -487,8 +494,7 @@ static size_t json_escape_scalar(char *dst, const unsigned char *p, size_t n, bo
             break;
         unsigned char c = p[i++];
         if (c < 0x80) {
-            memcpy(d, json_esc[c].s, 8);
-            d += json_esc[c].n;
+            d = put_escape(d, c);
             continue;
         }
         /* invalid or truncated sequence: one replacement character for this byte */
@@ -615,9 +621,7 @@ static size_t json_escape_valid(char *dst, const unsigned char *p, size_t n)
         i = run;
         if (i == n)
             break;
-        unsigned char c = p[i++];
-        memcpy(d, json_esc[c].s, 8);
-        d += json_esc[c].n;
+        d = put_escape(d, p[i++]);
     }
     return (size_t)(d - dst);
 }

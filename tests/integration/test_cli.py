@@ -55,11 +55,12 @@ class Up:
         self.port = port_pair()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("SBX_")}
         self.env["SBX_HOME"] = self.home
+        self.bin = SBX  # the sbx binary run (a test may run a copy placed elsewhere)
 
     def sbx(self, *args, env=None, input=None, timeout=120, check=None):
         e = dict(self.env)
         e.update(env or {})
-        r = subprocess.run([SBX, *args], capture_output=True, text=True, env=e, input=input,
+        r = subprocess.run([self.bin, *args], capture_output=True, text=True, env=e, input=input,
                            timeout=timeout)
         if check is not None:
             assert r.returncode == check, f"sbx {' '.join(args)} -> {r.returncode}\n" \

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
 
 import pytest
 
@@ -32,16 +31,6 @@ class ImageUp(Up):
         super().__init__()
         self.images = os.path.join(self.dir, "images")
         self.bin = sbx
-
-    def sbx(self, *args, env=None, input=None, timeout=120, check=None):
-        e = dict(self.env)
-        e.update(env or {})
-        r = subprocess.run([self.bin, *args], capture_output=True, text=True, env=e, input=input,
-                           timeout=timeout)
-        if check is not None:
-            assert r.returncode == check, f"sbx {' '.join(args)} -> {r.returncode}\n" \
-                                          f"{r.stdout}\n{r.stderr}"
-        return r
 
     def up(self):
         return self.sbx("up", "--state", self.state, "--port", str(self.port), "--images",
