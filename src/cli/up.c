@@ -9,12 +9,14 @@
 #include <jansson.h>
 #include <libgen.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -714,7 +716,23 @@ static int up_locked(up_opts_t *op)
     return r;
 }
 
-/* SIGTERM, then wait (SIGKILL after STOP_WAIT_MS). */
+/* Wait up to ms for the process behind pidfd to have exited (a zombie or gone): its pidfd
+ * turns readable then. Its /proc/PID/exe goes earlier, while the kernel still tears the
+ * process down (a sanitizer build's mappings take a while): "stopped" said at that point
+ * was early. 1 exited, 0 not yet, < 0 cannot tell. */
+static int pidfd_wait_exit(int pidfd, int ms)
+{
+    struct pollfd pf = { .fd = pidfd, .events = POLLIN };
+    int64_t end = wall_ms() + ms;
+    for (;;) {
+        int64_t left = end - wall_ms();
+        int r = poll(&pf, 1, left > 0 ? (int)left : 0);
+        if (r >= 0 || errno != EINTR)
+            return r > 0 ? 1 : r == 0 ? 0 : -errno;
+    }
+}
+
+/* SIGTERM, then wait until it has exited (SIGKILL after STOP_WAIT_MS). */
 static int stop_one(const char *state, const char *name)
 {
     pid_t pid = running_pid(state, name);
@@ -724,6 +742,28 @@ static int stop_one(const char *state, const char *name)
     if (!pid) {
         (void)unlink(pidfile);
         return 0;
+    }
+    /* the daemon itself, held by a pidfd: checked to be it once the pidfd is open */
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd >= 0 && running_pid(state, name) != pid) {
+        close(pidfd);
+        pidfd = -1;
+    }
+    if (pidfd >= 0) {
+        (void)syscall(SYS_pidfd_send_signal, pidfd, SIGTERM, NULL, 0);
+        int r = pidfd_wait_exit(pidfd, STOP_WAIT_MS);
+        if (r == 0) {
+            fprintf(stderr, "sbx: %s (pid %d) did not stop within %d s: SIGKILL\n", name, (int)pid,
+                    STOP_WAIT_MS / 1000);
+            (void)syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+            (void)pidfd_wait_exit(pidfd, STOP_WAIT_MS);
+        } else if (r > 0)
+            printf("sbx: stopped %s (pid %d)\n", name, (int)pid);
+        close(pidfd);
+        if (r < 0)
+            fprintf(stderr, "sbx: waiting for %s (pid %d): %s\n", name, (int)pid, strerror(-r));
+        (void)unlink(pidfile);
+        return 1;
     }
     (void)kill(pid, SIGTERM);
     for (long w = 0; w < STOP_WAIT_MS; w += 50) {
