@@ -717,9 +717,7 @@ static int up_locked(up_opts_t *op)
 }
 
 /* Wait up to ms for the process behind pidfd to have exited (a zombie or gone): its pidfd
- * turns readable then. Its /proc/PID/exe goes earlier, while the kernel still tears the
- * process down (a sanitizer build's mappings take a while): "stopped" said at that point
- * was early. 1 exited, 0 not yet, < 0 cannot tell. */
+ * turns readable then. 1 exited, 0 not yet, < 0 cannot tell. */
 static int pidfd_wait_exit(int pidfd, int ms)
 {
     struct pollfd pf = { .fd = pidfd, .events = POLLIN };
@@ -732,7 +730,10 @@ static int pidfd_wait_exit(int pidfd, int ms)
     }
 }
 
-/* SIGTERM, then wait until it has exited (SIGKILL after STOP_WAIT_MS). */
+/* SIGTERM, then wait until it has exited (SIGKILL after STOP_WAIT_MS). The daemon is held by a
+ * pidfd, checked to still be it once open, and "stopped" means that process has exited: its
+ * /proc/PID/exe goes earlier, while the kernel still tears it down (a sanitizer build's
+ * mappings take a while), and a daemon seen gone by that was still alive after "stopped". */
 static int stop_one(const char *state, const char *name)
 {
     pid_t pid = running_pid(state, name);
@@ -743,40 +744,27 @@ static int stop_one(const char *state, const char *name)
         (void)unlink(pidfile);
         return 0;
     }
-    /* the daemon itself, held by a pidfd: checked to be it once the pidfd is open */
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pidfd >= 0 && running_pid(state, name) != pid) {
-        close(pidfd);
-        pidfd = -1;
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0), r = 1;
+    if (pidfd < 0 && errno != ESRCH) {
+        fprintf(stderr, "sbx: cannot hold %s (pid %d) to stop it: %s\n", name, (int)pid,
+                strerror(errno));
+        return 1;
     }
-    if (pidfd >= 0) {
+    if (pidfd >= 0 && running_pid(state, name) == pid) {
         (void)syscall(SYS_pidfd_send_signal, pidfd, SIGTERM, NULL, 0);
-        int r = pidfd_wait_exit(pidfd, STOP_WAIT_MS);
+        r = pidfd_wait_exit(pidfd, STOP_WAIT_MS);
         if (r == 0) {
             fprintf(stderr, "sbx: %s (pid %d) did not stop within %d s: SIGKILL\n", name, (int)pid,
                     STOP_WAIT_MS / 1000);
             (void)syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
             (void)pidfd_wait_exit(pidfd, STOP_WAIT_MS);
-        } else if (r > 0)
-            printf("sbx: stopped %s (pid %d)\n", name, (int)pid);
-        close(pidfd);
-        if (r < 0)
+        } else if (r < 0)
             fprintf(stderr, "sbx: waiting for %s (pid %d): %s\n", name, (int)pid, strerror(-r));
-        (void)unlink(pidfile);
-        return 1;
     }
-    (void)kill(pid, SIGTERM);
-    for (long w = 0; w < STOP_WAIT_MS; w += 50) {
-        if (!running_pid(state, name)) {
-            (void)unlink(pidfile);
-            printf("sbx: stopped %s (pid %d)\n", name, (int)pid);
-            return 1;
-        }
-        sleep_ms(50);
-    }
-    fprintf(stderr, "sbx: %s (pid %d) did not stop within %d s: SIGKILL\n", name, (int)pid,
-            STOP_WAIT_MS / 1000);
-    (void)kill(pid, SIGKILL);
+    if (pidfd >= 0)
+        close(pidfd);
+    if (r > 0) /* exited, by our signal or just before it */
+        printf("sbx: stopped %s (pid %d)\n", name, (int)pid);
     (void)unlink(pidfile);
     return 1;
 }

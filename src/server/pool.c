@@ -544,13 +544,11 @@ static void hex_random(char *out, size_t nbytes)
     sodium_memzero(b, sizeof b);
 }
 
-/* Fill the warm set of network namespaces: from the janitor when there is one (counting those
- * on their way back from deleted sandboxes), else from a timer on the loop. */
-/* Make namespaces ahead (in the janitor) once the supply (made, being made, and deleted
- * sandboxes' being checked for reuse) falls below half the warm set, then up to all of it.
- * Refilling at every take made one namespace per create in steady use, and the one a delete
- * brought back found the set full and was torn down: each sandbox cost a namespace made and
- * one destroyed, the recycling undone (bench-pool's trios, `perf`: copy_net_ns). */
+/* Fill the warm set of network namespaces: from a timer on the loop without a janitor; with
+ * one, made there once the supply (made, being made, and deleted sandboxes' on their way back)
+ * falls below half the set, then up to all of it. Refilling at every take made one namespace
+ * per create in steady use, and the one a delete brought back found the set full and was torn
+ * down: each sandbox cost a namespace made and one destroyed (`perf`: copy_net_ns). */
 static void netns_want(pool_t *p)
 {
     janitor_t *j = p->srv->janitor;

@@ -508,6 +508,15 @@ static size_t json_escape_scalar(char *dst, const unsigned char *p, size_t n, bo
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+/* Whether this CPU has SSSE3 (asked once; the vector paths below need it). */
+static bool have_ssse3(void)
+{
+    static int has = -1;
+    if (has < 0)
+        has = __builtin_cpu_supports("ssse3") ? 1 : 0;
+    return has;
+}
+
 /* Whether p[0..n) is complete, valid UTF-8 (RFC 3629), 16 bytes per step with SSSE3: the
  * lookup method of Keiser and Lemire ("Validating UTF-8 in less than one instruction per
  * byte", 2021). Each byte pair (previous, current) is classified by three 16-entry tables
@@ -633,10 +642,7 @@ static size_t json_escape_valid(char *dst, const unsigned char *p, size_t n)
 static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
 {
 #if defined(__x86_64__)
-    static int ssse3 = -1;
-    if (ssse3 < 0)
-        ssse3 = __builtin_cpu_supports("ssse3") ? 1 : 0;
-    if (ssse3 && n >= 16 && utf8_valid_ssse3(p, n))
+    if (have_ssse3() && n >= 16 && utf8_valid_ssse3(p, n))
         return json_escape_valid(dst, p, n);
 #endif
     return json_escape_scalar(dst, p, n, bad);
@@ -693,10 +699,7 @@ static size_t b64_encode(char *dst, const unsigned char *p, size_t n)
 {
     char *start = dst;
 #if defined(__x86_64__)
-    static int ssse3 = -1;
-    if (ssse3 < 0)
-        ssse3 = __builtin_cpu_supports("ssse3") ? 1 : 0;
-    if (ssse3 && n >= 16) {
+    if (have_ssse3() && n >= 16) {
         size_t used;
         dst += b64_encode_ssse3(dst, p, n, &used);
         p += used;

@@ -41,7 +41,7 @@ typedef struct {
      * pids, cpu), its slot and limits */
     uint8_t cgprep, pad[3];
     uint32_t cgprep_slot;
-    uint64_t cg_mem, cg_pids, cg_cpu_quota, cg_cpu_period;
+    cg_limits_t cgprep_lim;
     /* then the blob (unless in_memfd): seccomp instructions, home\0 cwd\0, candidates\0...,
      * argv\0..., envp\0..., [cmdcg root\0 name\0], [a v1 root\0 per cgprep bit]; fds in
      * this order: stdin stdout stderr [mntns] [netns] [ruleset] cgroups... [memfd] */
@@ -214,21 +214,17 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
             return -EINVAL;
         }
         bool *have[3] = { &lc.v1_memory, &lc.v1_pids, &lc.v1_cpu };
-        for (int i = 0; i < 3; i++)
-            if (q->cgprep & (1 << i)) {
-                if (strlen(roots[k2]) >= sizeof lc.v1_root[i]) {
-                    free(argv);
-                    return -EINVAL;
-                }
-                *have[i] = true;
-                memcpy(lc.v1_root[i], roots[k2], strlen(roots[k2]) + 1);
-                k2++;
+        for (int i = 0; i < 3; i++) {
+            if (!(q->cgprep & (1 << i)))
+                continue;
+            *have[i] = true;
+            if (snprintf(lc.v1_root[i], sizeof lc.v1_root[i], "%s", roots[k2++]) >=
+                (int)sizeof lc.v1_root[i]) {
+                free(argv);
+                return -EINVAL;
             }
-        cg_limits_t lim = { .mem_bytes = q->cg_mem,
-                            .pids = q->cg_pids,
-                            .cpu_quota_us = q->cg_cpu_quota,
-                            .cpu_period_us = q->cg_cpu_period };
-        r = cgroup_prepare(&lc, q->cgprep_slot, &lim, ret_cgfds, CONFINE_MAX_CGROUPS);
+        }
+        r = cgroup_prepare(&lc, q->cgprep_slot, &q->cgprep_lim, ret_cgfds, CONFINE_MAX_CGROUPS);
         if (r < 0) {
             free(argv);
             *rep = (spw_rep_t){ .r = r, .failed_step = SPW_STEP_CGPREP, .failed_errno = -r };
@@ -852,10 +848,7 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg
         }
     if (q.cgprep) {
         q.cgprep_slot = cgq->prep_slot;
-        q.cg_mem = cgq->prep_lim.mem_bytes;
-        q.cg_pids = cgq->prep_lim.pids;
-        q.cg_cpu_quota = cgq->prep_lim.cpu_quota_us;
-        q.cg_cpu_period = cgq->prep_lim.cpu_period_us;
+        q.cgprep_lim = cgq->prep_lim;
     }
     if (blob > SPW_MAX_BLOB)
         return -E2BIG;
