@@ -283,40 +283,64 @@ void cgroup_remove_run(const cgroups_t *cg, const char *name)
         rmtree_cgroup(dir, 0);
 }
 
-int cgroup_cmd_create(const cgroups_t *cg, const char *name, int *ret_procs_fd, int *ret_kill_fd)
-{
-    if (!cg->v2_root[0])
-        return -EOPNOTSUPP;
-    return cgroup_cmd_create_at(cg->v2_root, name, ret_procs_fd, ret_kill_fd);
-}
-
-int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd)
+int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd,
+                         int *ret_events_fd)
 {
     char dir[256], p[300];
     if (!*name || strchr(name, '/') || name[0] == '.')
         return -EINVAL;
     if (snprintf(dir, sizeof dir, "%s/%s", root, name) >= (int)sizeof dir)
         return -ENAMETOOLONG;
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+    bool made = mkdir(dir, 0755) == 0;
+    if (!made && errno != EEXIST)
         return negative_errno();
-    (void)snprintf(p, sizeof p, "%s/cgroup.procs", dir);
-    int procs = open(p, O_WRONLY | O_CLOEXEC);
-    if (procs < 0) {
-        int r = negative_errno();
-        (void)rmdir(dir);
+    static const char *const files[] = { "cgroup.procs", "cgroup.kill", "cgroup.events" };
+    int fds[3] = { -1, -1, -1 }, r = 0;
+    for (size_t i = 0; i < (ret_events_fd ? 3 : 2) && r == 0; i++) {
+        (void)snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        fds[i] = open(p, (i == 2 ? O_RDONLY : O_WRONLY) | O_CLOEXEC);
+        if (fds[i] < 0)
+            r = negative_errno();
+    }
+    if (r == 0 && ret_events_fd && !made && !cgroup_cmd_empty(fds[2]))
+        r = -EBUSY; /* not for keeping: something of an earlier run is in it */
+    if (r < 0) {
+        for (size_t i = 0; i < 3; i++)
+            safe_close(fds[i]);
+        if (made)
+            (void)rmdir(dir);
         return r;
     }
-    (void)snprintf(p, sizeof p, "%s/cgroup.kill", dir);
-    int kill = open(p, O_WRONLY | O_CLOEXEC);
-    if (kill < 0) {
-        int r = negative_errno();
-        safe_close(procs);
-        (void)rmdir(dir);
-        return r;
-    }
-    *ret_procs_fd = procs;
-    *ret_kill_fd = kill;
+    *ret_procs_fd = fds[0];
+    *ret_kill_fd = fds[1];
+    if (ret_events_fd)
+        *ret_events_fd = fds[2];
     return 0;
+}
+
+int cgroup_cmd_join_at(const char *root, const char *name, int *ret_procs_fd)
+{
+    char p[300];
+    if (!*name || strchr(name, '/') || name[0] == '.')
+        return -EINVAL;
+    if (snprintf(p, sizeof p, "%s/%s/cgroup.procs", root, name) >= (int)sizeof p)
+        return -ENAMETOOLONG;
+    int fd = open(p, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return negative_errno();
+    *ret_procs_fd = fd;
+    return 0;
+}
+
+bool cgroup_cmd_empty(int events_fd)
+{
+    /* "populated 0|1\nfrozen 0|1\n": read afresh at offset 0 each time */
+    char b[64];
+    ssize_t n = pread(events_fd, b, sizeof b - 1, 0);
+    if (n <= 0)
+        return false;
+    b[n] = '\0';
+    return strncmp(b, "populated 0\n", 12) == 0 || strstr(b, "\npopulated 0\n") != NULL;
 }
 
 bool cgroup_cmd_remove(const cgroups_t *cg, const char *name)

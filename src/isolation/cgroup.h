@@ -38,12 +38,18 @@ int cgroup_prepare_run(const cgroups_t *cg, const char *name, const cg_limits_t 
                        int *fds, int nfds, char (*dirs)[192], const char **names);
 /* Remove a run's cgroups and everything nested in them (depth first); best effort. */
 void cgroup_remove_run(const cgroups_t *cg, const char *name);
-/* A cgroup2 group for one command (v2_root/name): the child joins it through *ret_procs_fd;
- * writing "1" to *ret_kill_fd (cgroup.kill) kills everything in it at once, setsid()
- * descendants included. -EOPNOTSUPP without a cgroup2 hierarchy. */
-int cgroup_cmd_create(const cgroups_t *cg, const char *name, int *ret_procs_fd, int *ret_kill_fd);
-/* The same under root (a spawn helper, which has no cgroups_t): name is one component. */
-int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd);
+/* A cgroup2 group for one command, root/name (name one component; root: cgroups_t's v2_root,
+ * passed as a path because a spawn helper has no cgroups_t). The child joins it through
+ * *ret_procs_fd; writing "1" to *ret_kill_fd (cgroup.kill) kills everything in it at once,
+ * setsid() descendants included. A group that exists already is taken as it is.
+ * ret_events_fd (may be NULL): its cgroup.events too, for cgroup_cmd_empty(); a group made
+ * for keeping must be empty, and one that exists with processes in it is refused (-EBUSY). */
+int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd,
+                         int *ret_events_fd);
+/* Open root/name/cgroup.procs of a kept group again (-ENOENT: it is gone). */
+int cgroup_cmd_join_at(const char *root, const char *name, int *ret_procs_fd);
+/* Whether the group whose cgroup.events is events_fd has no process in it (one pread). */
+bool cgroup_cmd_empty(int events_fd);
 /* rmdir v2_root/name (fails quietly while something still runs in it); true when it is gone. */
 bool cgroup_cmd_remove(const cgroups_t *cg, const char *name);
 /* rmdir every v2_root/<prefix>* left (after the processes are gone); how many went. */

@@ -420,8 +420,7 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
     e->conn = c;
     e->base64 = spec->base64;
     e->timeout_ms = spec->timeout_ms;
-    e->sp =
-        (spawned_t){ .pid = 0, .in_fd = -1, .out_fd = -1, .err_fd = -1, .cg = { .kill_fd = -1 } };
+    e->sp = (spawned_t){ .pid = 0, .in_fd = -1, .out_fd = -1, .err_fd = -1, .cg = CMDCG_NONE };
     outpipe_init(&e->out, -EBADF, "stdout", exec_on_pipe, e);
     outpipe_init(&e->err, -EBADF, "stderr", exec_on_pipe, e);
     watcher_init(&e->in_w, -EBADF, exec_on_stdin, e);

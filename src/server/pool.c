@@ -127,6 +127,8 @@ void sandbox_unref(sandbox_t *sb)
     safe_close(sb->netns_fd);
     for (int i = 0; i < 4 && sb->cg_fds[i] >= 0; i++)
         safe_close(sb->cg_fds[i]);
+    safe_close(sb->cg0_kill_fd);
+    safe_close(sb->cg0_events_fd);
     strv_free(sb->env);
     sodium_memzero(sb->token, sizeof sb->token);
     free(sb);
@@ -182,6 +184,8 @@ static void handles_close(sandbox_t *sb)
     for (int i = 0; i < 4 && sb->cg_fds[i] >= 0; i++)
         sb->cg_fds[i] = safe_close(sb->cg_fds[i]);
     sb->cg_fds[0] = -1;
+    sb->cg0_kill_fd = safe_close(sb->cg0_kill_fd); /* opened again by the next command's helper */
+    sb->cg0_events_fd = safe_close(sb->cg0_events_fd);
 }
 
 /* Close the handles of the least recently used sandboxes beyond handles_max that nothing
@@ -646,6 +650,7 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     sb->ruleset_fd = -EBADF;
     sb->netns_fd = -EBADF;
     sb->cg_fds[0] = -1;
+    sb->cg0_kill_fd = sb->cg0_events_fd = -EBADF;
     int r = uidpool_take(&p->uids, &sb->uid);
     if (r < 0) {
         free(sb);
@@ -1042,6 +1047,11 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
         unsigned gone = cgroup_cmd_remove_prefix(&p->cg, cgp);
         cmdcg_left -= gone < cmdcg_left ? gone : cmdcg_left;
     }
+    if (sb->cg0_lost && killed) { /* its kept group, which processes were left in: empty now */
+        char cg0[24];
+        (void)snprintf(cg0, sizeof cg0, "s%u-c0", sb->uid);
+        (void)cgroup_cmd_remove(&p->cg, cg0); /* else the uid's next sandbox takes it over */
+    }
     /* The uid is recycled only after verified teardown; otherwise it stays quarantined. */
     uidpool_release(&p->uids, sb->uid, killed && removed);
     p->deleted_total++;
@@ -1181,6 +1191,30 @@ void sandbox_cmd_kill(cmdcg_t *cg)
 
 void sandbox_cmd_done(cmdcg_t *cg)
 {
+    sandbox_t *sb = cg->keep;
+    if (sb) {
+        /* The sandbox's kept group: its next command may have it if it is empty now. Nothing
+         * but a spawn helper's child can enter an empty group (cgroup.procs is root's, and a
+         * group without processes has none to fork), so it stays empty until then. One that
+         * processes were left in is not used again by this sandbox: a kill of a later command
+         * would reach them. Its delete kills them, and the uid's next sandbox takes the group
+         * over only if it is empty then (cgroup_cmd_create_at). */
+        cg->keep = NULL;
+        sb->cg0_busy = false;
+        bool empty = cg->events_fd >= 0 && cgroup_cmd_empty(cg->events_fd);
+        if (!empty && cg->events_fd >= 0)
+            sb->cg0_lost = true;
+        if (empty && cg->kill_fd >= 0 && !sb->deleted && sb->cg0_kill_fd < 0) {
+            sb->cg0_kill_fd = cg->kill_fd;
+            sb->cg0_events_fd = cg->events_fd;
+            cg->kill_fd = cg->events_fd = -1;
+        }
+        cg->kill_fd = safe_close(cg->kill_fd);
+        cg->events_fd = safe_close(cg->events_fd);
+        cg->dir[0] = '\0';
+        sandbox_unref(sb);
+        return;
+    }
     if (cg->kill_fd >= 0)
         cg->kill_fd = safe_close(cg->kill_fd);
     if (!cg->dir[0])
@@ -1225,21 +1259,6 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
         spec.cgroup_procs_fds[k] = sb->cg_fds[k];
     for (int i = k; i < CONFINE_MAX_CGROUPS; i++)
         spec.cgroup_procs_fds[i] = -1;
-    /* A cgroup2 group for this command alone, so a kill reaches all it started: named here,
-     * made by the spawn helper (a mkdir and two opens in cgroupfs, off the loop), joined by
-     * the child after the sandbox's own groups. */
-    cmdcg_t cg = { .kill_fd = -1 };
-    ret_cmdcg->root = NULL;
-    ret_cmdcg->name[0] = '\0';
-    if (p->cg.v2_root[0] && k < CONFINE_MAX_CGROUPS) {
-        (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-c%llu", sb->uid,
-                       (unsigned long long)++p->cmd_seq);
-        if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, ret_cmdcg->name) >=
-            (int)sizeof cg.dir) {
-            return sbx_err(err, -ENAMETOOLONG, "cgroup path too long");
-        }
-        ret_cmdcg->root = p->cg.v2_root;
-    }
     /* The request's scope opened the handles (conn_scope_sandbox) and its hold keeps them
      * open; fail closed all the same: never a child without its ruleset. */
     if (sb->landlocked && sb->ruleset_fd < 0)
@@ -1280,6 +1299,32 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     spec.stdout_fd = stdout_fd;
     spec.stderr_fd = stderr_fd;
     spec.pidfd = -1;
+    /* The command's cgroup2 group, so a kill reaches all it started: the sandbox's kept one
+     * when it is free (its handles move to the command until it is over), else one of its
+     * own. Named here, made or opened by the spawn helper (off the loop), joined by the child
+     * after the sandbox's own groups. */
+    cmdcg_t cg = CMDCG_NONE;
+    ret_cmdcg->root = NULL;
+    ret_cmdcg->name[0] = '\0';
+    ret_cmdcg->mode = CMDCG_OWN;
+    if (p->cg.v2_root[0] && k < CONFINE_MAX_CGROUPS) {
+        ret_cmdcg->root = p->cg.v2_root;
+        if (!sb->cg0_busy && !sb->cg0_lost) {
+            (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-c0", sb->uid);
+            ret_cmdcg->mode = sb->cg0_kill_fd >= 0 ? CMDCG_JOIN : CMDCG_KEEP;
+            cg.kill_fd = sb->cg0_kill_fd;
+            cg.events_fd = sb->cg0_events_fd;
+            sb->cg0_kill_fd = sb->cg0_events_fd = -1;
+            sb->cg0_busy = true;
+            cg.keep = sandbox_ref(sb);
+        } else {
+            (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-c%llu", sb->uid,
+                           (unsigned long long)++p->cmd_seq);
+            if (snprintf(cg.dir, sizeof cg.dir, "%s/%s", p->cg.v2_root, ret_cmdcg->name) >=
+                (int)sizeof cg.dir)
+                return sbx_err(err, -ENAMETOOLONG, "cgroup path too long");
+        }
+    }
     sb->spawned = true; /* from now on, teardown must verify the uid is empty */
     *ret_spec = spec;
     *ret_cg = cg;

@@ -70,6 +70,11 @@ struct sandbox {
     int cg_fds[4]; /* cgroup.procs files of its cgroups (opened at exec), -1 ends */
     int netns_fd;  /* its own network namespace (always held: nothing else keeps it), or -1
                     * where the kernel refuses them */
+    /* Its commands' kept cgroup2 group, s<uid>-c0 (spawn.h): cgroup.kill and cgroup.events
+     * while it is free and open (a handle, closed with the others), else -1; in use by a
+     * command; or left with processes in it (its next commands get groups of their own). */
+    int cg0_kill_fd, cg0_events_fd;
+    bool cg0_busy, cg0_lost;
 };
 
 typedef struct {

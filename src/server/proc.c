@@ -364,6 +364,9 @@ static void proc_on_exit(child_t *ch, int wstatus)
         p->sb->running--;
     timer_disarm(p->srv->loop, &p->timeout_t);
     timer_disarm(p->srv->loop, &p->grace_t);
+    /* Its group is done with now, not when the record goes: a kill no longer reaches through
+     * it (proc_signal), and the sandbox's next command may have the kept one. */
+    sandbox_cmd_done(&p->cg);
     server_touch(p->srv);
     procs_pump_all(p);
     procs_evict_for(p->srv, p->sb);
@@ -538,7 +541,7 @@ static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pendin
     p->tag = TAKE_PTR(spec->tag);
     p->started_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     p->stdin_fd = -EBADF;
-    p->cg.kill_fd = -1;
+    p->cg = CMDCG_NONE;
     outpipe_init(&p->out, -EBADF, "stdout", proc_on_pipe, p);
     outpipe_init(&p->err, -EBADF, "stderr", proc_on_pipe, p);
     watcher_init(&p->in_w, -EBADF, NULL, p);

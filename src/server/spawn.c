@@ -223,10 +223,17 @@ typedef struct {
     spawned_t sp;  /* our ends; pid filled in by the answer */
 } spawn_req_t;
 
-static void spawn_answered(void *p, int r, pid_t pid, int kill_fd, const char *err)
+static void spawn_answered(void *p, int r, pid_t pid, int kill_fd, int events_fd, const char *err)
 {
     spawn_req_t *q = p;
-    q->sp.cg.kill_fd = kill_fd;
+    if (kill_fd >= 0) { /* made or opened again: these replace what the sandbox held */
+        safe_close(q->sp.cg.kill_fd);
+        q->sp.cg.kill_fd = kill_fd;
+    }
+    if (events_fd >= 0) {
+        safe_close(q->sp.cg.events_fd);
+        q->sp.cg.events_fd = events_fd;
+    }
     if (r >= 0 && q->sb && q->sb->deleted) {
         /* Deleted while the helper started it: it must not run on. Its teardown (after this
          * answer, spawner_settle_sandbox) verifies the uid is empty. */
@@ -330,7 +337,7 @@ int spawn_command(server_t *s, const exec_spec_t *spec, sandbox_t *sb, spawn_don
     char cands[8192];
     int owned[3] = { out[1], in[0], errp[1] };
     int n_owned = spec->pty ? 1 : 3;
-    cmdcg_t cg = { .kill_fd = -1 };
+    cmdcg_t cg = CMDCG_NONE;
     cmdcg_req_t cgq = { .root = NULL };
     if (sb) {
         r = sandbox_exec_prepare(sb, spec->argv, spec->envp, spec->cwd, child_in, out[1], child_err,

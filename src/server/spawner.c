@@ -39,7 +39,7 @@ typedef struct {
     uint64_t blob_len;
     /* the sandbox's v1 groups to make or refresh (bit i: cgroups_t's v1 controller i, memory,
      * pids, cpu), its slot and limits */
-    uint8_t cgprep, pad[3];
+    uint8_t cgprep, cmdcg_mode, pad[2];
     uint32_t cgprep_slot;
     cg_limits_t cgprep_lim;
     /* then the blob (unless in_memfd): seccomp instructions, home\0 cwd\0, candidates\0...,
@@ -52,12 +52,13 @@ typedef struct {
 
 typedef struct {
     int32_t r, pid, failed_step, failed_errno;
-    /* the descriptors that follow, in this order: pidfd, cgroup.kill, the sandbox's
-     * cgroup.procs files (n_cgfds, when it asked for them: cgprep) */
-    uint8_t has_pidfd, has_killfd, n_cgfds;
+    /* the descriptors that follow, in this order: pidfd, cgroup.kill, cgroup.events (of a
+     * kept group it made or opened again), the sandbox's cgroup.procs files (n_cgfds, when
+     * it asked for them: cgprep) */
+    uint8_t has_pidfd, has_killfd, has_eventsfd, n_cgfds;
 } spw_rep_t;
 
-#define SPW_REP_MAX_FDS (2 + CONFINE_MAX_CGROUPS)
+#define SPW_REP_MAX_FDS (3 + CONFINE_MAX_CGROUPS)
 
 /* ---- the helper process ------------------------------------------------------------------ */
 
@@ -148,7 +149,8 @@ static int take_strv(const char **p, const char *end, uint32_t n, char **v)
 }
 
 static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, int nfds,
-                          spw_rep_t *rep, int *ret_pidfd, int *ret_killfd, int *ret_cgfds)
+                          spw_rep_t *rep, int *ret_pidfd, int *ret_killfd, int *ret_eventsfd,
+                          int *ret_cgfds)
 {
     const char *p = blob, *end = blob + q->blob_len;
     confine_spec_t spec = { .mntns_fd = -1, .netns_fd = -1, .ruleset_fd = -1, .pidfd = -1 };
@@ -236,15 +238,19 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
         }
         rep->n_cgfds = (uint8_t)ncg;
     }
-    /* The command's own group: made here (a mkdir and two opens in cgroupfs), joined by the
-     * child after the sandbox's groups, removed again if the child does not start. */
-    int procs = -1, killfd = -1;
+    /* The command's group, joined by the child after the sandbox's groups: one of its own made
+     * here (a mkdir and two opens in cgroupfs), removed again if the child does not start; or
+     * the sandbox's kept group, opened (made if missing) or only joined (spawn.h). */
+    int procs = -1, killfd = -1, eventsfd = -1;
     if (q->has_cmdcg) {
-        if (ncg >= CONFINE_MAX_CGROUPS) {
+        if (ncg >= CONFINE_MAX_CGROUPS || q->cmdcg_mode > CMDCG_JOIN) {
             free(argv);
             return -EINVAL;
         }
-        r = cgroup_cmd_create_at(cg[0], cg[1], &procs, &killfd);
+        r = q->cmdcg_mode == CMDCG_JOIN ? cgroup_cmd_join_at(cg[0], cg[1], &procs) : -ENOENT;
+        if (r == -ENOENT)
+            r = cgroup_cmd_create_at(cg[0], cg[1], &procs, &killfd,
+                                     q->cmdcg_mode == CMDCG_OWN ? NULL : &eventsfd);
         if (r < 0) {
             free(argv);
             *rep = (spw_rep_t){
@@ -268,7 +274,7 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
         r = -EINVAL;
     free(argv);
     safe_close(procs);
-    if (r < 0 && killfd >= 0) {
+    if (r < 0 && killfd >= 0 && q->cmdcg_mode == CMDCG_OWN) {
         char dir[300];
         killfd = safe_close(killfd);
         if (snprintf(dir, sizeof dir, "%s/%s", cg[0], cg[1]) < (int)sizeof dir)
@@ -279,11 +285,14 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
     rep->failed_step = spec.failed_step;
     rep->failed_errno = spec.failed_errno; /* n_cgfds stays: the groups were made */
     *ret_pidfd = r >= 0 ? spec.pidfd : -1;
-    *ret_killfd = r >= 0 ? killfd : -1;
+    /* a kept group's handles come back either way: it stays, empty, for the next command */
+    *ret_killfd = r >= 0 || q->cmdcg_mode != CMDCG_OWN ? killfd : safe_close(killfd);
+    *ret_eventsfd = eventsfd;
     return 0;
 }
 
-static void helper_reply(int sock, spw_rep_t *rep, int pidfd, int killfd, const int *cgfds)
+static void helper_reply(int sock, spw_rep_t *rep, int pidfd, int killfd, int eventsfd,
+                         const int *cgfds)
 {
     union {
         char buf[CMSG_SPACE(SPW_REP_MAX_FDS * sizeof(int))];
@@ -292,10 +301,13 @@ static void helper_reply(int sock, spw_rep_t *rep, int pidfd, int killfd, const 
     int fds[SPW_REP_MAX_FDS], n = 0;
     rep->has_pidfd = pidfd >= 0;
     rep->has_killfd = killfd >= 0;
+    rep->has_eventsfd = eventsfd >= 0;
     if (pidfd >= 0)
         fds[n++] = pidfd;
     if (killfd >= 0)
         fds[n++] = killfd;
+    if (eventsfd >= 0)
+        fds[n++] = eventsfd;
     for (int i = 0; i < rep->n_cgfds && i < CONFINE_MAX_CGROUPS; i++)
         fds[n++] = cgfds[i];
     struct iovec iov = { (void *)rep, sizeof *rep };
@@ -342,7 +354,8 @@ static _Noreturn void helper_main(int sock)
                     memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
             }
         spw_rep_t rep = { .r = -EINVAL };
-        int pidfd = -1, killfd = -1, cgfds[CONFINE_MAX_CGROUPS] = { -1, -1, -1, -1 };
+        int pidfd = -1, killfd = -1, eventsfd = -1;
+        int cgfds[CONFINE_MAX_CGROUPS] = { -1, -1, -1, -1 };
         spw_req_t q = { 0 };
         const char *blob = NULL;
         void *map = MAP_FAILED;
@@ -356,7 +369,8 @@ static _Noreturn void helper_main(int sock)
                 blob = map == MAP_FAILED ? NULL : map;
             } else if (!q.in_memfd && q.blob_len == (uint64_t)n - sizeof q)
                 blob = msg + sizeof q;
-            if (blob && helper_run_one(&q, blob, fds, nfds, &rep, &pidfd, &killfd, cgfds) < 0) {
+            if (blob &&
+                helper_run_one(&q, blob, fds, nfds, &rep, &pidfd, &killfd, &eventsfd, cgfds) < 0) {
                 rep.r = -EINVAL;
                 rep.n_cgfds = 0;
             }
@@ -367,11 +381,13 @@ static _Noreturn void helper_main(int sock)
             close(fds[i]);
         if (memfd >= 0)
             close(memfd);
-        helper_reply(sock, &rep, pidfd, killfd, cgfds);
+        helper_reply(sock, &rep, pidfd, killfd, eventsfd, cgfds);
         if (pidfd >= 0)
             close(pidfd);
         if (killfd >= 0)
             close(killfd);
+        if (eventsfd >= 0)
+            close(eventsfd);
         for (int i = 0; i < CONFINE_MAX_CGROUPS && cgfds[i] >= 0; i++)
             close(cgfds[i]);
     }
@@ -477,8 +493,8 @@ static void adopt_cgroups(sandbox_t *sb, int *cgfds, int n)
 }
 
 /* One answer: the callback, then the child's exit if server_reap() saw it first. */
-static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int killfd, int pidfd, int *cgfds,
-                     int n_cgfds, const char *err)
+static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int killfd, int eventsfd, int pidfd,
+                     int *cgfds, int n_cgfds, const char *err)
 {
     sp->pending--;
     sandbox_t *sb = j->sb;
@@ -486,7 +502,7 @@ static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int killfd, int 
     adopt_cgroups(sb, cgfds, n_cgfds);
     if (sb)
         sb->spawning--;
-    j->cb(j->data, r, pid, r >= 0 ? killfd : safe_close(killfd), err);
+    j->cb(j->data, r, pid, killfd, eventsfd, err);
     sandbox_unref(sb);
     if (r >= 0)
         settle_pid(sp, pid, pidfd);
@@ -554,7 +570,7 @@ static void helper_fail(helper_t *h, const char *why)
         h->inflight--;
         char err[96];
         (void)snprintf(err, sizeof err, "the spawn helper died (%s)", why);
-        job_done(sp, j, -EPIPE, 0, -1, -1, NULL, 0, err);
+        job_done(sp, j, -EPIPE, 0, -1, -1, -1, NULL, 0, err);
     }
     h->tail = NULL;
 }
@@ -632,7 +648,7 @@ static void spawner_pump(spawner_t *sp)
             sp->queue_head = j->next;
             if (!sp->queue_head)
                 sp->queue_tail = NULL;
-            job_done(sp, j, -EAGAIN, 0, -1, -1, NULL, 0, "cannot start a spawn helper");
+            job_done(sp, j, -EAGAIN, 0, -1, -1, -1, NULL, 0, "cannot start a spawn helper");
             continue;
         }
         if (!best)
@@ -651,7 +667,7 @@ static void spawner_pump(spawner_t *sp)
         }
         if (r < 0) {
             helper_fail(best, "cannot send to it");
-            job_done(sp, j, r, 0, -1, -1, NULL, 0, "cannot reach a spawn helper");
+            job_done(sp, j, r, 0, -1, -1, -1, NULL, 0, "cannot reach a spawn helper");
         }
     }
 }
@@ -672,7 +688,7 @@ static void helper_read(helper_t *h)
         ssize_t n = recvmsg(h->fd, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             return;
-        int fds[SPW_REP_MAX_FDS], nf = 0, pidfd = -1, killfd = -1;
+        int fds[SPW_REP_MAX_FDS], nf = 0, pidfd = -1, killfd = -1, eventsfd = -1;
         int cgfds[CONFINE_MAX_CGROUPS], ncg = 0;
         for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c))
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
@@ -685,6 +701,8 @@ static void helper_read(helper_t *h)
                 pidfd = fds[k++];
             if (rep.has_killfd && k < nf)
                 killfd = fds[k++];
+            if (rep.has_eventsfd && k < nf)
+                eventsfd = fds[k++];
             while (ncg < rep.n_cgfds && ncg < CONFINE_MAX_CGROUPS - 1 && k < nf)
                 cgfds[ncg++] = fds[k++];
             for (; k < nf; k++)
@@ -695,6 +713,7 @@ static void helper_read(helper_t *h)
         if (n != (ssize_t)sizeof rep || !h->head) {
             safe_close(pidfd);
             safe_close(killfd);
+            safe_close(eventsfd);
             for (int k = 0; k < ncg; k++)
                 safe_close(cgfds[k]);
             helper_fail(h, n == 0 ? "it closed its socket" : "a malformed answer");
@@ -720,7 +739,7 @@ static void helper_read(helper_t *h)
             else
                 (void)snprintf(err, sizeof err, "%s", strerror(-rep.r));
         }
-        job_done(sp, j, rep.r, rep.pid, killfd, pidfd, cgfds, ncg, err);
+        job_done(sp, j, rep.r, rep.pid, killfd, eventsfd, pidfd, cgfds, ncg, err);
     }
 }
 
@@ -766,7 +785,7 @@ spawner_t *spawner_free(spawner_t *sp)
     while (sp->queue_head) {
         job_t *j = sp->queue_head;
         sp->queue_head = j->next;
-        job_done(sp, j, -ECANCELED, 0, -1, -1, NULL, 0, "the server is shutting down");
+        job_done(sp, j, -ECANCELED, 0, -1, -1, -1, NULL, 0, "the server is shutting down");
     }
     for (size_t i = 0; i < sp->n; i++) {
         helper_t *h = &sp->h[i];
@@ -884,6 +903,7 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg
         d = put_str(d, cgq->root);
         d = put_str(d, cgq->name);
         q.has_cmdcg = 1;
+        q.cmdcg_mode = (uint8_t)cgq->mode;
     }
     for (int i = 0; i < 3; i++)
         if (prep_have[i])
@@ -967,7 +987,7 @@ void spawner_settle_sandbox(spawner_t *sp, sandbox_t *sb)
         *pp = j->next;
         if (sp->queue_tail == j)
             sp->queue_tail = prev;
-        job_done(sp, j, -ESRCH, 0, -1, -1, NULL, 0, "sandbox has been deleted");
+        job_done(sp, j, -ESRCH, 0, -1, -1, -1, NULL, 0, "sandbox has been deleted");
     }
     /* sent: their answers (and so their children, if any) come before the teardown */
     while (sb->spawning > 0) {

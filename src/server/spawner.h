@@ -31,9 +31,11 @@ enum {
 };
 
 /* The answer to one request, never called from inside spawner_submit(): r < 0 when nothing was
- * started (err says why, naming the confinement step that failed). kill_fd: cgroup.kill of
- * the command's group the helper made (the callback owns it), or -1. */
-typedef void (*spawner_cb)(void *data, int r, pid_t pid, int kill_fd, const char *err);
+ * started (err says why, naming the confinement step that failed). kill_fd, events_fd:
+ * cgroup.kill and cgroup.events of the command's group, when the helper made or opened them
+ * (the callback owns them; a kept group's come back even when nothing started), or -1. */
+typedef void (*spawner_cb)(void *data, int r, pid_t pid, int kill_fd, int events_fd,
+                           const char *err);
 
 /* Start the helpers (count: online CPUs, 1..SPAWNER_MAX_HELPERS). */
 int spawner_new(server_t *srv, spawner_t **ret);

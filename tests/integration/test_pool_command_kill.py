@@ -2,10 +2,17 @@
 """A pooled sandbox's command that times out or is killed takes everything it started with it,
 setsid() descendants included (a cgroup2 group per command, cgroup.kill); a command that ends
 on its own leaves its background descendants alone until the sandbox is deleted (the positive
-control: the same escapee, found alive, then gone with the sandbox)."""
+control: the same escapee, found alive, then gone with the sandbox). Commands one after another
+share the sandbox's kept group while it is left empty; a kill never reaches another command's
+processes (a command that starts while the kept group is in use, or after processes were left
+in it, gets a group of its own)."""
+import json
 import os
 import secrets
+import subprocess
 import time
+
+import pytest
 
 from conftest import wait_until
 
@@ -67,16 +74,67 @@ def cgroup2_dir(rel):
     return None
 
 
-def test_a_command_that_ends_leaves_its_escapee_until_the_sandbox_goes(pool_host):
-    sb = pool_host.sandbox()
-    # a command that ends with nothing left: its own group goes with it
+def own_group(sb):
+    """The cgroup2 group (relative, as in /proc/PID/cgroup) a command of sb runs in."""
     res = sb.run("grep '^0::' /proc/self/cgroup | cut -d: -f3")
     rel = res.out.strip()
     assert res.code == 0 and rel.startswith("/"), res
-    if cgroup2_dir(os.path.dirname(rel)) is not None:  # where cgroup2 groups per command exist
-        # removed once the server is done with the command (just after its answer is written)
-        assert wait_until(lambda: cgroup2_dir(rel) is None, 5), \
-            f"the ended command's group {rel} is left"
+    return rel
+
+
+def group_of(pid):
+    with open(f"/proc/{pid}/cgroup") as f:
+        return next(l.split(":", 2)[2].strip() for l in f if l.startswith("0::"))
+
+
+def test_commands_one_after_another_share_the_sandboxs_kept_group(pool_host):
+    sb = pool_host.sandbox()
+    rel = own_group(sb)
+    if cgroup2_dir(os.path.dirname(rel)) is None:
+        pytest.skip("no cgroup2 groups per command here")
+    # the kept group stays between commands, empty, and the next command joins it again
+    assert os.path.basename(rel) == f"s{sb.uid}-c0", rel
+    d = cgroup2_dir(rel)
+    assert d is not None
+    with open(d + "/cgroup.procs") as f:
+        assert f.read().strip() == ""
+    assert own_group(sb) == rel
+    # while a command runs, its processes are in it (positive control of the empty check)
+    p = sb.start("exec sleep 30")
+    assert wait_until(lambda: open(d + "/cgroup.procs").read().strip() != "", 5)
+    # a command that starts meanwhile gets a group of its own, removed when it ends
+    other = own_group(sb)
+    assert other != rel and os.path.basename(other).startswith(f"s{sb.uid}-c"), other
+    assert wait_until(lambda: cgroup2_dir(other) is None, 5), f"{other} is left"
+    st, j = sb.json("DELETE", f"/processes/{p['id']}")
+    assert st == 200, (st, j)
+    assert wait_until(lambda: open(d + "/cgroup.procs").read().strip() == "", 5)
+    assert wait_until(lambda: own_group(sb) == rel, 5)
+    sb.delete()
+
+
+def test_a_kill_never_reaches_another_commands_processes(pool_host):
+    sb = pool_host.sandbox()
+    if cgroup2_dir(os.path.dirname(own_group(sb))) is None:
+        pytest.skip("no cgroup2 groups per command here")
+    bg_marker = "6" + str(secrets.randbelow(10**6))
+    bg = sb.start(f"exec sleep 300 {bg_marker}")  # holds the kept group
+    assert wait_until(lambda: alive_with_marker(sb.uid, bg_marker), 5)
+    marker = "5" + str(secrets.randbelow(10**6))
+    res = sb.run(escapee_cmd(marker), timeout=1)
+    assert res.exit and res.exit.get("timed_out") is True, res
+    # the timed-out command's escapee went with it (positive control), the other command's
+    # process did not
+    assert wait_until(lambda: not alive_with_marker(sb.uid, marker), 5)
+    assert alive_with_marker(sb.uid, bg_marker), "a kill reached another command's process"
+    st, j = sb.json("DELETE", f"/processes/{bg['id']}")
+    assert st == 200, (st, j)
+    sb.delete()
+
+
+def test_a_command_that_ends_leaves_its_escapee_until_the_sandbox_goes(pool_host):
+    sb = pool_host.sandbox()
+    rel = own_group(sb)
     marker = "9" + str(secrets.randbelow(10**6))
     res = sb.run(f"setsid sh -c 'exec sleep 300 {marker}' </dev/null >/dev/null 2>&1 & "
                  "sleep 0.3; echo done")
@@ -84,10 +142,51 @@ def test_a_command_that_ends_leaves_its_escapee_until_the_sandbox_goes(pool_host
     time.sleep(0.2)
     pids = alive_with_marker(sb.uid, marker)
     assert pids  # positive control: the escapee is there
-    with open(f"/proc/{pids[0]}/cgroup") as f:
-        rel = next(l.split(":", 2)[2].strip() for l in f if l.startswith("0::"))
-    left = cgroup2_dir(rel)
+    left = cgroup2_dir(group_of(pids[0]))
+    if left:
+        # The escapee kept its command's group (the sandbox's kept one): the next commands get
+        # groups of their own, so that killing one of them cannot reach it.
+        assert group_of(pids[0]) == rel
+        later = own_group(sb)
+        assert later != rel, "a command joined a group that another command's escapee is in"
+        res = sb.run("sleep 30", timeout=1)
+        assert res.exit and res.exit.get("timed_out") is True, res
+        time.sleep(0.3)
+        assert alive_with_marker(sb.uid, marker), "a later command's kill reached the escapee"
     sb.delete()
     assert not alive_with_marker(sb.uid, marker)
-    if left:  # the escapee kept its command's group; the delete removes it
+    if left:  # the delete removes the group the escapee kept
         assert not os.path.exists(left), f"the escapee's command group {left} outlived the delete"
+
+
+def test_a_kept_group_with_processes_in_it_is_never_taken_over(pool_host):
+    """A sandbox takes its uid's kept group over only when it is empty: one found with
+    processes in it (none of its own: put there from the host) is refused, so that a kill of
+    the sandbox's commands cannot reach them; once it is empty again it is taken."""
+    a = pool_host.sandbox()
+    root_rel = os.path.dirname(own_group(a))
+    root = cgroup2_dir(root_rel)
+    if root is None:
+        pytest.skip("no cgroup2 groups per command here")
+    b = pool_host.sandbox()  # nothing has run in it yet
+    kept = f"{root}/s{b.uid}-c0"
+    os.makedirs(kept, exist_ok=True)
+    host = subprocess.Popen(["sleep", "300"])
+    try:
+        with open(kept + "/cgroup.procs", "w") as f:
+            f.write(str(host.pid))
+        st, ev = b.exec({"cmd": "sleep 30", "timeout": 1})
+        text = json.dumps(ev)
+        assert "cgroup" in text and "busy" in text, (st, ev)
+        time.sleep(0.3)
+        assert host.poll() is None, "the host's process in the group was killed"
+        # positive control: emptied, the group is the sandbox's again
+        mnt = root[:len(root) - len(root_rel)]
+        with open(mnt + "/cgroup.procs", "w") as f:
+            f.write(str(host.pid))
+        assert own_group(b) == f"{root_rel}/s{b.uid}-c0"
+    finally:
+        host.kill()
+        host.wait()
+    a.delete()
+    b.delete()
