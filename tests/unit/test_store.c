@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -584,6 +585,58 @@ TEST(two_writers_race_to_create)
     ASSERT_EQ(owned[1], reps[1].done);
 }
 
+/* Threads of one process, each with its own handle as the control plane's workers have, queue
+ * on the store's writer mutex: every increment lands, none is lost. */
+#define THREADS 4
+
+typedef struct {
+    const char *path;
+    child_report_t rep;
+} thread_arg_t;
+
+static void *thread_counter(void *p)
+{
+    thread_arg_t *a = p;
+    store_t *s = NULL;
+    a->rep.err = store_open_sqlite(a->path, &s);
+    for (unsigned i = 0; a->rep.err >= 0 && i < INCREMENTS / THREADS; i++) {
+        a->rep.err = counter_increment(s, &a->rep.conflicts);
+        a->rep.done += a->rep.err >= 0;
+    }
+    store_close(s);
+    return NULL;
+}
+
+TEST(threads_increment_one_counter)
+{
+    char path[256];
+    db_path("threads", path, sizeof path);
+    {
+        _cleanup_store_ store_t *s = NULL;
+        ASSERT_EQ(store_open_sqlite(path, &s), 0);
+        ASSERT_EQ(store_cas(s, COUNTER_KEY, "0", 1, STORE_REV_ABSENT, NULL), 0);
+    }
+    pthread_t th[THREADS];
+    thread_arg_t args[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        args[i] = (thread_arg_t){ .path = path };
+        ASSERT_EQ(pthread_create(&th[i], NULL, thread_counter, &args[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++)
+        ASSERT_EQ(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < THREADS; i++) {
+        ASSERT_EQ(args[i].rep.err, 0);
+        ASSERT_EQ(args[i].rep.done, INCREMENTS / THREADS);
+    }
+    _cleanup_store_ store_t *s = NULL;
+    ASSERT_EQ(store_open_sqlite(path, &s), 0);
+    _cleanup_kv_ store_kv_t kv = { 0 };
+    ASSERT_EQ(store_get(s, COUNTER_KEY, &kv), 0);
+    char want[24];
+    (void)snprintf(want, sizeof want, "%u", INCREMENTS / THREADS * THREADS);
+    ASSERT_STREQ(kv.value, want);
+}
+
 static void remove_tmpdir(void)
 {
     DIR *d = opendir(tmpdir);
@@ -614,6 +667,7 @@ int main(void)
         T(reopen_persists_and_files_are_0600),
         T(two_writers_increment_one_counter),
         T(two_writers_race_to_create),
+        T(threads_increment_one_counter),
     };
     int r = tap_run(tests, ELEMENTSOF(tests));
     remove_tmpdir();
