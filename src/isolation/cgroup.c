@@ -318,20 +318,6 @@ int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, 
     return 0;
 }
 
-int cgroup_cmd_join_at(const char *root, const char *name, int *ret_procs_fd)
-{
-    char p[300];
-    if (!*name || strchr(name, '/') || name[0] == '.')
-        return -EINVAL;
-    if (snprintf(p, sizeof p, "%s/%s/cgroup.procs", root, name) >= (int)sizeof p)
-        return -ENAMETOOLONG;
-    int fd = open(p, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return negative_errno();
-    *ret_procs_fd = fd;
-    return 0;
-}
-
 bool cgroup_cmd_empty(int events_fd)
 {
     /* "populated 0|1\nfrozen 0|1\n": read afresh at offset 0 each time */

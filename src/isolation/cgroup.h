@@ -46,8 +46,6 @@ void cgroup_remove_run(const cgroups_t *cg, const char *name);
  * for keeping must be empty, and one that exists with processes in it is refused (-EBUSY). */
 int cgroup_cmd_create_at(const char *root, const char *name, int *ret_procs_fd, int *ret_kill_fd,
                          int *ret_events_fd);
-/* Open root/name/cgroup.procs of a kept group again (-ENOENT: it is gone). */
-int cgroup_cmd_join_at(const char *root, const char *name, int *ret_procs_fd);
 /* Whether the group whose cgroup.events is events_fd has no process in it (one pread). */
 bool cgroup_cmd_empty(int events_fd);
 /* rmdir v2_root/name (fails quietly while something still runs in it); true when it is gone. */

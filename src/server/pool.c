@@ -127,8 +127,6 @@ void sandbox_unref(sandbox_t *sb)
     safe_close(sb->netns_fd);
     for (int i = 0; i < 4 && sb->cg_fds[i] >= 0; i++)
         safe_close(sb->cg_fds[i]);
-    safe_close(sb->cg0_kill_fd);
-    safe_close(sb->cg0_events_fd);
     strv_free(sb->env);
     sodium_memzero(sb->token, sizeof sb->token);
     free(sb);
@@ -184,8 +182,6 @@ static void handles_close(sandbox_t *sb)
     for (int i = 0; i < 4 && sb->cg_fds[i] >= 0; i++)
         sb->cg_fds[i] = safe_close(sb->cg_fds[i]);
     sb->cg_fds[0] = -1;
-    sb->cg0_kill_fd = safe_close(sb->cg0_kill_fd); /* opened again by the next command's helper */
-    sb->cg0_events_fd = safe_close(sb->cg0_events_fd);
 }
 
 /* Close the handles of the least recently used sandboxes beyond handles_max that nothing
@@ -650,7 +646,6 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     sb->ruleset_fd = -EBADF;
     sb->netns_fd = -EBADF;
     sb->cg_fds[0] = -1;
-    sb->cg0_kill_fd = sb->cg0_events_fd = -EBADF;
     int r = uidpool_take(&p->uids, &sb->uid);
     if (r < 0) {
         free(sb);
@@ -1047,10 +1042,12 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
         unsigned gone = cgroup_cmd_remove_prefix(&p->cg, cgp);
         cmdcg_left -= gone < cmdcg_left ? gone : cmdcg_left;
     }
-    if (sb->cg0_lost && killed) { /* its kept group, which processes were left in: empty now */
-        char cg0[24];
-        (void)snprintf(cg0, sizeof cg0, "s%u-c0", sb->uid);
-        (void)cgroup_cmd_remove(&p->cg, cg0); /* else the uid's next sandbox takes it over */
+    for (int i = 0; i < CMDCG_KEPT && killed; i++) {
+        if (!(sb->cg_lost & (1u << i)))
+            continue;  /* an empty one stays for the uid's next sandbox, which takes it over */
+        char kept[32]; /* processes were left in it: empty now, and removed */
+        (void)snprintf(kept, sizeof kept, "s%u-k%d", sb->uid, i);
+        (void)cgroup_cmd_remove(&p->cg, kept);
     }
     /* The uid is recycled only after verified teardown; otherwise it stays quarantined. */
     uidpool_release(&p->uids, sb->uid, killed && removed);
@@ -1193,22 +1190,18 @@ void sandbox_cmd_done(cmdcg_t *cg)
 {
     sandbox_t *sb = cg->keep;
     if (sb) {
-        /* The sandbox's kept group: its next command may have it if it is empty now. Nothing
-         * but a spawn helper's child can enter an empty group (cgroup.procs is root's, and a
-         * group without processes has none to fork), so it stays empty until then. One that
-         * processes were left in is not used again by this sandbox: a kill of a later command
-         * would reach them. Its delete kills them, and the uid's next sandbox takes the group
-         * over only if it is empty then (cgroup_cmd_create_at). */
+        /* One of the sandbox's kept groups: its next commands may have it if it is empty now.
+         * Nothing but a spawn helper's child can enter an empty group (cgroup.procs is root's,
+         * and a group without processes has none to fork), so it stays empty until then. One
+         * that processes were left in is not used again by this sandbox: a kill of a later
+         * command would reach them. Its delete kills them, and the uid's next sandbox takes
+         * the group over only if it is empty then (cgroup_cmd_create_at). */
+        unsigned bit = 1u << cg->slot;
         cg->keep = NULL;
-        sb->cg0_busy = false;
+        sb->cg_busy &= (uint8_t)~bit;
         bool empty = cg->events_fd >= 0 && cgroup_cmd_empty(cg->events_fd);
         if (!empty && cg->events_fd >= 0)
-            sb->cg0_lost = true;
-        if (empty && cg->kill_fd >= 0 && !sb->deleted && sb->cg0_kill_fd < 0) {
-            sb->cg0_kill_fd = cg->kill_fd;
-            sb->cg0_events_fd = cg->events_fd;
-            cg->kill_fd = cg->events_fd = -1;
-        }
+            sb->cg_lost |= (uint8_t)bit;
         cg->kill_fd = safe_close(cg->kill_fd);
         cg->events_fd = safe_close(cg->events_fd);
         cg->dir[0] = '\0';
@@ -1299,23 +1292,23 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     spec.stdout_fd = stdout_fd;
     spec.stderr_fd = stderr_fd;
     spec.pidfd = -1;
-    /* The command's cgroup2 group, so a kill reaches all it started: the sandbox's kept one
-     * when it is free (its handles move to the command until it is over), else one of its
-     * own. Named here, made or opened by the spawn helper (off the loop), joined by the child
-     * after the sandbox's own groups. */
+    /* The command's cgroup2 group, so a kill reaches all it started: one of the sandbox's
+     * kept ones when one is free, else one of its own. Named here, made or opened by the spawn helper (off the loop),
+     * joined by the child after the sandbox's own groups. */
     cmdcg_t cg = CMDCG_NONE;
     ret_cmdcg->root = NULL;
     ret_cmdcg->name[0] = '\0';
     ret_cmdcg->mode = CMDCG_OWN;
     if (p->cg.v2_root[0] && k < CONFINE_MAX_CGROUPS) {
         ret_cmdcg->root = p->cg.v2_root;
-        if (!sb->cg0_busy && !sb->cg0_lost) {
-            (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-c0", sb->uid);
-            ret_cmdcg->mode = sb->cg0_kill_fd >= 0 ? CMDCG_JOIN : CMDCG_KEEP;
-            cg.kill_fd = sb->cg0_kill_fd;
-            cg.events_fd = sb->cg0_events_fd;
-            sb->cg0_kill_fd = sb->cg0_events_fd = -1;
-            sb->cg0_busy = true;
+        int slot = 0;
+        while (slot < CMDCG_KEPT && ((sb->cg_busy | sb->cg_lost) & (1u << slot)))
+            slot++;
+        if (slot < CMDCG_KEPT) {
+            (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-k%d", sb->uid, slot);
+            ret_cmdcg->mode = CMDCG_KEEP;
+            sb->cg_busy |= (uint8_t)(1u << slot);
+            cg.slot = slot;
             cg.keep = sandbox_ref(sb);
         } else {
             (void)snprintf(ret_cmdcg->name, sizeof ret_cmdcg->name, "s%u-c%llu", sb->uid,

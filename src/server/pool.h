@@ -70,11 +70,10 @@ struct sandbox {
     int cg_fds[4]; /* cgroup.procs files of its cgroups (opened at exec), -1 ends */
     int netns_fd;  /* its own network namespace (always held: nothing else keeps it), or -1
                     * where the kernel refuses them */
-    /* Its commands' kept cgroup2 group, s<uid>-c0 (spawn.h): cgroup.kill and cgroup.events
-     * while it is free and open (a handle, closed with the others), else -1; in use by a
-     * command; or left with processes in it (its next commands get groups of their own). */
-    int cg0_kill_fd, cg0_events_fd;
-    bool cg0_busy, cg0_lost;
+    /* Its commands' kept cgroup2 groups, s<uid>-k<i> (spawn.h): bit i of cg_busy while a
+     * command is in group i, of cg_lost once a command left processes in it (not used again
+     * by this sandbox). */
+    uint8_t cg_busy, cg_lost;
 };
 
 typedef struct {

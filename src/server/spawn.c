@@ -226,14 +226,8 @@ typedef struct {
 static void spawn_answered(void *p, int r, pid_t pid, int kill_fd, int events_fd, const char *err)
 {
     spawn_req_t *q = p;
-    if (kill_fd >= 0) { /* made or opened again: these replace what the sandbox held */
-        safe_close(q->sp.cg.kill_fd);
-        q->sp.cg.kill_fd = kill_fd;
-    }
-    if (events_fd >= 0) {
-        safe_close(q->sp.cg.events_fd);
-        q->sp.cg.events_fd = events_fd;
-    }
+    q->sp.cg.kill_fd = kill_fd;
+    q->sp.cg.events_fd = events_fd;
     if (r >= 0 && q->sb && q->sb->deleted) {
         /* Deleted while the helper started it: it must not run on. Its teardown (after this
          * answer, spawner_settle_sandbox) verifies the uid is empty. */

@@ -42,27 +42,30 @@ int exec_spec_parse(json_t *o, char *const *base_env, exec_spec_t *spec, sbx_err
 void exec_spec_done(exec_spec_t *spec);
 
 /* A pooled sandbox's command in a cgroup2 group of its own, so that killing it reaches every
- * process it started, setsid() descendants included (cgroup.kill). A sandbox keeps one group,
- * "s<uid>-c0", for its commands one after another (reused while it is left empty: no mkdir
- * and rmdir per command, ~80 us of cgroupfs work); a command that starts while it is in use,
- * or after a command left processes in it, gets a group of its own, removed when it ends. */
+ * process it started, setsid() descendants included (cgroup.kill). A sandbox keeps up to
+ * CMDCG_KEPT groups, "s<uid>-k<i>", for its commands (each reused while it is left empty: no
+ * mkdir and rmdir per command, ~80 us of cgroupfs work; a long-running background process
+ * holds one, the next command takes another); a command that starts while all are in use, or
+ * are ones commands left processes in, gets a group of its own ("s<uid>-c<n>"), removed when
+ * it ends. */
 typedef struct {
     int kill_fd;     /* cgroup.kill of the command's group, or -1 (no group: dedicated mode) */
     int events_fd;   /* cgroup.events of the sandbox's kept group (keep set), or -1 */
     sandbox_t *keep; /* the sandbox whose kept group this is (a reference), or NULL */
+    int slot;        /* which of its kept groups (keep set) */
     char dir[200];   /* a group of its own: removed when the command is over, if empty (the
                       * pool may be gone by then: at shutdown processes are freed after it) */
 } cmdcg_t;
 
 #define CMDCG_NONE ((cmdcg_t){ .kill_fd = -1, .events_fd = -1 })
+#define CMDCG_KEPT 4 /* kept groups per sandbox (bits of sandbox_t's cg_busy and cg_lost) */
 
 /* How a spawn helper comes by the command's group. */
 enum {
     CMDCG_OWN = 0,  /* made for this command (removed again if the child does not start) */
-    CMDCG_KEEP = 1, /* the sandbox's kept group: made if missing (empty, or refused), its
-                     * cgroup.kill and cgroup.events handed back with the answer */
-    CMDCG_JOIN = 2, /* the kept group, whose handles the sandbox holds: only joined (made
-                     * again as with CMDCG_KEEP if it is gone) */
+    CMDCG_KEEP = 1, /* one of the sandbox's kept groups: made if missing, taken if it is
+                     * empty (else refused), its cgroup.kill and cgroup.events handed back
+                     * with the answer, and left in place when the child does not start */
 };
 
 /* The cgroups a spawn helper makes for a command: the command's own group root/name (root

@@ -240,17 +240,15 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
     }
     /* The command's group, joined by the child after the sandbox's groups: one of its own made
      * here (a mkdir and two opens in cgroupfs), removed again if the child does not start; or
-     * the sandbox's kept group, opened (made if missing) or only joined (spawn.h). */
+     * one of the sandbox's kept groups, opened (made if missing, refused if not empty). */
     int procs = -1, killfd = -1, eventsfd = -1;
     if (q->has_cmdcg) {
-        if (ncg >= CONFINE_MAX_CGROUPS || q->cmdcg_mode > CMDCG_JOIN) {
+        if (ncg >= CONFINE_MAX_CGROUPS || q->cmdcg_mode > CMDCG_KEEP) {
             free(argv);
             return -EINVAL;
         }
-        r = q->cmdcg_mode == CMDCG_JOIN ? cgroup_cmd_join_at(cg[0], cg[1], &procs) : -ENOENT;
-        if (r == -ENOENT)
-            r = cgroup_cmd_create_at(cg[0], cg[1], &procs, &killfd,
-                                     q->cmdcg_mode == CMDCG_OWN ? NULL : &eventsfd);
+        r = cgroup_cmd_create_at(cg[0], cg[1], &procs, &killfd,
+                                 q->cmdcg_mode == CMDCG_KEEP ? &eventsfd : NULL);
         if (r < 0) {
             free(argv);
             *rep = (spw_rep_t){

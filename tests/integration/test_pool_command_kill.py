@@ -3,9 +3,9 @@
 setsid() descendants included (a cgroup2 group per command, cgroup.kill); a command that ends
 on its own leaves its background descendants alone until the sandbox is deleted (the positive
 control: the same escapee, found alive, then gone with the sandbox). Commands one after another
-share the sandbox's kept group while it is left empty; a kill never reaches another command's
-processes (a command that starts while the kept group is in use, or after processes were left
-in it, gets a group of its own)."""
+share the sandbox's kept groups while they are left empty; a kill never reaches another
+command's processes (a command takes a kept group only while no other command uses it and no
+processes were left in it, else a group of its own)."""
 import json
 import os
 import secrets
@@ -87,28 +87,42 @@ def group_of(pid):
         return next(l.split(":", 2)[2].strip() for l in f if l.startswith("0::"))
 
 
-def test_commands_one_after_another_share_the_sandboxs_kept_group(pool_host):
+def procs_in(d):
+    with open(d + "/cgroup.procs") as f:
+        return f.read().split()
+
+
+def test_commands_one_after_another_share_the_sandboxs_kept_groups(pool_host):
     sb = pool_host.sandbox()
     rel = own_group(sb)
-    if cgroup2_dir(os.path.dirname(rel)) is None:
+    root_rel = os.path.dirname(rel)
+    if cgroup2_dir(root_rel) is None:
         pytest.skip("no cgroup2 groups per command here")
-    # the kept group stays between commands, empty, and the next command joins it again
-    assert os.path.basename(rel) == f"s{sb.uid}-c0", rel
+    # the first kept group stays between commands, empty, and the next command joins it again
+    assert os.path.basename(rel) == f"s{sb.uid}-k0", rel
     d = cgroup2_dir(rel)
-    assert d is not None
-    with open(d + "/cgroup.procs") as f:
-        assert f.read().strip() == ""
+    assert d is not None and procs_in(d) == []
     assert own_group(sb) == rel
-    # while a command runs, its processes are in it (positive control of the empty check)
-    p = sb.start("exec sleep 30")
-    assert wait_until(lambda: open(d + "/cgroup.procs").read().strip() != "", 5)
-    # a command that starts meanwhile gets a group of its own, removed when it ends
+    # while a background process holds it (its processes are in it: the positive control of
+    # the empty check), the next command takes the second kept group, which stays too
+    bg = [sb.start("exec sleep 30")]
+    assert wait_until(lambda: procs_in(d) != [], 5)
+    k1 = own_group(sb)
+    assert k1 == f"{root_rel}/s{sb.uid}-k1", k1
+    assert cgroup2_dir(k1) is not None and procs_in(cgroup2_dir(k1)) == []
+    # with every kept group in use, a command gets a group of its own, removed when it ends
+    bg += [sb.start("exec sleep 30") for _ in range(3)]
+    for i in range(4):
+        k = cgroup2_dir(f"{root_rel}/s{sb.uid}-k{i}")
+        assert k is not None and wait_until(lambda: procs_in(k) != [], 5), i
     other = own_group(sb)
-    assert other != rel and os.path.basename(other).startswith(f"s{sb.uid}-c"), other
+    assert not os.path.basename(other).startswith(f"s{sb.uid}-k"), other
+    assert os.path.basename(other).startswith(f"s{sb.uid}-c"), other
     assert wait_until(lambda: cgroup2_dir(other) is None, 5), f"{other} is left"
-    st, j = sb.json("DELETE", f"/processes/{p['id']}")
-    assert st == 200, (st, j)
-    assert wait_until(lambda: open(d + "/cgroup.procs").read().strip() == "", 5)
+    for p in bg:
+        st, j = sb.json("DELETE", f"/processes/{p['id']}")
+        assert st == 200, (st, j)
+    assert wait_until(lambda: procs_in(d) == [], 5)
     assert wait_until(lambda: own_group(sb) == rel, 5)
     sb.delete()
 
@@ -169,7 +183,7 @@ def test_a_kept_group_with_processes_in_it_is_never_taken_over(pool_host):
     if root is None:
         pytest.skip("no cgroup2 groups per command here")
     b = pool_host.sandbox()  # nothing has run in it yet
-    kept = f"{root}/s{b.uid}-c0"
+    kept = f"{root}/s{b.uid}-k0"
     os.makedirs(kept, exist_ok=True)
     host = subprocess.Popen(["sleep", "300"])
     try:
@@ -184,7 +198,7 @@ def test_a_kept_group_with_processes_in_it_is_never_taken_over(pool_host):
         mnt = root[:len(root) - len(root_rel)]
         with open(mnt + "/cgroup.procs", "w") as f:
             f.write(str(host.pid))
-        assert own_group(b) == f"{root_rel}/s{b.uid}-c0"
+        assert own_group(b) == f"{root_rel}/s{b.uid}-k0"
     finally:
         host.kill()
         host.wait()
