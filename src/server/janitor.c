@@ -26,6 +26,7 @@ _Static_assert(JAN_NETNS_MAKE == JANITOR_NETNS_MADE && JAN_NETNS_CHECK == JANITO
 
 typedef struct {
     uint32_t op;
+    uint32_t uid; /* JAN_MKHOME, JAN_RECYCLE: the warm home's owner */
     char name[JAN_NAME_MAX];
     char to[JAN_NAME_MAX]; /* JAN_RECYCLE: the warm home to give back */
 } jan_req_t;
@@ -70,18 +71,24 @@ static void sweep(int dir)
 }
 
 /* A home made ahead, as make_home makes one (pool.c), owned by root until a create takes it. */
-static int make_warm(int warm, const char *name)
+/* A home for uid: the four directories, 0700, given to uid (made here, in root's 0700 warm
+ * directory: nothing but root can have touched them, so names under the home are safe). */
+static int make_warm(int warm, const char *name, uint32_t uid)
 {
+    static const char *const dirs[] = { ".tmp", ".sbx", ".sbx/proxy" };
     if (mkdirat(warm, name, 0700) < 0)
         return negative_errno();
     _cleanup_close_ int home = openat(warm, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (home < 0 || mkdirat(home, ".tmp", 0700) < 0 || mkdirat(home, ".sbx", 0700) < 0 ||
-        mkdirat(home, ".sbx/proxy", 0700) < 0) {
-        int r = negative_errno();
+    int r = home < 0 ? negative_errno() : 0;
+    for (size_t i = 0; r == 0 && i < ELEMENTSOF(dirs); i++)
+        if (mkdirat(home, dirs[i], 0700) < 0 ||
+            fchownat(home, dirs[i], uid, uid, AT_SYMLINK_NOFOLLOW) < 0)
+            r = negative_errno();
+    if (r == 0 && fchown(home, uid, uid) < 0)
+        r = negative_errno();
+    if (r < 0)
         (void)pool_remove_tree_at(warm, name);
-        return r;
-    }
-    return 0;
+    return r;
 }
 
 /* dir (a directory fd) holds exactly the names in want (n of them), nothing else. */
@@ -108,14 +115,14 @@ static bool dir_holds_exactly(int dir, const char *const *want, size_t n)
     return ok && seen == n;
 }
 
-/* A deleted sandbox's home, in the trash, taken over as a warm home instead of being removed
- * and made again (four rmdirs and four mkdirs: on ext4 each new inode is checked against
- * recently deleted ones, the largest cost left in a create+delete). Only when it is exactly
- * what make_warm makes, as the sandbox's uid had it: the four directories, 0700, one owner,
- * no other entry, no extended attribute (so no ACL). Then root's again, its times reset, and
- * renamed into the warm directory. Everything by descriptor, no symlink followed; the
- * sandbox's processes are gone. 0 when taken over; < 0 when not (the caller removes it). */
-static int home_recycle(int trash, const char *name, int warm, const char *to)
+/* A deleted sandbox's home, in the trash, taken over as a warm home for the same uid instead
+ * of being removed and made again (four rmdirs and four mkdirs: on ext4 each new inode is
+ * checked against recently deleted ones, the largest cost left in a create+delete). Only when
+ * it is exactly what make_warm makes for uid: the four directories, 0700, owned by uid (gid
+ * alike), no other entry, no extended attribute (so no ACL). Then its times reset and renamed
+ * into the warm directory. Everything by descriptor, no symlink followed; the sandbox's
+ * processes are gone. 0 when taken over; < 0 when not (the caller removes it). */
+static int home_recycle(int trash, const char *name, int warm, const char *to, uint32_t uid)
 {
     static const char *const top[] = { ".tmp", ".sbx" }, *const sbx_names[] = { "proxy" };
     const int fl = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
@@ -127,15 +134,14 @@ static int home_recycle(int trash, const char *name, int warm, const char *to)
     struct stat st[4];
     for (int i = 0; i < 4; i++)
         if (fds[i] < 0 || fstat(fds[i], &st[i]) < 0 || !S_ISDIR(st[i].st_mode) ||
-            (st[i].st_mode & 07777) != 0700 || st[i].st_uid != st[0].st_uid ||
-            st[i].st_gid != st[0].st_gid || st[i].st_dev != st[0].st_dev ||
-            flistxattr(fds[i], NULL, 0) != 0)
+            (st[i].st_mode & 07777) != 0700 || st[i].st_uid != uid || st[i].st_gid != uid ||
+            st[i].st_dev != st[0].st_dev || flistxattr(fds[i], NULL, 0) != 0)
             return -ENOTEMPTY;
     if (!dir_holds_exactly(home, top, 2) || !dir_holds_exactly(tmp, NULL, 0) ||
         !dir_holds_exactly(sbx, sbx_names, 1) || !dir_holds_exactly(proxy, NULL, 0))
         return -ENOTEMPTY;
     for (int i = 3; i >= 0; i--)
-        if (fchown(fds[i], 0, 0) < 0 || futimens(fds[i], NULL) < 0)
+        if (futimens(fds[i], NULL) < 0)
             return negative_errno();
     if (renameat2(trash, name, warm, to, RENAME_NOREPLACE) < 0)
         return negative_errno();
@@ -256,13 +262,13 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
             /* answered as a warm home made: 1 taken over, 0 made fresh after a removal */
             if (!name_ok(q.name) || !name_ok(q.to) || warm < 0)
                 rep.r = -EINVAL;
-            else if (home_recycle(dir, q.name, warm, q.to) == 0)
+            else if (home_recycle(dir, q.name, warm, q.to, q.uid) == 0)
                 rep.r = 1;
             else {
                 rep.removed = pool_remove_tree_at(dir, q.name);
                 if (rep.removed == -ENOENT)
                     rep.removed = 0;
-                rep.r = make_warm(warm, q.to);
+                rep.r = make_warm(warm, q.to, q.uid);
             }
             memcpy(rep.name, q.to, sizeof rep.name);
         } else if (q.op == JAN_NETNS_MAKE)
@@ -276,7 +282,7 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
         else if (!name_ok(q.name))
             rep.r = -EINVAL;
         else if (q.op == JAN_MKHOME)
-            rep.r = warm >= 0 ? make_warm(warm, q.name) : -EBADF;
+            rep.r = warm >= 0 ? make_warm(warm, q.name, q.uid) : -EBADF;
         else {
             rep.r = pool_remove_tree_at(dir, q.name);
             if (rep.r == -ENOENT)
@@ -466,9 +472,10 @@ static int janitor_send_req(janitor_t *j, jan_req_t *req, const char *name, int 
 
 int janitor_remove(janitor_t *j, const char *name) { return janitor_send(j, JAN_REMOVE, name); }
 
-int janitor_make_home(janitor_t *j, const char *name)
+int janitor_make_home(janitor_t *j, const char *name, uint32_t uid)
 {
-    return j->warm_fd >= 0 ? janitor_send(j, JAN_MKHOME, name) : -EBADF;
+    jan_req_t q = { .op = JAN_MKHOME, .uid = uid };
+    return j->warm_fd >= 0 ? janitor_send_req(j, &q, name, -1) : -EBADF;
 }
 
 static int janitor_send_fd(janitor_t *j, uint32_t op, const char *name, int fd)
@@ -503,9 +510,9 @@ static int janitor_send(janitor_t *j, uint32_t op, const char *name)
     return janitor_send_fd(j, op, name, -1);
 }
 
-int janitor_recycle_home(janitor_t *j, const char *name, const char *to)
+int janitor_recycle_home(janitor_t *j, const char *name, const char *to, uint32_t uid)
 {
-    jan_req_t q = { .op = JAN_RECYCLE };
+    jan_req_t q = { .op = JAN_RECYCLE, .uid = uid };
     if (j->warm_fd < 0)
         return -EBADF;
     if (strlen(to) >= sizeof q.to)

@@ -29,14 +29,16 @@ int janitor_new(server_t *srv, int trash_fd, int warm_fd, janitor_made_cb on_mad
 janitor_t *janitor_free(janitor_t *j);
 /* Queue the removal of trash/name. < 0: it cannot be queued (remove it yourself). */
 int janitor_remove(janitor_t *j, const char *name);
-/* Queue making warm/name: a 0700 root-owned home with .tmp, .sbx and .sbx/proxy, which a
- * create renames into the homes and hands to the sandbox uid. < 0: not queued. */
-int janitor_make_home(janitor_t *j, const char *name);
-/* Queue the removal of trash/name where a warm home named to is wanted: the janitor takes the
- * old home over as warm/to when it is exactly as make_warm left it (nothing added, changed or
- * set on it), else removes it and makes warm/to fresh. Answered through on_made(to): r 1 taken
- * over, 0 made fresh, < 0 none. < 0: not queued (remove it yourself). */
-int janitor_recycle_home(janitor_t *j, const char *name, const char *to);
+/* Queue making warm/name: a 0700 home with .tmp, .sbx and .sbx/proxy, owned by uid (gid
+ * alike), which a create renames into the homes for a sandbox of that uid (the warm directory
+ * is root's 0700: nothing of the uid reaches it there). < 0: not queued. */
+int janitor_make_home(janitor_t *j, const char *name, uint32_t uid);
+/* Queue the removal of trash/name where a warm home named to, owned by uid (the deleted
+ * sandbox's, its teardown verified), is wanted: the janitor takes the old home over as warm/to
+ * when it is exactly as make_warm left it for uid (nothing added, changed or set on it), else
+ * removes it and makes warm/to fresh. Answered through on_made(to): r 1 taken over, 0 made
+ * fresh, < 0 none. < 0: not queued (remove it yourself). */
+int janitor_recycle_home(janitor_t *j, const char *name, const char *to, uint32_t uid);
 /* Queue making a network namespace (netns_make, off the loop). < 0: not queued. */
 int janitor_netns_make(janitor_t *j);
 /* Queue the check of a deleted sandbox's network namespace (a copy of netns_fd travels; the

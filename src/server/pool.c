@@ -228,7 +228,6 @@ int sandbox_handles(sandbox_t *sb)
 /* ---- setup ------------------------------------------------------------------------------- */
 
 static void netns_refill(loop_t *l, timer_t_ *t);
-static int remove_tree(int parent_fd, const char *name, int home_fd);
 
 /* The warm directory beside the homes, like the trash (root 0700, same filesystem); -1 if
  * it cannot be had (creates then make homes on the loop, as before). */
@@ -252,32 +251,62 @@ static int warm_open(pool_t *p, const struct stat *hs)
 
 static void netns_back(void *data, int op, int fd, int r);
 static void netns_want(pool_t *p);
+static int remove_tree(int parent_fd, const char *name, int home_fd);
 
-/* Ask the janitor for homes until the warm set (made + being made) is full. */
+/* Ask the janitor for a warm home named to for uid (a recycled one's when name is set); false
+ * when it is not asked (the uid stays the caller's). */
+static bool warm_ask(pool_t *p, const char *name, uint32_t uid)
+{
+    pool_warm_t *w = &p->warm_wait[p->n_warm_wait];
+    if (p->n_warm + p->n_warm_wait >= POOL_HOMES_WARM_MAX)
+        return false;
+    (void)snprintf(w->name, sizeof w->name, "w%llu", (unsigned long long)++p->warm_seq);
+    w->uid = uid;
+    if ((name ? janitor_recycle_home(p->srv->janitor, name, w->name, uid)
+              : janitor_make_home(p->srv->janitor, w->name, uid)) < 0)
+        return false;
+    p->n_warm_wait++;
+    return true;
+}
+
+/* Ask the janitor for homes until the warm set (made + being made) is full, each for a uid
+ * taken now: held by the warm home until a create takes both. */
 static void warm_refill(pool_t *p)
 {
-    while (p->warm_fd >= 0 && p->srv->janitor && p->n_warm + p->warm_pending < POOL_HOMES_WARM) {
-        char name[24];
-        (void)snprintf(name, sizeof name, "w%llu", (unsigned long long)++p->warm_seq);
-        if (janitor_make_home(p->srv->janitor, name) < 0)
+    while (p->warm_fd >= 0 && p->srv->janitor && p->n_warm + p->n_warm_wait < POOL_HOMES_WARM) {
+        uint32_t uid;
+        if (uidpool_take(&p->uids, &uid) < 0)
             return;
-        p->warm_pending++;
+        if (!warm_ask(p, NULL, uid)) {
+            uidpool_release(&p->uids, uid, true); /* nothing ever ran as it since */
+            return;
+        }
     }
 }
 
+/* The janitor's answer for a warm home (name NULL: one it was asked for died with it). */
 static void warm_made(void *data, const char *name, int r)
 {
     pool_t *p = data;
-    if (p->warm_pending > 0)
-        p->warm_pending--;
-    if (!name || r < 0)
-        return; /* refilled at the next create */
-    if (r == 1)
-        p->homes_recycled++;
-    if (p->n_warm < POOL_HOMES_WARM_MAX && strlen(name) < sizeof p->warm[0])
-        memcpy(p->warm[p->n_warm++], name, strlen(name) + 1);
-    else
-        (void)unlinkat(p->warm_fd, name, AT_REMOVEDIR) /* cannot happen: made only for room */;
+    size_t i = 0;
+    while (name && i < p->n_warm_wait && !streq(p->warm_wait[i].name, name))
+        i++;
+    if (i >= p->n_warm_wait) {
+        if (name || p->n_warm_wait == 0)
+            return; /* not asked of it: cannot happen */
+        i = p->n_warm_wait - 1;
+    }
+    pool_warm_t w = p->warm_wait[i];
+    p->warm_wait[i] = p->warm_wait[--p->n_warm_wait];
+    if (r >= 0 && p->n_warm < POOL_HOMES_WARM_MAX) {
+        p->homes_recycled += r == 1;
+        p->warm[p->n_warm++] = w;
+        return;
+    }
+    if (r >= 0) /* cannot happen: asked only for room */
+        (void)remove_tree(p->warm_fd, w.name, -1);
+    /* no home for it: the uid goes back (its last teardown, if any, was verified) */
+    uidpool_release(&p->uids, w.uid, true);
 }
 
 /* The trash beside the homes: made (or taken over from an earlier run: the janitor empties it)
@@ -339,7 +368,7 @@ static void trash_close(pool_t *p)
         (void)rmdir(p->trash_path);
     if (p->warm_fd >= 0)
         sweep_dir(p->warm_fd);
-    p->n_warm = 0;
+    p->n_warm = p->n_warm_wait = 0; /* their uids go with the pool's */
     p->warm_fd = safe_close(p->warm_fd);
     if (p->warm_path[0])
         (void)rmdir(p->warm_path);
@@ -499,26 +528,37 @@ static int build_env(const sandbox_t *sb, json_t *env, char ***ret)
     return env_build(base, &ov, 1, &rules, ret, NULL);
 }
 
-/* A home the janitor made ahead: one rename into the homes, then it is the uid's (root made
- * it, 0700, in a root-only directory: nothing in it is anyone else's, no symlink to follow). */
+/* A home the janitor made ahead, with its uid: one rename into the homes (root's, 0711: the
+ * uid reaches only its own home's name), nothing to chown (made 0700 for the uid in a
+ * root-only directory: nothing in it is anyone else's, no symlink to follow). */
 static int take_warm_home(pool_t *p, sandbox_t *sb)
 {
     if (p->n_warm == 0)
         return -EAGAIN;
-    const char *name = p->warm[--p->n_warm];
+    pool_warm_t w = p->warm[--p->n_warm];
     warm_refill(p);
-    if (renameat2(p->warm_fd, name, p->homes_fd, sb->id, RENAME_NOREPLACE) < 0)
-        return -EAGAIN; /* gone (a sweep), or an id that exists: make one */
+    if (renameat2(p->warm_fd, w.name, p->homes_fd, sb->id, RENAME_NOREPLACE) < 0) {
+        uidpool_release(&p->uids, w.uid, true); /* gone (a sweep), or an id that exists */
+        return -EAGAIN;
+    }
+    sb->uid = w.uid;
     p->homes_from_warm++;
     return 0;
 }
 
+/* The sandbox's uid and home: a warm pair, else a uid taken now and a home made here (on the
+ * loop: the warm set is empty during a burst of creates). */
 static int make_home(pool_t *p, sandbox_t *sb)
 {
     /* Created by descriptor under the homes directory; the id is ours (hex), never a path. */
     bool warm = take_warm_home(p, sb) >= 0;
-    if (!warm && mkdirat(p->homes_fd, sb->id, 0700) < 0)
-        return negative_errno();
+    if (!warm) {
+        int r = uidpool_take(&p->uids, &sb->uid);
+        if (r < 0)
+            return r;
+        if (mkdirat(p->homes_fd, sb->id, 0700) < 0)
+            return negative_errno();
+    }
     /* O_PATH: only ever a base for *at() calls and a Landlock rule. Every confined child holds
      * a copy of each sandbox's home descriptor until its execve closes them, and closing an
      * O_PATH one skips the per-directory dnotify and lock checks (a third of an exec's time
@@ -526,11 +566,13 @@ static int make_home(pool_t *p, sandbox_t *sb)
     sb->home_fd = openat(p->homes_fd, sb->id, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (sb->home_fd < 0)
         return negative_errno();
+    if (warm)
+        return 0;
     if (fchownat(sb->home_fd, "", sb->uid, sb->uid, AT_EMPTY_PATH) < 0)
         return negative_errno();
     static const char *const dirs[] = { ".tmp", ".sbx", ".sbx/proxy" };
     for (size_t i = 0; i < ELEMENTSOF(dirs); i++)
-        if ((!warm && mkdirat(sb->home_fd, dirs[i], 0700) < 0) ||
+        if (mkdirat(sb->home_fd, dirs[i], 0700) < 0 ||
             fchownat(sb->home_fd, dirs[i], sb->uid, sb->uid, AT_SYMLINK_NOFOLLOW) < 0)
             return negative_errno();
     return 0;
@@ -646,11 +688,6 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     sb->ruleset_fd = -EBADF;
     sb->netns_fd = -EBADF;
     sb->cg_fds[0] = -1;
-    int r = uidpool_take(&p->uids, &sb->uid);
-    if (r < 0) {
-        free(sb);
-        return r;
-    }
     /* One getrandom for both: the id (8 bytes, public) and the token (32 bytes, secret). */
     unsigned char rnd[40];
     randombytes_buf(rnd, sizeof rnd);
@@ -667,7 +704,11 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     (void)clock_gettime(CLOCK_REALTIME, &ts);
     sb->created_at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
     sb->last_activity_ms = loop_now_ms(p->srv->loop);
-    r = make_home(p, sb);
+    int r = make_home(p, sb);
+    if (r < 0 && sb->uid == 0) { /* no uid left: nothing was made */
+        free(sb);
+        return r;
+    }
     if (r >= 0 && p->have_netns)
         r = netns_take(p, &sb->netns_fd);
     if (r >= 0 && p->ll.abi > 0) {
@@ -688,7 +729,8 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
         bool removed = d >= 0 || d == -ENOENT;
         if (!removed)
             log_warn("sandbox %s: its half-made home was not removed: %s", sb->id, strerror(-d));
-        uidpool_release(&p->uids, sb->uid, removed);
+        if (d != 1) /* 1: the uid went with its home to the warm set */
+            uidpool_release(&p->uids, sb->uid, removed);
         sandbox_unref(sb);
         return r;
     }
@@ -981,7 +1023,9 @@ int pool_remove_tree_at(int parent_fd, const char *name)
 /* Remove the home. Its processes verified gone, a pool with a trash directory (on the homes'
  * filesystem, root-only) moves it there with one rename and the janitor (janitor.h) empties it
  * off the loop: no path leads a later sandbox of this uid to it, and nothing of the old one
- * runs, so the uid may be recycled now. Otherwise (no trash, survivors) it goes here. */
+ * runs, so the uid may be recycled now. Where a warm home is wanted, the janitor turns it into
+ * one for the same uid (taken over if untouched, else made fresh): then the uid goes with it
+ * to the warm set (1). Otherwise (no trash, survivors) the home goes here. */
 static int remove_home(sandbox_t *sb, bool killed)
 {
     pool_t *p = sb->pool;
@@ -989,15 +1033,8 @@ static int remove_home(sandbox_t *sb, bool killed)
         char name[48];
         (void)snprintf(name, sizeof name, "%s-%llu", sb->id, (unsigned long long)++p->trash_seq);
         if (renameat2(p->homes_fd, sb->id, p->trash_fd, name, RENAME_NOREPLACE) == 0) {
-            char to[24];
-            /* a warm home is wanted: this one, if it is untouched (janitor.h) */
-            if (p->warm_fd >= 0 && p->n_warm + p->warm_pending < POOL_HOMES_WARM_MAX) {
-                (void)snprintf(to, sizeof to, "w%llu", (unsigned long long)++p->warm_seq);
-                if (janitor_recycle_home(p->srv->janitor, name, to) == 0) {
-                    p->warm_pending++;
-                    return 0;
-                }
-            }
+            if (p->warm_fd >= 0 && warm_ask(p, name, sb->uid))
+                return 1;
             if (janitor_remove(p->srv->janitor, name) < 0)
                 return remove_tree(p->trash_fd, name, sb->home_fd);
             return 0;
@@ -1030,7 +1067,7 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
     if (killed)
         netns_return(p, sb);
     int r = remove_home(sb, killed);
-    bool removed = r >= 0 || r == -ENOENT;
+    bool removed = r >= 0 || r == -ENOENT, uid_kept = r == 1;
     int ret = 0;
     if (!killed)
         ret = sbx_err(err, -EBUSY, "processes of uid %u survived the kill", sb->uid);
@@ -1050,7 +1087,8 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
         (void)cgroup_cmd_remove(&p->cg, kept);
     }
     /* The uid is recycled only after verified teardown; otherwise it stays quarantined. */
-    uidpool_release(&p->uids, sb->uid, killed && removed);
+    if (!uid_kept) /* else it went with its home to the warm set (remove_home) */
+        uidpool_release(&p->uids, sb->uid, killed && removed);
     p->deleted_total++;
     if (!(killed && removed))
         p->teardown_failures++;
@@ -1148,7 +1186,7 @@ void pool_health(pool_t *p, void *json_obj)
                                       (json_int_t)p->netns_made));
     json_object_set_new(j, "homes",
                         json_pack("{s:I,s:I,s:I,s:I}", "warm", (json_int_t)p->n_warm, "making",
-                                  (json_int_t)p->warm_pending, "from_warm",
+                                  (json_int_t)p->n_warm_wait, "from_warm",
                                   (json_int_t)p->homes_from_warm, "recycled",
                                   (json_int_t)p->homes_recycled));
     json_object_set_new(j, "handles",

@@ -41,6 +41,12 @@ typedef struct sandbox sandbox_t;
  * it is refilled to, so that creates and deletes in turn reuse homes instead of making them */
 #define POOL_HOMES_WARM_MAX (POOL_HOMES_WARM + 16)
 
+/* A home made ahead for a uid (pool_t's warm set). */
+typedef struct {
+    char name[24];
+    uint32_t uid;
+} pool_warm_t;
+
 struct sandbox {
     pool_t *pool;
     sandbox_t *hnext;       /* hash chain */
@@ -117,12 +123,13 @@ struct pool {
     int trash_fd;
     char trash_path[220];
     uint64_t trash_seq;
-    /* <homes>.warm: homes the janitor made ahead (root-owned until a create renames one into
-     * the homes and chowns it); -1 without */
+    /* <homes>.warm (-1 without): homes the janitor made ahead, each for a uid taken from the
+     * pool for it (or kept from the deleted sandbox whose home it was), so that a create is
+     * one rename and no chown; asked of the janitor and not answered yet in warm_wait */
     int warm_fd;
     char warm_path[220];
-    char warm[POOL_HOMES_WARM_MAX][24];
-    size_t n_warm, warm_pending;
+    pool_warm_t warm[POOL_HOMES_WARM_MAX], warm_wait[POOL_HOMES_WARM_MAX];
+    size_t n_warm, n_warm_wait;
     uint64_t warm_seq, homes_from_warm, homes_recycled;
     char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;

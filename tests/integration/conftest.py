@@ -323,6 +323,12 @@ class HostServer(Server):
     def sandbox(self, **opts):
         return self.create(1, **opts)[0]
 
+    def homes_settled(self, timeout=10):
+        """Wait until the janitor answered every warm home asked of it: a deleted sandbox's
+        uid is then back in the warm set with its home, the next one a create takes."""
+        assert wait_until(
+            lambda: self.json("GET", "/health")[1]["homes"]["making"] == 0, timeout)
+
     def list(self):
         st, j = self.json("GET", "/v1/sandboxes")
         assert st == 200, (st, j)

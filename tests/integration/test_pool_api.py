@@ -548,7 +548,8 @@ def test_recycled_uid_gets_the_new_sandboxes_limits(make_host_server):
     r = a.py("b = bytearray(200 << 20); print('big-ok')")
     assert "big-ok" not in r.out  # A's limit holds
     assert a.delete()[0] == 200
-    b = s.sandbox()  # capacity 1: the same uid, recycled, with the default limits
+    s.homes_settled()  # the uid goes back to the warm set with its home, on top
+    b = s.sandbox()  # the same uid, recycled, with the default limits
     assert b.uid == a.uid
     r = b.py("b = b'x' * (200 << 20); print('big-ok')")
     assert r.out == "big-ok\n", r

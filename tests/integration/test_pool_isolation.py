@@ -792,6 +792,7 @@ def test_deep_tree_cannot_block_teardown(pool_host):
     assert (st, j) == (200, {"id": a.id, "deleted": True})
     assert not os.path.exists(a.home)
     assert pool_host.json("GET", "/health")[1]["uids"]["quarantined"] == quarantined
+    homes_quiet(pool_host, 30)  # the janitor took the tree apart; the uid waits with a new home
     b = pool_host.sandbox()  # the uid is recycled (verified teardown) and works
     try:
         assert b.uid == a.uid and b.run("id -u").out.strip() == str(a.uid)
@@ -1352,14 +1353,14 @@ def test_an_unused_network_namespace_is_handed_on_clean(pool_host):
 # is (janitor.c: home_recycle): whatever the last tenant added, changed or set, the next one
 # gets a home made fresh.
 
-def homes_quiet(pool_host):
+def homes_quiet(pool_host, timeout=5):
     """Wait until the janitor has answered every home asked of it; return homes' counts."""
     got = {}
 
     def quiet():
         got.update(pool_host.json("GET", "/health")[1]["homes"])
         return got["making"] == 0
-    assert wait_until(quiet, 5)
+    assert wait_until(quiet, timeout)
     return dict(got)
 
 

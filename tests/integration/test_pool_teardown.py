@@ -32,6 +32,7 @@ def delete_and_check(host, sb, before):
     assert (st, j) == (200, {"id": sb.id, "deleted": True})
     assert not os.path.exists(sb.home)
     assert quarantined(host) == before  # teardown converged: the uid is recycled
+    host.homes_settled()  # with a home made (or taken over) for it, next in the warm set
 
 
 def test_pristine_home_is_removed(pool_host):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """A delete moves the home into <homes>.trash with one rename and the janitor (a helper process
 with three descriptors of its own) empties it off the loop; a create renames a home the janitor
-made ahead in <homes>.warm and gives it to the sandbox's uid: the home is gone from the homes directory when
+made ahead in <homes>.warm for a uid, with that uid: the home is gone from the homes directory when
 the delete answers, the trash is root-only and out of every sandbox's reach, and a stopped or
 killed janitor only delays the removal (a new one sweeps what is left)."""
 import os
@@ -9,7 +9,7 @@ import signal
 import stat
 import time
 
-from conftest import wait_until
+from conftest import uid_pids, wait_until
 from test_spawner import children_named, nfds
 
 MAKE_TREE = ("import os\nfor i in range(50):\n    os.makedirs(f't/{i}/a/b', exist_ok=True)\n"
@@ -47,31 +47,48 @@ def test_the_trash_is_root_only_and_the_janitor_holds_few_descriptors(make_host_
     assert not os.path.exists(srv.homes.rstrip("/") + ".warm")
 
 
-def test_creates_take_homes_made_ahead_and_give_them_to_the_uid(make_host_server):
+def test_creates_take_homes_made_ahead_with_their_uid(make_host_server):
     srv = make_host_server()
     warm = srv.homes.rstrip("/") + ".warm"
-    assert wait_until(lambda: srv.json("GET", "/health")[1]["homes"]["warm"] > 0, 10)
+
+    def filled():
+        h = srv.json("GET", "/health")[1]["homes"]
+        return h["warm"] >= 2 and h["making"] == 0
+    assert wait_until(filled, 10)
     st = os.stat(warm)
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
-    made = set(os.listdir(warm))
-    assert made  # positive control: homes wait there, root's
-    for n in list(made)[:3]:
-        w = os.stat(os.path.join(warm, n, ".sbx/proxy"))
-        assert w.st_uid == 0 and stat.S_IMODE(w.st_mode) == 0o700
+    made = {}
+    for n in os.listdir(warm):
+        s = os.stat(os.path.join(warm, n))
+        made[s.st_uid] = n
+    assert made  # positive control: homes wait there, each its uid's, the uid in no one's use
+    for uid, n in list(made.items())[:3]:
+        for rel in ("", ".tmp", ".sbx", ".sbx/proxy"):
+            w = os.lstat(os.path.join(warm, n, rel))
+            assert (w.st_uid, w.st_gid) == (uid, uid) and stat.S_IMODE(w.st_mode) == 0o700, \
+                (rel, w)
+        assert uid_pids(uid) == []
     before = srv.json("GET", "/health")[1]["homes"]["from_warm"]
     a, b = srv.create(2)
     assert srv.json("GET", "/health")[1]["homes"]["from_warm"] == before + 2
     for sb in (a, b):
+        assert sb.uid in made  # a home made ahead, taken with its uid
         for rel in ("", ".tmp", ".sbx", ".sbx/proxy"):
             s = os.lstat(os.path.join(sb.home, rel))
             assert stat.S_ISDIR(s.st_mode) and stat.S_IMODE(s.st_mode) == 0o700, (rel, s)
             assert (s.st_uid, s.st_gid) == (sb.uid, sb.uid), (rel, s)
-        assert os.listdir(sb.home) == [".tmp", ".sbx"] or \
-            sorted(os.listdir(sb.home)) == [".sbx", ".tmp"]
+        assert sorted(os.listdir(sb.home)) == [".sbx", ".tmp"]
         r = sb.run("touch ~/x && ls -ld ~ | cut -d' ' -f1,3")
         assert r.code == 0 and r.out.startswith("drwx------"), r
+        # the other uids' homes wait out of its reach (positive control: its own home lists)
+        r = sb.run(["ls", warm])
+        assert r.code != 0 and "ermission denied" in r.err, r
     assert a.delete()[0] == 200 and b.delete()[0] == 200
     assert os.listdir(srv.homes) == []
+    # the deleted homes go back to the warm set with their uids: no uid is held twice
+    assert wait_until(lambda: srv.json("GET", "/health")[1]["homes"]["making"] == 0, 10)
+    owners = [os.stat(os.path.join(warm, n)).st_uid for n in os.listdir(warm)]
+    assert len(owners) == len(set(owners)) and {a.uid, b.uid} <= set(owners), owners
 
 
 def test_a_delete_renames_the_home_away_and_the_janitor_empties_it(make_host_server):
