@@ -1178,12 +1178,12 @@ void pool_health(pool_t *p, void *json_obj)
     json_object_set_new(j, "confinement", conf);
     json_object_set_new(j, "cgroups", json_string(cgs));
     if (p->have_netns)
-        json_object_set_new(j, "netns",
-                            json_pack("{s:I,s:I,s:I,s:I,s:I}", "warm", (json_int_t)p->n_netns_warm,
-                                      "checking", (json_int_t)p->netns_checking, "recycled",
-                                      (json_int_t)p->netns_recycled, "discarded",
-                                      (json_int_t)p->netns_discarded, "made",
-                                      (json_int_t)p->netns_made));
+        json_object_set_new(
+            j, "netns",
+            json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "warm", (json_int_t)p->n_netns_warm, "making",
+                      (json_int_t)p->netns_making, "checking", (json_int_t)p->netns_checking,
+                      "recycled", (json_int_t)p->netns_recycled, "discarded",
+                      (json_int_t)p->netns_discarded, "made", (json_int_t)p->netns_made));
     json_object_set_new(j, "homes",
                         json_pack("{s:I,s:I,s:I,s:I}", "warm", (json_int_t)p->n_warm, "making",
                                   (json_int_t)p->n_warm_wait, "from_warm",
