@@ -417,3 +417,25 @@ def test_chatty_grandchild_does_not_hold_the_stream(server, tmp_path):
             os.kill(int(pidfile.read_text()), 9)
         except ProcessLookupError:
             pass  # gone already (the test asserts the stream, not the ticker's fate)
+
+
+def test_output_written_just_before_the_exit_is_never_lost(server, pool_host):
+    """The server takes a pipe that hung up with nothing in it as ended without reading it;
+    output written just before the writer's exit still arrives whole, on both streams, from
+    dedicated-mode commands, pooled ones and background processes. Positive control: the
+    empty stream of the same commands is empty."""
+    sb = pool_host.sandbox()
+    for i in range(60):
+        cmd = f"printf 'o{i}'; printf 'e{i}' >&2" if i % 2 else f"printf 'o{i}'"
+        for run in (server.exec, sb.exec):
+            st, ev = run({"cmd": cmd})
+            assert st == 200 and ev[-1]["exit_code"] == 0, ev
+            assert output_of(ev) == f"o{i}".encode(), ev
+            assert output_of(ev, "stderr") == (f"e{i}".encode() if i % 2 else b""), ev
+    for i in range(10):
+        p = sb.start(f"printf 'bg{i}'; printf 'be{i}' >&2")
+        st, _, data = sb.request("GET", f"/processes/{p['id']}/output")
+        ev = [json.loads(l) for l in data.split(b"\n") if l]
+        assert st == 200 and output_of(ev) == f"bg{i}".encode(), ev
+        assert output_of(ev, "stderr") == f"be{i}".encode(), ev
+    sb.delete()
