@@ -56,6 +56,12 @@ ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_ca
     return (ssize_t)utf8_split_tail(buf, len, &op->carry);
 }
 
+void outpipe_stop(loop_t *l, outpipe_t *op)
+{
+    loop_unwatch(l, &op->w);
+    op->eof = true;
+}
+
 void outpipe_close(loop_t *l, outpipe_t *op)
 {
     loop_unwatch(l, &op->w);
@@ -146,8 +152,11 @@ static void exec_finish(exec_t *e)
     e->finished = true;
     timer_disarm(e->srv->loop, &e->ping_t);
     timer_disarm(e->srv->loop, &e->drain_t);
-    outpipe_close(e->srv->loop, &e->out);
-    outpipe_close(e->srv->loop, &e->err);
+    /* Closed once the answer is written (exec_conn_close): the command's exit releases its
+     * ends of the pipes while it holds each pipe's mutex, and a close of ours meanwhile spins
+     * on it (perf: pipe_release in mutex_spin_on_owner) before the client has its answer. */
+    outpipe_stop(e->srv->loop, &e->out);
+    outpipe_stop(e->srv->loop, &e->err);
     conn_t *c = e->conn;
     conn_stream_end(c); /* on_close follows once the stream is written */
 }
@@ -213,7 +222,7 @@ static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
                 e->read_since_exit += (uint64_t)n;
         }
         if (op->eof)
-            outpipe_close(l, op);
+            outpipe_stop(l, op); /* closed after the answer (exec_finish) */
     }
     if (e->conn)
         conn_flush(e->conn);

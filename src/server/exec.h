@@ -22,3 +22,5 @@ void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void
  * hung up with nothing in it is at its end without a read. */
 ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry, uint32_t ev);
 void outpipe_close(loop_t *l, outpipe_t *op);
+/* At its end: no longer watched, its descriptor kept for outpipe_close later (see exec.c). */
+void outpipe_stop(loop_t *l, outpipe_t *op);
