@@ -419,6 +419,15 @@ static int counter_increment(store_t *s, unsigned *conflicts)
     }
 }
 
+/* A new store file holding the counter at "0". */
+static int counter_file(const char *name, char *path, size_t cap)
+{
+    db_path(name, path, cap);
+    _cleanup_store_ store_t *s = NULL;
+    int r = store_open_sqlite(path, &s);
+    return r < 0 ? r : store_cas(s, COUNTER_KEY, "0", 1, STORE_REV_ABSENT, NULL);
+}
+
 static child_report_t child_counter(const char *path, int ready, int barrier)
 {
     child_report_t rep = { 0 };
@@ -513,12 +522,7 @@ static int run_two(child_report_t (*fn)(const char *, int, int), const char *pat
 TEST(two_writers_increment_one_counter)
 {
     char path[256];
-    db_path("counter", path, sizeof path);
-    {
-        _cleanup_store_ store_t *s = NULL;
-        ASSERT_EQ(store_open_sqlite(path, &s), 0);
-        ASSERT_EQ(store_cas(s, COUNTER_KEY, "0", 1, STORE_REV_ABSENT, NULL), 0);
-    }
+    ASSERT_EQ(counter_file("counter", path, sizeof path), 0);
     pid_t pids[2];
     child_report_t reps[2] = { 0 };
     double t0 = now_s();
@@ -610,12 +614,7 @@ static void *thread_counter(void *p)
 TEST(threads_increment_one_counter)
 {
     char path[256];
-    db_path("threads", path, sizeof path);
-    {
-        _cleanup_store_ store_t *s = NULL;
-        ASSERT_EQ(store_open_sqlite(path, &s), 0);
-        ASSERT_EQ(store_cas(s, COUNTER_KEY, "0", 1, STORE_REV_ABSENT, NULL), 0);
-    }
+    ASSERT_EQ(counter_file("threads", path, sizeof path), 0);
     pthread_t th[THREADS];
     thread_arg_t args[THREADS];
     for (int i = 0; i < THREADS; i++) {
