@@ -81,10 +81,11 @@ if [ "$UID_BASE" -lt 20000 ] || [ "$UID_BASE" -gt 64000 ]; then
     echo "bench-pool: SBX_BENCH_UID_BASE must be 20000..64000" >&2
     exit 2
 fi
-if [ "$CAPACITY" -gt $((65000 - UID_BASE)) ]; then
-    CAPACITY=$((65000 - UID_BASE))
+# 64 uids spare: homes are made ahead for uids no create can then lack (docs/protocol.md)
+if [ "$CAPACITY" -gt $((65000 - UID_BASE - 64)) ]; then
+    CAPACITY=$((65000 - UID_BASE - 64))
     SCALE=(--scale $((CAPACITY - 400)))
-    echo "bench-pool: uids $UID_BASE..64999 allow $CAPACITY sandboxes (SBX_BENCH_UID_BASE=20000: 10400)"
+    echo "bench-pool: uids $UID_BASE..64999 allow $CAPACITY sandboxes and the homes made ahead (SBX_BENCH_UID_BASE=20000: 10400)"
 fi
 if [ "$(ulimit -Sn)" != unlimited ] && [ "$(ulimit -Sn)" -lt "$NEED" ]; then
     ulimit -Sn "$NEED"

@@ -30,19 +30,14 @@ void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void
     watcher_init(&op->w, fd, cb, data);
 }
 
-ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry, uint32_t ev)
+ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry)
 {
     size_t held = op->carry.n;
     memcpy(buf, op->carry.b, held);
-    ssize_t n = 0;
-    /* A pipe hung up and empty (it reports EPOLLIN whenever data is in it, and no writer is
-     * left to add any): the end, without a read. The last writer's close wakes the loop while it
-     * still holds the pipe's mutex, and a read then spins on that mutex: with four clients
-     * running `true` on this 2-vCPU VM, a quarter of the server's CPU (`perf`). */
-    if (!op->fifo || (ev & (EPOLLIN | EPOLLHUP)) != EPOLLHUP)
-        do
-            n = read(op->w.fd, buf + held, cap - held - 4);
-        while (n < 0 && errno == EINTR);
+    ssize_t n;
+    do
+        n = read(op->w.fd, buf + held, cap - held - 4);
+    while (n < 0 && errno == EINTR);
     if (n < 0)
         return errno == EAGAIN ? -EAGAIN : negative_errno();
     op->carry.n = 0;
@@ -193,6 +188,17 @@ static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
     exec_t *e = w->data;
     outpipe_t *op = w == &e->out.w ? &e->out : &e->err;
     unsigned char buf[EXEC_READ_CHUNK + 8];
+    /* A pipe that hung up with nothing reported to read, before the command's exit was seen:
+     * the exiting command's close wakes the loop while it still holds the pipe's mutex, and a
+     * read now spins on it (perf: mutex_spin_on_owner from anon_pipe_read, a tenth of the
+     * server's CPU in `bench-pool --only exec`). Read it once the exit is seen (exec_on_exit),
+     * when that close is over. Never skipped: epoll's look at a pipe reads its data and its
+     * writers apart, so "empty" here may be stale, and a paused stream is not told of data. */
+    if (op->fifo && !e->exited && (ev & (EPOLLIN | EPOLLHUP)) == EPOLLHUP) {
+        loop_unwatch(l, w);
+        op->hup = true;
+        return;
+    }
     for (int i = 0; i < 16 && e->conn && !op->eof; i++) {
         if (conn_out_full(e->conn)) {
             /* Write now: on_drain comes only from a writable event, which is asked for only
@@ -204,7 +210,7 @@ static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
                 return;
             }
         }
-        ssize_t n = outpipe_read(op, buf, sizeof buf, !e->base64, i == 0 ? ev : 0);
+        ssize_t n = outpipe_read(op, buf, sizeof buf, !e->base64);
         if (n == -EAGAIN)
             break;
         if (n < 0) {
@@ -269,6 +275,11 @@ static void exec_on_exit(child_t *ch, int wstatus)
     if (!e->err.eof && ioctl(e->err.w.fd, FIONREAD, &pending) == 0 && pending > 0)
         e->left_at_exit += (uint64_t)pending;
     timer_arm(e->srv->loop, &e->drain_t, DRAIN_MS);
+    /* the pipes that hung up before the exit (exec_on_pipe): their last close is over now */
+    if (e->out.hup && !e->out.eof)
+        exec_on_pipe(e->srv->loop, &e->out.w, 0);
+    if (e->err.hup && !e->err.eof && e->conn && !e->finished)
+        exec_on_pipe(e->srv->loop, &e->err.w, 0);
     exec_check_done(e);
 }
 

@@ -13,14 +13,14 @@ typedef struct {
     bool eof;
     bool fifo; /* a pipe (not a pseudo-terminal, whose hang-up may come before its last output
                 * reaches the reader) */
+    bool hup;  /* hung up before the command's exit was seen: read after it (exec.c) */
 } outpipe_t;
 
 void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void *data);
 /* Read once into buf (cap >= EXEC_READ_CHUNK + 4). Returns the number of bytes to emit now
  * (may be 0), -EAGAIN when nothing is there, or 0 with op->eof set at end of file (any held
- * UTF-8 bytes are then emitted). ev: the readiness the loop reported (0 if none): a pipe that
- * hung up with nothing in it is at its end without a read. */
-ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry, uint32_t ev);
+ * UTF-8 bytes are then emitted). */
+ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry);
 void outpipe_close(loop_t *l, outpipe_t *op);
 /* At its end: no longer watched, its descriptor kept for outpipe_close later (see exec.c). */
 void outpipe_stop(loop_t *l, outpipe_t *op);

@@ -253,10 +253,24 @@ static void netns_back(void *data, int op, int fd, int r);
 static void netns_want(pool_t *p);
 static int remove_tree(int parent_fd, const char *name, int home_fd);
 
+/* Uids that may go to the warm set without a create ever lacking one: more free than the
+ * creates capacity still allows (a uid being made a home is no create's until the janitor
+ * answers). keep: the uid in question is one already taken (a deleted sandbox's). */
+static bool uids_spare(const pool_t *p, bool keep)
+{
+    const uidpool_t *u = &p->uids;
+    uint64_t taken = u->n_used + u->n_quarantined + u->n_reserved;
+    uint64_t free_uids = u->count > taken ? u->count - taken : 0;
+    uint64_t creates = p->cfg.capacity > p->reserved ? p->cfg.capacity - p->reserved : 0;
+    return free_uids + (keep ? 1 : 0) > creates;
+}
+
 /* Ask the janitor for a warm home named to for uid (a recycled one's when name is set); false
  * when it is not asked (the uid stays the caller's). */
 static bool warm_ask(pool_t *p, const char *name, uint32_t uid)
 {
+    if (!uids_spare(p, name != NULL))
+        return false;
     pool_warm_t *w = &p->warm_wait[p->n_warm_wait];
     if (p->n_warm + p->n_warm_wait >= POOL_HOMES_WARM_MAX)
         return false;
@@ -273,7 +287,8 @@ static bool warm_ask(pool_t *p, const char *name, uint32_t uid)
  * taken now: held by the warm home until a create takes both. */
 static void warm_refill(pool_t *p)
 {
-    while (p->warm_fd >= 0 && p->srv->janitor && p->n_warm + p->n_warm_wait < POOL_HOMES_WARM) {
+    while (p->warm_fd >= 0 && p->srv->janitor && p->n_warm + p->n_warm_wait < POOL_HOMES_WARM &&
+           uids_spare(p, false)) {
         uint32_t uid;
         if (uidpool_take(&p->uids, &uid) < 0)
             return;
@@ -303,7 +318,8 @@ static void warm_made(void *data, const char *name, int r)
         p->warm[p->n_warm++] = w;
         return;
     }
-    if (r >= 0) /* cannot happen: asked only for room */
+    if (r >= 0 || !name) /* no room (cannot happen: asked only for room); or the janitor died
+                          * with it, maybe half made */
         (void)remove_tree(p->warm_fd, w.name, -1);
     /* no home for it: the uid goes back (its last teardown, if any, was verified) */
     uidpool_release(&p->uids, w.uid, true);
@@ -1074,8 +1090,8 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
     else if (!removed)
         ret = sbx_err(err, r, "home could not be removed: %s", strerror(-r));
     if (cmdcg_left > 0) { /* its commands' cgroup2 groups left over, empty now */
-        char cgp[24];
-        (void)snprintf(cgp, sizeof cgp, "s%u-", sb->uid);
+        char cgp[24];     /* its own groups ("c"), not the kept ones ("k"): those stay */
+        (void)snprintf(cgp, sizeof cgp, "s%u-c", sb->uid);
         unsigned gone = cgroup_cmd_remove_prefix(&p->cg, cgp);
         cmdcg_left -= gone < cmdcg_left ? gone : cmdcg_left;
     }
@@ -1238,7 +1254,7 @@ void sandbox_cmd_done(cmdcg_t *cg)
         cg->keep = NULL;
         sb->cg_busy &= (uint8_t)~bit;
         bool empty = cg->events_fd >= 0 && cgroup_cmd_empty(cg->events_fd);
-        if (!empty && cg->events_fd >= 0)
+        if (!empty) /* processes left in it, or refused by the helper (not empty: not ours) */
             sb->cg_lost |= (uint8_t)bit;
         cg->kill_fd = safe_close(cg->kill_fd);
         cg->events_fd = safe_close(cg->events_fd);

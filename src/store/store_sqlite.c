@@ -15,7 +15,9 @@
  * pool service was ~55 sleeps a second, each one a client waiting on an idle CPU; a waiter on
  * the mutex is woken as soon as the lock is free. (A second process writing the same file still
  * waits in the busy handler, and under a sustained stream of one process's writes may wait out
- * BUSY_TIMEOUT_MS.)
+ * BUSY_TIMEOUT_MS; and a writer queued behind one that waits there for another process waits
+ * that long in turn, so BUSY_TIMEOUT_MS bounds each wait for the file lock, not the write.
+ * The mutex is the process's, over all its store files.)
  *
  * Threads: the connection is opened SQLITE_OPEN_NOMUTEX, and the prepared statements cached in
  * the struct are shared state, so a store_t is used by one thread at a time (the control plane

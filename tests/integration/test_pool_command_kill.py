@@ -176,7 +176,7 @@ def test_a_command_that_ends_leaves_its_escapee_until_the_sandbox_goes(pool_host
 def test_a_kept_group_with_processes_in_it_is_never_taken_over(pool_host):
     """A sandbox takes its uid's kept group over only when it is empty: one found with
     processes in it (none of its own: put there from the host) is refused, so that a kill of
-    the sandbox's commands cannot reach them; once it is empty again it is taken."""
+    the sandbox's commands cannot reach them, and the sandbox's later commands use others."""
     a = pool_host.sandbox()
     root_rel = os.path.dirname(own_group(a))
     root = cgroup2_dir(root_rel)
@@ -194,11 +194,16 @@ def test_a_kept_group_with_processes_in_it_is_never_taken_over(pool_host):
         assert "cgroup" in text and "busy" in text, (st, ev)
         time.sleep(0.3)
         assert host.poll() is None, "the host's process in the group was killed"
-        # positive control: emptied, the group is the sandbox's again
+        # the sandbox leaves that group alone from then on: its next command (positive
+        # control: it runs, in another group) is killed without touching the host's process
+        assert own_group(b) == f"{root_rel}/s{b.uid}-k1"
+        res = b.run("sleep 30", timeout=1)
+        assert res.exit and res.exit.get("timed_out") is True, res
+        time.sleep(0.3)
+        assert host.poll() is None, "a later command's kill reached the host's process"
         mnt = root[:len(root) - len(root_rel)]
         with open(mnt + "/cgroup.procs", "w") as f:
             f.write(str(host.pid))
-        assert own_group(b) == f"{root_rel}/s{b.uid}-k0"
     finally:
         host.kill()
         host.wait()

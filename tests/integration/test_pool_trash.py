@@ -128,3 +128,19 @@ def test_a_killed_janitor_is_replaced_and_its_leftovers_swept(make_host_server):
     assert j2 != j
     assert wait_until(lambda: os.listdir(trash_of(srv)) == [], 10), os.listdir(trash_of(srv))
     assert os.listdir(srv.homes) == []
+
+
+def test_homes_are_made_ahead_only_with_uids_to_spare(make_host_server):
+    """A uid goes to a home made ahead only while more uids are free than creates the
+    capacity still allows: with as many uids as capacity none is, and a create of all of them
+    at once gets them all (a uid held for a home being made would have refused one)."""
+    srv = make_host_server(env={"SBX_CAPACITY": "4", "SBX_POOL_UID_COUNT": "4"})
+    time.sleep(0.5)  # time the janitor would take to make some
+    assert srv.json("GET", "/health")[1]["homes"]["warm"] == 0
+    sbs = srv.create(4)
+    assert len({sb.uid for sb in sbs}) == 4
+    for sb in sbs:
+        assert sb.delete()[0] == 200
+    # positive control: with uids to spare (the default range) homes wait ahead
+    other = make_host_server(env={"SBX_CAPACITY": "4"})
+    assert wait_until(lambda: other.json("GET", "/health")[1]["homes"]["warm"] > 0, 10)
