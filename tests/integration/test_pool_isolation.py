@@ -1067,6 +1067,7 @@ def test_uid_reuse_race(pool_host, route):
     time.sleep(0.1)  # the head is authorized; the body is still coming
     st, j = a.delete()
     assert st == 200, (st, j)
+    pool_host.homes_settled()  # the uid is back in the warm set with a home, next to be taken
     new = pool_host.sandbox()
     try:
         assert new.uid == old_uid  # vacuity guard: the uid really was reused
