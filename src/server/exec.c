@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/ioctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "common/log.h"
@@ -24,9 +23,7 @@ extern char **environ;
 
 void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void *data)
 {
-    struct stat st;
     *op = (outpipe_t){ .stream = stream };
-    op->fifo = fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
     watcher_init(&op->w, fd, cb, data);
 }
 
@@ -78,6 +75,8 @@ typedef struct {
     uint64_t left_at_exit, read_since_exit; /* pipe bytes the command left behind / read */
     int wstatus;
     bool exited, timed_out, finished, base64, op_counted;
+    bool pty;      /* output from a pseudo-terminal, whose hang-up may come before its last output
+               * reaches the reader: not pipes */
     sandbox_t *sb; /* host mode: the sandbox it runs as (a reference) */
     uint64_t timeout_ms;
     char *argv0; /* for "failed to start" */
@@ -194,7 +193,7 @@ static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
      * server's CPU in `bench-pool --only exec`). Read it once the exit is seen (exec_on_exit),
      * when that close is over. Never skipped: epoll's look at a pipe reads its data and its
      * writers apart, so "empty" here may be stale, and a paused stream is not told of data. */
-    if (op->fifo && !e->exited && (ev & (EPOLLIN | EPOLLHUP)) == EPOLLHUP) {
+    if (!e->pty && !e->exited && (ev & (EPOLLIN | EPOLLHUP)) == EPOLLHUP) {
         loop_unwatch(l, w);
         op->hup = true;
         return;
@@ -446,6 +445,7 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
     e->srv = s;
     e->conn = c;
     e->base64 = spec->base64;
+    e->pty = spec->pty;
     e->timeout_ms = spec->timeout_ms;
     e->sp = (spawned_t){ .pid = 0, .in_fd = -1, .out_fd = -1, .err_fd = -1, .cg = CMDCG_NONE };
     outpipe_init(&e->out, -EBADF, "stdout", exec_on_pipe, e);

@@ -11,9 +11,7 @@ typedef struct {
     const char *stream; /* "stdout" | "stderr" */
     utf8_carry_t carry;
     bool eof;
-    bool fifo; /* a pipe (not a pseudo-terminal, whose hang-up may come before its last output
-                * reaches the reader) */
-    bool hup;  /* hung up before the command's exit was seen: read after it (exec.c) */
+    bool hup; /* hung up before the command's exit was seen: read after it (exec.c) */
 } outpipe_t;
 
 void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void *data);

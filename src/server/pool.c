@@ -253,27 +253,26 @@ static void netns_back(void *data, int op, int fd, int r);
 static void netns_want(pool_t *p);
 static int remove_tree(int parent_fd, const char *name, int home_fd);
 
-/* Uids that may go to the warm set without a create ever lacking one: more free than the
- * creates capacity still allows (a uid being made a home is no create's until the janitor
- * answers). keep: the uid in question is one already taken (a deleted sandbox's). */
-static bool uids_spare(const pool_t *p, bool keep)
+/* Whether a uid may go to the warm set without a create ever lacking one: more uids free than
+ * the creates capacity still allows (a uid being made a home is no create's until the janitor
+ * answers). held: the uid in question is taken already (counted as if it were free). */
+static bool uids_spare(const pool_t *p, bool held)
 {
     const uidpool_t *u = &p->uids;
     uint64_t taken = u->n_used + u->n_quarantined + u->n_reserved;
     uint64_t free_uids = u->count > taken ? u->count - taken : 0;
     uint64_t creates = p->cfg.capacity > p->reserved ? p->cfg.capacity - p->reserved : 0;
-    return free_uids + (keep ? 1 : 0) > creates;
+    return free_uids + (held ? 1 : 0) > creates;
 }
 
-/* Ask the janitor for a warm home named to for uid (a recycled one's when name is set); false
- * when it is not asked (the uid stays the caller's). */
+/* Ask the janitor for a warm home for uid (taken, and spare: uids_spare), made fresh or, when
+ * name is set, from that home in the trash; false when it is not asked (the uid stays the
+ * caller's). */
 static bool warm_ask(pool_t *p, const char *name, uint32_t uid)
 {
-    if (!uids_spare(p, name != NULL))
-        return false;
-    pool_warm_t *w = &p->warm_wait[p->n_warm_wait];
     if (p->n_warm + p->n_warm_wait >= POOL_HOMES_WARM_MAX)
         return false;
+    pool_warm_t *w = &p->warm_wait[p->n_warm_wait];
     (void)snprintf(w->name, sizeof w->name, "w%llu", (unsigned long long)++p->warm_seq);
     w->uid = uid;
     if ((name ? janitor_recycle_home(p->srv->janitor, name, w->name, uid)
@@ -1049,7 +1048,7 @@ static int remove_home(sandbox_t *sb, bool killed)
         char name[48];
         (void)snprintf(name, sizeof name, "%s-%llu", sb->id, (unsigned long long)++p->trash_seq);
         if (renameat2(p->homes_fd, sb->id, p->trash_fd, name, RENAME_NOREPLACE) == 0) {
-            if (p->warm_fd >= 0 && warm_ask(p, name, sb->uid))
+            if (p->warm_fd >= 0 && uids_spare(p, true) && warm_ask(p, name, sb->uid))
                 return 1;
             if (janitor_remove(p->srv->janitor, name) < 0)
                 return remove_tree(p->trash_fd, name, sb->home_fd);
@@ -1258,7 +1257,6 @@ void sandbox_cmd_done(cmdcg_t *cg)
             sb->cg_lost |= (uint8_t)bit;
         cg->kill_fd = safe_close(cg->kill_fd);
         cg->events_fd = safe_close(cg->events_fd);
-        cg->dir[0] = '\0';
         sandbox_unref(sb);
         return;
     }
@@ -1347,8 +1345,8 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     spec.stderr_fd = stderr_fd;
     spec.pidfd = -1;
     /* The command's cgroup2 group, so a kill reaches all it started: one of the sandbox's
-     * kept ones when one is free, else one of its own. Named here, made or opened by the spawn helper (off the loop),
-     * joined by the child after the sandbox's own groups. */
+     * kept ones when one is free, else one of its own. Named here, made or opened by the spawn
+     * helper (off the loop), joined by the child after the sandbox's own groups. */
     cmdcg_t cg = CMDCG_NONE;
     ret_cmdcg->root = NULL;
     ret_cmdcg->name[0] = '\0';

@@ -62,6 +62,8 @@ def test_creates_take_homes_made_ahead_with_their_uid(make_host_server):
         s = os.stat(os.path.join(warm, n))
         made[s.st_uid] = n
     assert made  # positive control: homes wait there, each its uid's, the uid in no one's use
+    h = srv.json("GET", "/health")[1]
+    assert h["uids"]["used"] == h["homes"]["warm"] == len(made), h  # held by the warm set
     for uid, n in list(made.items())[:3]:
         for rel in ("", ".tmp", ".sbx", ".sbx/proxy"):
             w = os.lstat(os.path.join(warm, n, rel))
