@@ -777,47 +777,27 @@ out:
 
 /* n timed execs of ["true"] at target (after the warm-up), on c's connection to a server whose
  * pid is given; its CPU time per exec (warm-up included) goes to ret_cpu_ns. */
+/* n timed execs (after warmup untimed ones) on c, into v; the server's CPU time over all of
+ * them is added to *cpu_ns. */
 static int time_execs(bench_t *b, client_t *c, const char *token, const char *target, pid_t pid,
-                      uint64_t *v, unsigned n, uint64_t *ret_cpu_ns)
+                      uint64_t *v, unsigned n, unsigned warmup, uint64_t *cpu_ns)
 {
     char why[320];
     int len = build_json_request(token, c->req, sizeof c->req, target, "{\"cmd\":[\"true\"]}");
     if (len < 0)
         return len;
     uint64_t c0 = server_cpu_ns(pid);
-    for (unsigned i = 0; i < b->warmup + n; i++) {
+    for (unsigned i = 0; i < warmup + n; i++) {
         uint64_t t0 = now_ns();
         if (client_do(c, (size_t)len, true, 200, why, sizeof why) < 0) {
             fail(b, "exec %u at %s: %s", i, target, why);
             return -EBADMSG;
         }
-        if (i >= b->warmup)
-            v[i - b->warmup] = now_ns() - t0;
+        if (i >= warmup)
+            v[i - warmup] = now_ns() - t0;
     }
-    *ret_cpu_ns = (server_cpu_ns(pid) - c0) / (b->warmup + n);
+    *cpu_ns += server_cpu_ns(pid) - c0;
     return 0;
-}
-
-/* The same exec in a dedicated-mode sbx-server (no sandbox, no confinement), when the script
- * started one; returns its p50 or 0. */
-static uint64_t dedicated_exec(bench_t *b, uint64_t *v, unsigned n)
-{
-    client_t c;
-    uint64_t cpu = 0, p50 = 0;
-    if (!b->ded_port)
-        return 0;
-    int r = client_open(&c, b->ded_port);
-    if (r < 0) {
-        fail(b, "connect to the dedicated server: %s", strerror(-r));
-        return 0;
-    }
-    if (time_execs(b, &c, b->token, "/v1/exec", b->ded_pid, v, n, &cpu) >= 0) {
-        print_latency("baseline: the same exec, dedicated-mode server (/v1/exec)", v, n);
-        fig("baseline: dedicated-mode server CPU each", (double)cpu / 1e3, "us", NULL);
-        p50 = percentile(v, n, 50);
-    }
-    client_close(&c);
-    return p50;
 }
 
 static int time_spawn(uint64_t *v, unsigned n, unsigned warmup)
@@ -841,21 +821,30 @@ static int time_spawn(uint64_t *v, unsigned n, unsigned warmup)
     return 0;
 }
 
+#define EXEC_ROUNDS 20
+
+/* The sandbox's execs, the dedicated server's and the bare spawns take turns, a round of each
+ * at a time, so that a machine whose speed drifts (a shared, nested VM: steal, other guests)
+ * gives the three the same conditions. */
 static void bench_exec(bench_t *b)
 {
-    unsigned n = b->exec_n;
-    char hdr[200], why[320], target[64];
+    unsigned n = b->exec_n, rounds = n >= 10 * EXEC_ROUNDS ? EXEC_ROUNDS : 1;
+    char hdr[240], why[320], target[64];
     (void)snprintf(hdr, sizeof hdr,
                    "3. exec round trip of [\"true\"] in one existing sandbox: N=%u sequential "
-                   "on one keep-alive connection (after %u warm-up)",
-                   n, b->warmup);
+                   "on one keep-alive connection (after %u warm-up), in %u rounds, each beside "
+                   "a round of each baseline",
+                   n, b->warmup, rounds);
     section(hdr);
     _cleanup_free_ uint64_t *v = calloc(n, sizeof *v);
-    client_t c;
+    _cleanup_free_ uint64_t *vd = calloc(n, sizeof *vd);
+    _cleanup_free_ uint64_t *vs = calloc(n, sizeof *vs);
+    client_t c, cd;
     sbref_t s;
     unsigned got;
+    bool ded = false, ok = true, ded_ok = true, spawn_ok = true;
     int r = client_open(&c, b->port);
-    if (r < 0 || !v) {
+    if (r < 0 || !v || !vd || !vs) {
         fail(b, "connect: %s", strerror(r < 0 ? -r : ENOMEM));
         if (r >= 0)
             client_close(&c);
@@ -867,24 +856,50 @@ static void bench_exec(bench_t *b)
         client_close(&c);
         return;
     }
+    if (b->ded_port) {
+        r = client_open(&cd, b->ded_port);
+        if (r < 0)
+            fail(b, "connect to the dedicated server: %s", strerror(-r));
+        ded = r >= 0;
+    }
     (void)snprintf(target, sizeof target, "/v1/sandboxes/%s/exec", s.id);
-    uint64_t cpu = 0, p50 = 0, ded50 = 0, floor50 = 0;
-    if (time_execs(b, &c, s.token, target, b->pid, v, n, &cpu) >= 0) {
+    uint64_t cpu = 0, ded_cpu = 0, p50 = 0, ded50 = 0, floor50 = 0;
+    for (unsigned k = 0; k < rounds; k++) {
+        unsigned off = (unsigned)((uint64_t)n * k / rounds);
+        unsigned cnt = (unsigned)((uint64_t)n * (k + 1) / rounds) - off;
+        unsigned wu = k == 0 ? b->warmup : 0;
+        if (ok)
+            ok = time_execs(b, &c, s.token, target, b->pid, v + off, cnt, wu, &cpu) >= 0;
+        if (ded && ded_ok)
+            ded_ok = time_execs(b, &cd, b->token, "/v1/exec", b->ded_pid, vd + off, cnt, wu,
+                                &ded_cpu) >= 0;
+        if (spawn_ok && (r = time_spawn(vs + off, cnt, wu)) < 0) {
+            fail(b, "posix_spawn /bin/true: %s", strerror(-r));
+            spawn_ok = false;
+        }
+    }
+    if (ok) {
         print_latency("exec [\"true\"] in a sandbox", v, n);
         p50 = b->exec_p50_ns = percentile(v, n, 50);
-        fig("exec [\"true\"] in a sandbox: server CPU each", (double)cpu / 1e3, "us",
+        fig("exec [\"true\"] in a sandbox: server CPU each",
+            (double)cpu / (b->warmup + n) / 1e3, "us",
             "(its own; the confined child runs on its own CPU time)");
     }
     if (pool_delete(&c, &s, why, sizeof why) < 0)
         fail(b, "delete: %s", why);
     client_close(&c);
-    ded50 = dedicated_exec(b, v, n);
-    r = time_spawn(v, n, b->warmup);
-    if (r < 0)
-        fail(b, "posix_spawn /bin/true: %s", strerror(-r));
-    else {
-        print_latency("baseline: posix_spawn+waitpid /bin/true (bench process)", v, n);
-        floor50 = percentile(v, n, 50);
+    if (ded) {
+        if (ded_ok) {
+            print_latency("baseline: the same exec, dedicated-mode server (/v1/exec)", vd, n);
+            fig("baseline: dedicated-mode server CPU each",
+                (double)ded_cpu / (b->warmup + n) / 1e3, "us", NULL);
+            ded50 = percentile(vd, n, 50);
+        }
+        client_close(&cd);
+    }
+    if (spawn_ok) {
+        print_latency("baseline: posix_spawn+waitpid /bin/true (bench process)", vs, n);
+        floor50 = percentile(vs, n, 50);
     }
     if (p50 && ded50)
         fig("ratio: exec p50 in a sandbox / dedicated-mode exec p50", (double)p50 / (double)ded50,

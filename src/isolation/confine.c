@@ -12,7 +12,6 @@
 #include <sys/wait.h>
 
 #include "common/macro.h"
-#include "filter.h"
 #include "landlock.h"
 
 enum {
@@ -27,7 +26,6 @@ enum {
     STEP_SETRESUID,
     STEP_NO_NEW_PRIVS,
     STEP_LANDLOCK,
-    STEP_SECCOMP,
     STEP_RLIMIT,
     STEP_CHDIR,
     STEP_SIGNALS,
@@ -49,7 +47,6 @@ const char *confine_step_name(int step)
         [STEP_SETRESUID] = "setresuid",
         [STEP_NO_NEW_PRIVS] = "PR_SET_NO_NEW_PRIVS",
         [STEP_LANDLOCK] = "landlock_restrict_self",
-        [STEP_SECCOMP] = "seccomp",
         [STEP_RLIMIT] = "setrlimit",
         [STEP_CHDIR] = "chdir",
         [STEP_SIGNALS] = "reset signals",
@@ -141,9 +138,6 @@ static int confine_child(void *arg)
      * abstract unix sockets scoped to this domain. */
     if (spec->ruleset_fd >= 0 && landlock_restrict_self_raw(spec->ruleset_fd) < 0)
         FAIL(STEP_LANDLOCK);
-    /* Syscalls neither uids nor Landlock govern: user namespaces, io_uring, SysV IPC, ... */
-    if (spec->seccomp && seccomp_filter_load_raw(spec->seccomp) < 0)
-        FAIL(STEP_SECCOMP);
     /* As the sandbox uid, so ordinary permissions apply too; no symlink is followed. */
     long home = syscall(SYS_openat, AT_FDCWD, spec->home_path,
                         O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Starting a command confined as a pooled sandbox: one flat, ordered list of fail-closed steps
  * run in a CLONE_VM|CLONE_VFORK child with raw syscalls (no fork of a large host, no malloc,
- * no locks in the child). */
+ * no locks in the child). The seccomp filter is not one of them: the caller (a spawn helper)
+ * has it installed in itself, and the child inherits it at the clone, before its first step. */
 #pragma once
 
 #include <stdbool.h>
@@ -26,7 +27,6 @@ typedef struct {
     int netns_fd; /* the sandbox's own network namespace; -1: stay in the host's */
     int cgroup_procs_fds[CONFINE_MAX_CGROUPS]; /* cgroup.procs files to join (as root); -1 ends */
     int ruleset_fd;                            /* -1: uid-only (only with --allow-unconfined) */
-    const void *seccomp;                       /* a seccomp_filter_t, or NULL */
     confine_limit_t limits[CONFINE_MAX_LIMITS];
     int n_limits;
     /* The working directory: the home (by path; it sits in a root-owned directory the sandbox

@@ -37,7 +37,6 @@ static const char *const denied[] = {
     "swapon",
     "swapoff",
     "reboot",
-    "setns",
     "unshare",
     "open_by_handle_at",
     "name_to_handle_at",
@@ -134,6 +133,25 @@ int seccomp_filter_build(seccomp_filter_t *f)
     for (size_t i = 0; i < ELEMENTSOF(ns_flags) && r >= 0; i++)
         r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                              SCMP_A0(SCMP_CMP_MASKED_EQ, ns_flags[i], ns_flags[i]));
+    /* setns: the spawn helper installs this filter in itself once and every child inherits it
+     * (no compile of the program per command), so the child's own first steps, entering the
+     * sandbox mount and network namespaces, run under it. Exactly those two types pass; the
+     * kernel then refuses them to the sandbox uid anyway (setns needs CAP_SYS_ADMIN, and a
+     * sandbox can make no user namespace to hold it in). Refused here: type 0 (any namespace
+     * the descriptor names), the user, pid, uts, ipc, cgroup and time types, and a pidfd's
+     * several types at once. The type is an int: only the low 32 bits count. */
+    static const unsigned long setns_refused[] = { CLONE_NEWUSER, CLONE_NEWPID,    CLONE_NEWUTS,
+                                                   CLONE_NEWIPC,  CLONE_NEWCGROUP, CLONE_NEWTIME };
+    if (r >= 0)
+        r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 1,
+                             SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, 0));
+    for (size_t i = 0; i < ELEMENTSOF(setns_refused) && r >= 0; i++)
+        r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 1,
+                             SCMP_A1(SCMP_CMP_MASKED_EQ, setns_refused[i], setns_refused[i]));
+    if (r >= 0)
+        r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 1,
+                             SCMP_A1(SCMP_CMP_MASKED_EQ, CLONE_NEWNS | CLONE_NEWNET,
+                                     CLONE_NEWNS | CLONE_NEWNET));
     if (r >= 0) /* faking terminal input into another session */
         r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, TIOCSTI));

@@ -1309,7 +1309,6 @@ int sandbox_exec_prepare(sandbox_t *sb, char *const *argv, char *const *envp, co
     if (sb->landlocked && sb->ruleset_fd < 0)
         return sbx_err(err, -EIO, "the sandbox's Landlock ruleset is not open");
     spec.ruleset_fd = sb->ruleset_fd;
-    spec.seccomp = p->have_seccomp ? &p->seccomp : NULL;
     const confine_limit_t limits[] = {
         { RLIMIT_NPROC, sb->max_procs },
         { RLIMIT_AS, sb->max_mem_mb << 20 },

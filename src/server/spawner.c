@@ -35,20 +35,22 @@ typedef struct {
     uint8_t has_mntns, has_netns, has_ruleset, n_cg, in_memfd, has_cwd, has_cmdcg, new_session;
     uint16_t n_limits;
     confine_limit_t limits[CONFINE_MAX_LIMITS];
-    uint32_t argc, envc, ncand, seccomp_len;
+    uint32_t argc, envc, ncand;
+    uint32_t filtered; /* the child must run under the pool's seccomp filter (the helper's) */
     uint64_t blob_len;
     /* the sandbox's v1 groups to make or refresh (bit i: cgroups_t's v1 controller i, memory,
      * pids, cpu), its slot and limits */
     uint8_t cgprep, cmdcg_mode, pad[2];
     uint32_t cgprep_slot;
     cg_limits_t cgprep_lim;
-    /* then the blob (unless in_memfd): seccomp instructions, home\0 cwd\0, candidates\0...,
+    /* then the blob (unless in_memfd): home\0 cwd\0, candidates\0...,
      * argv\0..., envp\0..., [cmdcg root\0 name\0], [a v1 root\0 per cgprep bit]; fds in
      * this order: stdin stdout stderr [mntns] [netns] [ruleset] cgroups... [memfd] */
 } spw_req_t;
 
 #define SPW_STEP_CMDCG (-1)  /* failed_step: the command's cgroup could not be made */
 #define SPW_STEP_CGPREP (-2) /* failed_step: the sandbox's cgroups could not be prepared */
+#define SPW_STEP_FILTER (-3) /* failed_step: the helper could not install the seccomp filter */
 
 typedef struct {
     int32_t r, pid, failed_step, failed_errno;
@@ -61,6 +63,11 @@ typedef struct {
 #define SPW_REP_MAX_FDS (3 + CONFINE_MAX_CGROUPS)
 
 /* ---- the helper process ------------------------------------------------------------------ */
+
+/* The pool's seccomp filter in this helper: -1 none was given, 0 installed (every child it
+ * starts inherits it), > 0 the errno of the install that failed (confined requests that need
+ * it are refused). */
+static int helper_filter = -1;
 
 /* Dedicated mode: posix_spawnp's steps (own process group, stdio, chdir, default signal state:
  * the helper reset its dispositions at start, so the mask is what is left), raw syscalls only.
@@ -154,12 +161,17 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
 {
     const char *p = blob, *end = blob + q->blob_len;
     confine_spec_t spec = { .mntns_fd = -1, .netns_fd = -1, .ruleset_fd = -1, .pidfd = -1 };
-    seccomp_filter_t filter;
     int k = 3, r;
     if (nfds < 3 || q->n_cg > CONFINE_MAX_CGROUPS || q->n_limits > CONFINE_MAX_LIMITS ||
-        q->ncand == 0 || q->ncand > CONFINE_MAX_CANDIDATES || q->argc == 0 ||
-        (uint64_t)q->seccomp_len * sizeof(struct sock_filter) > q->blob_len)
+        q->ncand == 0 || q->ncand > CONFINE_MAX_CANDIDATES || q->argc == 0)
         return -EINVAL;
+    /* Fail closed: a child that must run under the filter starts only from a helper that has
+     * it installed (the child inherits it at the clone, before its first step). */
+    if (q->kind == SPAWN_CONFINED && q->filtered && helper_filter != 0) {
+        int e = helper_filter > 0 ? helper_filter : EINVAL;
+        *rep = (spw_rep_t){ .r = -e, .failed_step = SPW_STEP_FILTER, .failed_errno = e };
+        return 0;
+    }
     spec.new_session = q->new_session != 0;
     spec.stdin_fd = fds[0];
     spec.stdout_fd = fds[1];
@@ -174,13 +186,6 @@ static int helper_run_one(const spw_req_t *q, const char *blob, const int *fds, 
         spec.cgroup_procs_fds[i] = i < q->n_cg && k < nfds ? fds[k++] : -1;
     if (k > nfds)
         return -EINVAL;
-    if (q->seccomp_len > 0) {
-        /* the same BPF program the server built, copied as it was */
-        filter.prog.len = (unsigned short)q->seccomp_len;
-        filter.prog.filter = (struct sock_filter *)(uintptr_t)p;
-        spec.seccomp = &filter;
-        p += q->seccomp_len * sizeof(struct sock_filter);
-    }
     char *strs[2 + CONFINE_MAX_CANDIDATES + 1];
     if (take_strv(&p, end, 2 + q->ncand, strs) < 0)
         return -EINVAL;
@@ -391,8 +396,9 @@ static _Noreturn void helper_main(int sock)
     }
 }
 
-/* In the forked child: a tiny file table, default signal dispositions, gone with the server. */
-static _Noreturn void helper_enter(int sock, pid_t server)
+/* In the forked child: a tiny file table, default signal dispositions, gone with the server,
+ * and the pool's seccomp filter (filter: NULL in dedicated mode). */
+static _Noreturn void helper_enter(int sock, pid_t server, const seccomp_filter_t *filter)
 {
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != server)
@@ -415,6 +421,10 @@ static _Noreturn void helper_enter(int sock, pid_t server)
     for (int sig = 1; sig < NSIG; sig++)
         if (sig != SIGKILL && sig != SIGSTOP && sig != SIGXFSZ)
             (void)signal(sig, SIG_DFL);
+    /* Once, as root (no NO_NEW_PRIVS needed): the kernel compiles the program here instead
+     * of in every child. Nothing this process does needs a refused call. */
+    if (filter)
+        helper_filter = seccomp_filter_load_raw(filter) < 0 ? (errno ? errno : EIO) : 0;
     helper_main(sock);
 }
 
@@ -450,6 +460,7 @@ typedef struct {
 
 struct spawner {
     server_t *srv;
+    const seccomp_filter_t *filter; /* the pool's, installed in each helper; NULL: none */
     size_t n;
     helper_t h[SPAWNER_MAX_HELPERS];
     job_t *queue_head, *queue_tail; /* not sent yet: every helper has SPW_PER_HELPER */
@@ -532,7 +543,7 @@ static int helper_start(spawner_t *sp, helper_t *h)
     }
     if (pid == 0) {
         close(sv[0]);
-        helper_enter(sv[1], server);
+        helper_enter(sv[1], server, sp->filter);
     }
     safe_close(sv[1]);
     (void)fcntl(sv[0], F_SETFL, O_NONBLOCK);
@@ -731,6 +742,10 @@ static void helper_read(helper_t *h)
             else if (rep.failed_step == SPW_STEP_CGPREP)
                 (void)snprintf(err, sizeof err, "cannot prepare the sandbox cgroup: %s",
                                strerror(-rep.r));
+            else if (rep.failed_step == SPW_STEP_FILTER)
+                (void)snprintf(err, sizeof err,
+                               "seccomp failed: the spawn helper could not install the filter: %s",
+                               strerror(-rep.r));
             else if (rep.failed_step > 0)
                 (void)snprintf(err, sizeof err, "%s failed: %s", confine_step_name(rep.failed_step),
                                strerror(-rep.r));
@@ -758,6 +773,8 @@ int spawner_new(server_t *srv, spawner_t **ret)
     if (!sp)
         return -ENOMEM;
     sp->srv = srv;
+    if (srv->pool && srv->pool->have_seccomp)
+        sp->filter = &srv->pool->seccomp;
     /* the CPUs this process may run on (a run's cpuset), not all the machine has */
     cpu_set_t set;
     long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
@@ -840,14 +857,13 @@ static int memfd_with(const char *p, size_t n)
 }
 
 /* Serialize spec into j (strings copied; descriptors recorded, not duplicated). */
-static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg_req_t *cgq)
+static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg_req_t *cgq,
+                     bool filtered)
 {
     bool cmdcg = kind == SPAWN_CONFINED && cgq && cgq->root;
-    spw_req_t q = { .kind = (uint32_t)kind };
-    const seccomp_filter_t *f = kind == SPAWN_CONFINED ? spec->seccomp : NULL;
+    spw_req_t q = { .kind = (uint32_t)kind, .filtered = kind == SPAWN_CONFINED && filtered };
     size_t blob = 0;
     uint32_t argc, envc;
-    blob += f ? f->prog.len * sizeof(struct sock_filter) : 0;
     blob += strlen(spec->home_path ? spec->home_path : "") + 1;
     blob += strlen(spec->cwd_rel ? spec->cwd_rel : "") + 1;
     for (int i = 0; i < spec->n_candidates; i++)
@@ -878,17 +894,12 @@ static int job_build(job_t *j, int kind, const confine_spec_t *spec, const cmdcg
     q.argc = argc;
     q.envc = envc;
     q.ncand = (uint32_t)spec->n_candidates;
-    q.seccomp_len = f ? f->prog.len : 0;
     q.blob_len = blob;
     q.in_memfd = blob > SPW_INLINE_MAX;
     char *b = malloc(sizeof q + blob);
     if (!b)
         return -ENOMEM;
     char *d = b + sizeof q;
-    if (f) {
-        memcpy(d, f->prog.filter, f->prog.len * sizeof(struct sock_filter));
-        d += f->prog.len * sizeof(struct sock_filter);
-    }
     d = put_str(d, spec->home_path ? spec->home_path : "");
     d = put_str(d, spec->cwd_rel ? spec->cwd_rel : "");
     for (int i = 0; i < spec->n_candidates; i++)
@@ -949,7 +960,7 @@ int spawner_submit(spawner_t *sp, int kind, const confine_spec_t *spec, const cm
     }
     for (int i = 0; i < n_owned; i++)
         j->owned[j->n_owned++] = owned[i];
-    int r = job_build(j, kind, spec, cmdcg);
+    int r = job_build(j, kind, spec, cmdcg, sp->filter != NULL);
     if (r < 0) {
         job_free(j);
         return r;
