@@ -881,9 +881,8 @@ static void bench_exec(bench_t *b)
     if (ok) {
         print_latency("exec [\"true\"] in a sandbox", v, n);
         p50 = b->exec_p50_ns = percentile(v, n, 50);
-        fig("exec [\"true\"] in a sandbox: server CPU each",
-            (double)cpu / (b->warmup + n) / 1e3, "us",
-            "(its own; the confined child runs on its own CPU time)");
+        fig("exec [\"true\"] in a sandbox: server CPU each", (double)cpu / (b->warmup + n) / 1e3,
+            "us", "(its own; the confined child runs on its own CPU time)");
     }
     if (pool_delete(&c, &s, why, sizeof why) < 0)
         fail(b, "delete: %s", why);
@@ -891,8 +890,8 @@ static void bench_exec(bench_t *b)
     if (ded) {
         if (ded_ok) {
             print_latency("baseline: the same exec, dedicated-mode server (/v1/exec)", vd, n);
-            fig("baseline: dedicated-mode server CPU each",
-                (double)ded_cpu / (b->warmup + n) / 1e3, "us", NULL);
+            fig("baseline: dedicated-mode server CPU each", (double)ded_cpu / (b->warmup + n) / 1e3,
+                "us", NULL);
             ded50 = percentile(vd, n, 50);
         }
         client_close(&cd);

@@ -149,9 +149,9 @@ int seccomp_filter_build(seccomp_filter_t *f)
         r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 1,
                              SCMP_A1(SCMP_CMP_MASKED_EQ, setns_refused[i], setns_refused[i]));
     if (r >= 0)
-        r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 1,
-                             SCMP_A1(SCMP_CMP_MASKED_EQ, CLONE_NEWNS | CLONE_NEWNET,
-                                     CLONE_NEWNS | CLONE_NEWNET));
+        r = seccomp_rule_add(
+            ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 1,
+            SCMP_A1(SCMP_CMP_MASKED_EQ, CLONE_NEWNS | CLONE_NEWNET, CLONE_NEWNS | CLONE_NEWNET));
     if (r >= 0) /* faking terminal input into another session */
         r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, TIOCSTI));

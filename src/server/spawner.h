@@ -3,8 +3,10 @@
  * forked from the server with a file table of five descriptors, that take a spawn request over
  * a SOCK_SEQPACKET socket (the stdio pipes, the sandbox's namespace, ruleset and cgroup
  * descriptors passed with SCM_RIGHTS), run the same clone(CLONE_VM|CLONE_VFORK) + confine steps
- * the server used to run itself (src/isolation/confine.c, unchanged, in the same order), and
- * answer with the pid and a pidfd. The child is started with CLONE_PARENT: the server is its
+ * the server used to run itself (src/isolation/confine.c, in the same order), and answer with
+ * the pid and a pidfd. In host mode each helper installs the pool's seccomp filter in itself
+ * at its start, so every child it starts inherits it (one compile per helper, not one per
+ * command); a helper whose install failed refuses confined requests. The child is started with CLONE_PARENT: the server is its
  * parent, reaps it and signals its process group exactly as before.
  *
  * Fail closed: a request a helper cannot take, or that was in flight on a helper that died,

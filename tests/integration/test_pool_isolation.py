@@ -510,6 +510,44 @@ def test_sysv_ipc_refused(pair, kind):
     subprocess.run(["ipcrm", flag, ident], timeout=10)
 
 
+SETNS_PROBE = r"""
+import ctypes, errno, os
+l = ctypes.CDLL(None, use_errno=True)
+def t(fd, typ):
+    r = l.syscall(308, ctypes.c_long(fd), ctypes.c_long(typ))  # setns
+    return "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
+net = os.open("/proc/self/ns/net", os.O_RDONLY)
+mnt = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+for name, fd, typ in [("zero", -1, 0), ("user", -1, 0x10000000), ("pid", -1, 0x20000000),
+                      ("uts", -1, 0x04000000), ("ipc", -1, 0x08000000),
+                      ("cgroup", -1, 0x02000000), ("time", -1, 0x80),
+                      ("mnt+net", -1, 0x40020000), ("high-zero", -1, 1 << 32),
+                      ("net-bad-fd", -1, 0x40000000), ("mnt-bad-fd", -1, 0x20000),
+                      ("net-own", net, 0x40000000), ("mnt-own", mnt, 0x20000)]:
+    print(name, t(fd, typ))
+"""
+
+
+def test_setns_refused_but_for_the_two_types_the_spawn_needs(pair):
+    """The spawn helper installs the filter in itself once and each child inherits it, so the
+    child's first steps (entering the sandbox mount and network namespaces) run under it: the
+    filter lets setns through for exactly those two types. Every other type is refused by the
+    filter, before the kernel looks at the descriptor (EPERM for fd -1, where the kernel would
+    say EBADF); the two it lets through reach the kernel (EBADF for fd -1: the positive
+    control that the filter is precise) and the kernel refuses them to the sandbox uid."""
+    a, _ = pair
+    r = a.run("python3 -c '%s'" % SETNS_PROBE.replace("'", "'\\''"))
+    assert r.code == 0, r
+    got = dict(l.split() for l in r.out.split("\n") if l.strip())
+    for name in ("zero", "user", "pid", "uts", "ipc", "cgroup", "time", "mnt+net", "high-zero"):
+        assert got[name] == "EPERM", f"setns type {name} passed the filter: {got}"
+    assert got["net-bad-fd"] == "EBADF" and got["mnt-bad-fd"] == "EBADF", got
+    assert got["net-own"] == "EPERM" and got["mnt-own"] == "EPERM", got
+    # one filter, inherited (not a second one loaded per command)
+    st = a.run("grep -E '^Seccomp_filters:' /proc/self/status")
+    assert st.out.split() == ["Seccomp_filters:", "1"], st
+
+
 def test_confinement_state_inside(pair):
     a, _ = pair
     r = a.run("grep -E '^(Uid|Gid|Groups|CapEff|CapPrm|NoNewPrivs|Seccomp):' /proc/self/status")
