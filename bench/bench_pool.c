@@ -775,10 +775,8 @@ out:
 
 /* ---- 3. exec round trip in one sandbox ---------------------------------------------------- */
 
-/* n timed execs of ["true"] at target (after the warm-up), on c's connection to a server whose
- * pid is given; its CPU time per exec (warm-up included) goes to ret_cpu_ns. */
-/* n timed execs (after warmup untimed ones) on c, into v; the server's CPU time over all of
- * them is added to *cpu_ns. */
+/* n timed execs of ["true"] at target (after warmup untimed ones) on c's connection, into v;
+ * the CPU time of the server (pid) over all of them is added to *cpu_ns. */
 static int time_execs(bench_t *b, client_t *c, const char *token, const char *target, pid_t pid,
                       uint64_t *v, unsigned n, unsigned warmup, uint64_t *cpu_ns)
 {

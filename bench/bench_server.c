@@ -427,8 +427,8 @@ static void bench_stream(bench_t *b)
         "at the client\n   (every event parsed, JSON unescaped or base64 decoded, each byte "
         "checked to be zero; 1 GB = 1e9 bytes;\n   the utf8 run uses a quarter of the size: "
         "each zero byte is 6 bytes on the wire;\n   then UTF-8 text, not zeros, beside the same "
-        "text read from a pipe;\n   each in %d rounds of 64 MiB or more (else one), taking "
-        "turns with a round of its pipe baseline)",
+        "text read from a pipe;\n   base64 and UTF-8 text each in %d rounds of 64 MiB or more "
+        "(else one), taking turns with a round of their pipe baseline)",
         STREAM_ROUNDS);
     section(hdr);
     double zeros_gbs = 0, text_gbs = 0;

@@ -68,7 +68,7 @@ static const char *const denied[] = {
     "lookup_dcookie",
 };
 
-/* Export the BPF once (children only load it); consumes ctx. */
+/* Export the BPF once (the loads take the raw program); consumes ctx. */
 static int export_bpf(scmp_filter_ctx ctx, seccomp_filter_t *f)
 {
     int fds[2];
@@ -114,7 +114,8 @@ int seccomp_filter_build(seccomp_filter_t *f)
     if (!ctx)
         return -ENOMEM;
     int r = 0;
-    /* The child sets NO_NEW_PRIVS itself, in its ordered list of steps. */
+    /* Loaded as root by the spawn helpers (no NO_NEW_PRIVS needed); each child sets
+     * NO_NEW_PRIVS itself, in its ordered list of steps. */
     (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0);
     (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2); /* binary tree: fewer insns */
     for (size_t i = 0; i < ELEMENTSOF(denied) && r >= 0; i++) {
@@ -139,7 +140,10 @@ int seccomp_filter_build(seccomp_filter_t *f)
      * kernel then refuses them to the sandbox uid anyway (setns needs CAP_SYS_ADMIN, and a
      * sandbox can make no user namespace to hold it in). Refused here: type 0 (any namespace
      * the descriptor names), the user, pid, uts, ipc, cgroup and time types, and a pidfd's
-     * several types at once. The type is an int: only the low 32 bits count. */
+     * several types at once. The type is an int: only the low 32 bits count. What this gives
+     * up, knowingly: the filter no longer stops setns of those two types before the kernel's
+     * own checks, should a sandbox ever hold a capability (it cannot, as above); the price of
+     * keeping that layer would be a second filter loaded in every child after its setns. */
     static const unsigned long setns_refused[] = { CLONE_NEWUSER, CLONE_NEWPID,    CLONE_NEWUTS,
                                                    CLONE_NEWIPC,  CLONE_NEWCGROUP, CLONE_NEWTIME };
     if (r >= 0)

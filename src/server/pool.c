@@ -456,7 +456,19 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
     char tag[48];
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
     cgroups_init(&p->cg, tag);
-    p->have_seccomp = seccomp_filter_build(&p->seccomp) >= 0;
+    /* Fail closed: no host whose sandboxes would run without their filter, unless asked to
+     * accept weaker isolation (then the spawn helpers start their children unfiltered). */
+    r = seccomp_filter_build(&p->seccomp);
+    p->have_seccomp = r >= 0;
+    if (r < 0 && !cfg->allow_unconfined)
+        return sbx_err(err, r,
+                       "cannot build the sandboxes' seccomp filter: %s; refusing to start "
+                       "(--allow-unconfined accepts sandboxes without it)",
+                       strerror(-r));
+    if (r < 0)
+        log_warn("cannot build the sandboxes' seccomp filter: %s; --allow-unconfined: "
+                 "sandboxes run without it",
+                 strerror(-r));
     /* A network namespace per sandbox where the kernel allows this process to make them. */
     int nfd;
     /* Namespaces made ahead hold a descriptor each: where the table is small (a test's 200),

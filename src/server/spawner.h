@@ -44,7 +44,7 @@ int spawner_new(server_t *srv, spawner_t **ret);
 /* Fail what is queued or in flight, close the sockets (the helpers exit on EOF). */
 spawner_t *spawner_free(spawner_t *sp);
 
-/* Queue one spawn. spec's strings, fds and (for SPAWN_CONFINED) seccomp filter are read now;
+/* Queue one spawn. spec's strings and fds are read now;
  * stdio, namespace, ruleset and cgroup descriptors must stay open until the callback (the
  * caller owns them), except owned[]: descriptors handed over, closed once sent (or at
  * failure). cmdcg (may be NULL): the command's own cgroup2 group, made by the helper and
