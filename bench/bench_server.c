@@ -34,6 +34,7 @@ extern char **environ;
 #define MIB (UINT64_C(1) << 20)
 #define GIB (UINT64_C(1) << 30)
 #define BIG_RECV_BUF (1024 * 1024)
+#define SERVER_READ_CHUNK (256 * 1024) /* the server's read of a stream (EXEC_READ_CHUNK) */
 #define SMALL_RECV_BUF (4 * 1024)
 #define PATTERN_SIZE (4 * MIB)
 #define STREAM_CMD "for i in 1 2 3; do echo $i; sleep 0.5; done"
@@ -276,8 +277,8 @@ static void print_cpu(const char *label, uint64_t client_ns, uint64_t server_ns,
     "sbx streams UTF-8 text: caf\u00e9, na\u00efve, \u2014 \u00bd \u00e0 la carte 0123456789"
 #define TEXT_SHELL "yes '" TEXT_LINE "' | head -c "
 
-/* The source (`head -c N /dev/zero`, or N bytes of that text) into a pipe read by us, 64 KiB
- * reads (the server's read size). */
+/* The source (`head -c N /dev/zero`, or N bytes of that text) into a pipe read by us, reads
+ * of the server's size. */
 static int pipe_baseline(uint64_t bytes, bool text, uint64_t *ret_ns)
 {
     int p[2];
@@ -298,10 +299,10 @@ static int pipe_baseline(uint64_t bytes, bool text, uint64_t *ret_ns)
     int r = -posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     safe_close(p[1]);
-    _cleanup_free_ unsigned char *buf = malloc(64 * 1024);
+    _cleanup_free_ unsigned char *buf = malloc(SERVER_READ_CHUNK);
     uint64_t got = 0;
     while (r >= 0 && buf) {
-        ssize_t n = read(p[0], buf, 64 * 1024);
+        ssize_t n = read(p[0], buf, SERVER_READ_CHUNK);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)

@@ -15,7 +15,7 @@ typedef struct {
 } outpipe_t;
 
 void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void *data);
-/* Read once into buf (cap >= EXEC_READ_CHUNK + 4). Returns the number of bytes to emit now
+/* Read once into buf (cap: the read's size + 8, room for up to 3 held UTF-8 bytes). Returns the number of bytes to emit now
  * (may be 0), -EAGAIN when nothing is there, or 0 with op->eof set at end of file (any held
  * UTF-8 bytes are then emitted). */
 ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_carry);

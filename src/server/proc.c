@@ -154,7 +154,7 @@ static void proc_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
 {
     proc_t *p = w->data;
     outpipe_t *op = w == &p->out.w ? &p->out : &p->err;
-    unsigned char buf[EXEC_READ_CHUNK + 8];
+    unsigned char buf[PROC_READ_CHUNK + 8];
     (void)ev;
     for (int i = 0; i < 8 && !op->eof; i++) {
         ssize_t n = outpipe_read(op, buf, sizeof buf, true);

@@ -694,12 +694,52 @@ __attribute__((target("ssse3"))) static size_t b64_encode_ssse3(char *dst, const
     *ret_used = i;
     return (size_t)(d - dst);
 }
+
+static bool have_avx512vbmi(void)
+{
+    static int has = -1;
+    if (has < 0) /* libgcc's check includes the OS's saving of the vector state (XCR0) */
+        has = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw") ? 1 : 0;
+    return has;
+}
+
+/* 48 input bytes to 64 characters per step with AVX-512 VBMI (Muła and Lemire): each 3-byte
+ * group gathered into a 32-bit lane as in the SSSE3 path (b1 b0 b2 b1), the four 6-bit
+ * fields picked out with one multishift, and their characters looked up in the 64-character
+ * alphabet with one byte permute (which reads only each index's low 6 bits). Loads 64 bytes,
+ * so it stops 64 bytes before the end; same contract as b64_encode_ssse3. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static size_t
+b64_encode_vbmi(char *dst, const unsigned char *p, size_t n, size_t *ret_used)
+{
+    const __m512i gather = _mm512_setr_epi32(
+        0x01020001, 0x04050304, 0x07080607, 0x0a0b090a, 0x0d0e0c0d, 0x10110f10, 0x13141213,
+        0x16171516, 0x191a1819, 0x1c1d1b1c, 0x1f201e1f, 0x22232122, 0x25262425, 0x28292728,
+        0x2b2c2a2b, 0x2e2f2d2e);
+    /* per 32-bit group, the bit offsets of its fields: 10, 4, 22, 16 (then +32) */
+    const __m512i fields = _mm512_set1_epi64(0x3036242a1016040a);
+    const __m512i alphabet = _mm512_loadu_si512((const void *)b64_tab);
+    size_t i = 0;
+    char *d = dst;
+    for (; i + 64 <= n; i += 48, d += 64) {
+        __m512i in = _mm512_permutexvar_epi8(gather, _mm512_loadu_si512((const void *)(p + i)));
+        __m512i idx = _mm512_multishift_epi64_epi8(fields, in);
+        _mm512_storeu_si512((void *)d, _mm512_permutexvar_epi8(idx, alphabet));
+    }
+    *ret_used = i;
+    return (size_t)(d - dst);
+}
 #endif
 
 static size_t b64_encode(char *dst, const unsigned char *p, size_t n)
 {
     char *start = dst;
 #if defined(__x86_64__)
+    if (n >= 64 && have_avx512vbmi()) {
+        size_t used;
+        dst += b64_encode_vbmi(dst, p, n, &used);
+        p += used;
+        n -= used;
+    }
     if (have_ssse3() && n >= 16) {
         size_t used;
         dst += b64_encode_ssse3(dst, p, n, &used);

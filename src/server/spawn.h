@@ -15,7 +15,13 @@ typedef struct server server_t;
 
 #define EXEC_MAX_BODY (16 * 1024 * 1024)
 #define EXEC_MAX_ENV_BYTES (64 * 1024)
-#define EXEC_READ_CHUNK (64 * 1024)
+/* One read of a /v1/exec stream's pipe, one event: a quarter of the pipe (1 MiB). Fewer,
+ * larger reads and sends cost the server ~18 % less CPU per streamed byte than 64 KiB ones
+ * (base64, measured); an event is at most ~1.5 MiB on the wire (UTF-8 escapes). */
+#define EXEC_READ_CHUNK (256 * 1024)
+/* The same for background processes (proc.c; envd's streams), whose events clients also
+ * buffer whole. */
+#define PROC_READ_CHUNK (64 * 1024)
 
 typedef struct {
     json_t *cmd; /* as sent (string or array), for echoing back */
