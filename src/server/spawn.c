@@ -538,27 +538,74 @@ enum {
     U8_CARRY = U8_TOO_SHORT | U8_TOO_LONG | U8_TWO_CONTS,
 };
 
+/* The three tables, by the previous byte's high nibble, its low nibble, and the current
+ * byte's high nibble. */
+#define U8_C (U8_CARRY)
+#define U8_L (U8_CARRY | U8_TOO_LARGE | U8_TOO_LARGE_1000)
+static const unsigned char u8_b1_high[16] = {
+    U8_TOO_LONG,
+    U8_TOO_LONG,
+    U8_TOO_LONG,
+    U8_TOO_LONG,
+    U8_TOO_LONG,
+    U8_TOO_LONG,
+    U8_TOO_LONG,
+    U8_TOO_LONG,
+    U8_TWO_CONTS,
+    U8_TWO_CONTS,
+    U8_TWO_CONTS,
+    U8_TWO_CONTS,
+    U8_TOO_SHORT | U8_OVERLONG_2,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT | U8_OVERLONG_3 | U8_SURROGATE,
+    U8_TOO_SHORT | U8_TOO_LARGE | U8_TOO_LARGE_1000 | U8_OVERLONG_4,
+};
+static const unsigned char u8_b1_low[16] = {
+    U8_CARRY | U8_OVERLONG_3 | U8_OVERLONG_2 | U8_OVERLONG_4,
+    U8_CARRY | U8_OVERLONG_2,
+    U8_C,
+    U8_C,
+    U8_CARRY | U8_TOO_LARGE,
+    U8_L,
+    U8_L,
+    U8_L,
+    U8_L,
+    U8_L,
+    U8_L,
+    U8_L,
+    U8_L,
+    U8_CARRY | U8_TOO_LARGE | U8_TOO_LARGE_1000 | U8_SURROGATE,
+    U8_L,
+    U8_L,
+};
+#define U8_CONT (U8_TOO_LONG | U8_OVERLONG_2 | U8_TWO_CONTS)
+static const unsigned char u8_b2_high[16] = {
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_CONT | U8_OVERLONG_3 | U8_TOO_LARGE_1000 | U8_OVERLONG_4,
+    U8_CONT | U8_OVERLONG_3 | U8_TOO_LARGE,
+    U8_CONT | U8_SURROGATE | U8_TOO_LARGE,
+    U8_CONT | U8_SURROGATE | U8_TOO_LARGE,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+    U8_TOO_SHORT,
+};
+#undef U8_C
+#undef U8_L
+#undef U8_CONT
+
 __attribute__((target("ssse3"))) static inline __m128i u8_block_errors(__m128i in, __m128i prev)
 {
-    const __m128i b1_high = _mm_setr_epi8(
-        U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG, U8_TOO_LONG,
-        U8_TOO_LONG, (char)U8_TWO_CONTS, (char)U8_TWO_CONTS, (char)U8_TWO_CONTS, (char)U8_TWO_CONTS,
-        U8_TOO_SHORT | U8_OVERLONG_2, U8_TOO_SHORT, U8_TOO_SHORT | U8_OVERLONG_3 | U8_SURROGATE,
-        U8_TOO_SHORT | U8_TOO_LARGE | U8_TOO_LARGE_1000 | U8_OVERLONG_4);
-    const char c = (char)U8_CARRY, l = (char)(U8_CARRY | U8_TOO_LARGE | U8_TOO_LARGE_1000);
-    const __m128i b1_low = _mm_setr_epi8(
-        (char)(U8_CARRY | U8_OVERLONG_3 | U8_OVERLONG_2 | U8_OVERLONG_4),
-        (char)(U8_CARRY | U8_OVERLONG_2), c, c, (char)(U8_CARRY | U8_TOO_LARGE), l, l, l, l, l, l,
-        l, l, (char)(U8_CARRY | U8_TOO_LARGE | U8_TOO_LARGE_1000 | U8_SURROGATE), l, l);
-    const char cont8 = (char)(U8_TOO_LONG | U8_OVERLONG_2 | U8_TWO_CONTS | U8_OVERLONG_3 |
-                              U8_TOO_LARGE_1000 | U8_OVERLONG_4),
-               cont9 = (char)(U8_TOO_LONG | U8_OVERLONG_2 | U8_TWO_CONTS | U8_OVERLONG_3 |
-                              U8_TOO_LARGE),
-               contab =
-                   (char)(U8_TOO_LONG | U8_OVERLONG_2 | U8_TWO_CONTS | U8_SURROGATE | U8_TOO_LARGE),
-               s = U8_TOO_SHORT;
-    const __m128i b2_high =
-        _mm_setr_epi8(s, s, s, s, s, s, s, s, cont8, cont9, contab, contab, s, s, s, s);
+    const __m128i b1_high = _mm_loadu_si128((const __m128i *)u8_b1_high),
+                  b1_low = _mm_loadu_si128((const __m128i *)u8_b1_low),
+                  b2_high = _mm_loadu_si128((const __m128i *)u8_b2_high);
     const __m128i nib = _mm_set1_epi8(0x0F);
     __m128i prev1 = _mm_alignr_epi8(in, prev, 15);
     __m128i sc = _mm_and_si128(
@@ -635,6 +682,114 @@ static size_t json_escape_valid(char *dst, const unsigned char *p, size_t n)
     }
     return (size_t)(d - dst);
 }
+
+static bool have_avx512bw(void)
+{
+    static int has = -1;
+    if (has < 0) /* libgcc's check includes the OS's saving of the vector state (XCR0) */
+        has = __builtin_cpu_supports("avx512bw") ? 1 : 0;
+    return has;
+}
+
+static bool have_avx512vbmi(void)
+{
+    static int has = -1;
+    if (has < 0)
+        has = have_avx512bw() && __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+    return has;
+}
+
+/* utf8_valid_ssse3, 64 bytes a step with AVX-512 VBMI: the same three tables (each 128-bit
+ * lane looks up its own copy), the bytes 1, 2 and 3 back taken across the block boundary with
+ * one two-source byte permute each. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static inline __m512i
+u8_block_errors_512(__m512i in, __m512i prev)
+{
+    const __m128i b1_high = _mm_loadu_si128((const __m128i *)u8_b1_high),
+                  b1_low = _mm_loadu_si128((const __m128i *)u8_b1_low),
+                  b2_high = _mm_loadu_si128((const __m128i *)u8_b2_high);
+    const __m512i t1h = _mm512_broadcast_i32x4(b1_high), t1l = _mm512_broadcast_i32x4(b1_low),
+                  t2h = _mm512_broadcast_i32x4(b2_high), nib = _mm512_set1_epi8(0x0F);
+    /* byte j of prevK: the byte K before in[j] (from prev's end for j < K) */
+    const __m512i step = _mm512_set_epi8(
+        63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42, 41,
+        40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+        17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i prev1 = _mm512_permutex2var_epi8(prev, _mm512_add_epi8(step, _mm512_set1_epi8(63)), in);
+    __m512i prev2 = _mm512_permutex2var_epi8(prev, _mm512_add_epi8(step, _mm512_set1_epi8(62)), in);
+    __m512i prev3 = _mm512_permutex2var_epi8(prev, _mm512_add_epi8(step, _mm512_set1_epi8(61)), in);
+    __m512i sc = _mm512_and_si512(
+        _mm512_and_si512(
+            _mm512_shuffle_epi8(t1h, _mm512_and_si512(_mm512_srli_epi16(prev1, 4), nib)),
+            _mm512_shuffle_epi8(t1l, _mm512_and_si512(prev1, nib))),
+        _mm512_shuffle_epi8(t2h, _mm512_and_si512(_mm512_srli_epi16(in, 4), nib)));
+    __m512i third = _mm512_subs_epu8(prev2, _mm512_set1_epi8(0xE0 - 0x80));
+    __m512i fourth = _mm512_subs_epu8(prev3, _mm512_set1_epi8(0xF0 - 0x80));
+    __m512i must23 = _mm512_and_si512(_mm512_or_si512(third, fourth), _mm512_set1_epi8((char)0x80));
+    return _mm512_xor_si512(must23, sc);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static bool
+utf8_valid_avx512(const unsigned char *p, size_t n)
+{
+    /* a block ending in the lead of an unfinished sequence (its last three bytes) */
+    const __m512i unfinished = _mm512_mask_blend_epi8(
+        UINT64_C(7) << 61, _mm512_set1_epi8(-1),
+        _mm512_set_epi8((char)(0xC0 - 1), (char)(0xE0 - 1), (char)(0xF0 - 1), 0, 0, 0, 0, 0, 0, 0,
+                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                        0, 0, 0, 0));
+    __m512i prev = _mm512_setzero_si512(), err = prev, prev_unfinished = prev;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i in = _mm512_loadu_si512((const void *)(p + i));
+        if (_mm512_movepi8_mask(in) == 0) { /* ASCII: fine unless a sequence was left open */
+            err = _mm512_or_si512(err, prev_unfinished);
+            prev_unfinished = _mm512_setzero_si512();
+        } else {
+            err = _mm512_or_si512(err, u8_block_errors_512(in, prev));
+            prev_unfinished = _mm512_subs_epu8(in, unfinished);
+        }
+        prev = in;
+    }
+    if (i < n) /* the tail, padded with NULs (ASCII): a sequence cut by the end is an error */
+        err = _mm512_or_si512(
+            err, u8_block_errors_512(_mm512_maskz_loadu_epi8(~UINT64_C(0) >> (64 - (n - i)), p + i),
+                                     prev));
+    else
+        err = _mm512_or_si512(err, prev_unfinished);
+    return _mm512_test_epi8_mask(err, err) == 0;
+}
+
+/* The same, 64 bytes a step with AVX-512BW: each block is stored whole and the output moves
+ * on by what of it is plain (all of it, or up to the first byte to escape), so a run costs no
+ * copy call of its own. A store never reaches past the finished output: at least 64 input
+ * bytes are left, each at least one output byte. The last < 64 bytes go the SSSE3 way (an
+ * escape looks only at ASCII bytes, so any split of valid UTF-8 escapes the same). */
+__attribute__((target("avx512f,avx512bw"))) static size_t
+json_escape_valid_avx512(char *dst, const unsigned char *p, size_t n)
+{
+    const __m512i c20 = _mm512_set1_epi8(0x20), quote = _mm512_set1_epi8('"'),
+                  bslash = _mm512_set1_epi8('\\');
+    char *d = dst;
+    size_t i = 0;
+    while (i + 64 <= n) {
+        __m512i v = _mm512_loadu_si512((const void *)(p + i));
+        __mmask64 m = _mm512_cmplt_epu8_mask(v, c20) | _mm512_cmpeq_epi8_mask(v, quote) |
+                      _mm512_cmpeq_epi8_mask(v, bslash);
+        _mm512_storeu_si512((void *)d, v);
+        if (m == 0) {
+            i += 64;
+            d += 64;
+            continue;
+        }
+        size_t k = (size_t)__builtin_ctzll(m);
+        d += k;
+        i += k;
+        d = put_escape(d, p[i++]);
+    }
+    return (size_t)(d - dst) + json_escape_valid(d, p + i, n - i);
+}
 #endif
 
 /* JSON-escape p[0..n): valid UTF-8 (checked with the vector validator where the CPU has
@@ -643,8 +798,12 @@ static size_t json_escape_valid(char *dst, const unsigned char *p, size_t n)
 static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad)
 {
 #if defined(__x86_64__)
+    if (n >= 64 && have_avx512vbmi())
+        return utf8_valid_avx512(p, n) ? json_escape_valid_avx512(dst, p, n)
+                                       : json_escape_scalar(dst, p, n, bad);
     if (have_ssse3() && n >= 16 && utf8_valid_ssse3(p, n))
-        return json_escape_valid(dst, p, n);
+        return n >= 64 && have_avx512bw() ? json_escape_valid_avx512(dst, p, n)
+                                          : json_escape_valid(dst, p, n);
 #endif
     return json_escape_scalar(dst, p, n, bad);
 }
@@ -695,14 +854,6 @@ __attribute__((target("ssse3"))) static size_t b64_encode_ssse3(char *dst, const
     return (size_t)(d - dst);
 }
 
-static bool have_avx512vbmi(void)
-{
-    static int has = -1;
-    if (has < 0) /* libgcc's check includes the OS's saving of the vector state (XCR0) */
-        has = __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw") ? 1 : 0;
-    return has;
-}
-
 /* 48 input bytes to 64 characters per step with AVX-512 VBMI (Muła and Lemire): each 3-byte
  * group gathered into a 32-bit lane as in the SSSE3 path (b1 b0 b2 b1), the four 6-bit
  * fields picked out with one multishift, and their characters looked up in the 64-character
@@ -711,10 +862,10 @@ static bool have_avx512vbmi(void)
 __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static size_t
 b64_encode_vbmi(char *dst, const unsigned char *p, size_t n, size_t *ret_used)
 {
-    const __m512i gather = _mm512_setr_epi32(
-        0x01020001, 0x04050304, 0x07080607, 0x0a0b090a, 0x0d0e0c0d, 0x10110f10, 0x13141213,
-        0x16171516, 0x191a1819, 0x1c1d1b1c, 0x1f201e1f, 0x22232122, 0x25262425, 0x28292728,
-        0x2b2c2a2b, 0x2e2f2d2e);
+    const __m512i gather =
+        _mm512_setr_epi32(0x01020001, 0x04050304, 0x07080607, 0x0a0b090a, 0x0d0e0c0d, 0x10110f10,
+                          0x13141213, 0x16171516, 0x191a1819, 0x1c1d1b1c, 0x1f201e1f, 0x22232122,
+                          0x25262425, 0x28292728, 0x2b2c2a2b, 0x2e2f2d2e);
     /* per 32-bit group, the bit offsets of its fields: 10, 4, 22, 16 (then +32) */
     const __m512i fields = _mm512_set1_epi64(0x3036242a1016040a);
     const __m512i alphabet = _mm512_loadu_si512((const void *)b64_tab);
