@@ -808,6 +808,40 @@ static size_t json_escape(char *dst, const unsigned char *p, size_t n, bool *bad
     return json_escape_scalar(dst, p, n, bad);
 }
 
+int utf8_valid_at(unsigned width, const unsigned char *p, size_t n)
+{
+    if (width == 0) {
+        for (size_t i = 0; i < n;) {
+            size_t k = p[i] < 0x80 ? 1 : utf8_seq_at(p + i, n - i);
+            if (k == 0)
+                return 0;
+            i += k;
+        }
+        return 1;
+    }
+#if defined(__x86_64__)
+    if (width == 16 && have_ssse3())
+        return utf8_valid_ssse3(p, n);
+    if (width == 64 && have_avx512vbmi())
+        return utf8_valid_avx512(p, n);
+#endif
+    return -1;
+}
+
+ssize_t json_escape_at(unsigned width, char *dst, const unsigned char *p, size_t n)
+{
+    bool bad = false;
+    if (width == 0)
+        return (ssize_t)json_escape_scalar(dst, p, n, &bad);
+#if defined(__x86_64__)
+    if (width == 16 && have_ssse3())
+        return (ssize_t)json_escape_valid(dst, p, n);
+    if (width == 64 && have_avx512bw())
+        return (ssize_t)json_escape_valid_avx512(dst, p, n);
+#endif
+    return -1;
+}
+
 static char *put(char *d, const char *s)
 {
     size_t n = strlen(s);

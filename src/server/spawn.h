@@ -122,5 +122,11 @@ size_t event_encode_output(char *dst, const char *stream, const unsigned char *p
                            bool base64);
 /* Move the incomplete UTF-8 tail of buf (len) into carry; return the length to emit now. */
 size_t utf8_split_tail(const unsigned char *buf, size_t len, utf8_carry_t *carry);
+/* The encoder's paths one at a time, for tests that compare them: width 0 the bytewise one,
+ * 16 SSSE3, 64 AVX-512; -1 where this CPU has not that path. utf8_valid_at: whether the path's
+ * validator finds p[0..n) valid UTF-8. json_escape_at: what its escape writes for p[0..n)
+ * (for widths 16 and 64, p must be valid UTF-8; dst: room for event_output_max(n)). */
+int utf8_valid_at(unsigned width, const unsigned char *p, size_t n);
+ssize_t json_escape_at(unsigned width, char *dst, const unsigned char *p, size_t n);
 /* {"event":"exit",...}\n from a wait status. */
 int event_encode_exit(char *dst, size_t cap, int wstatus, bool timed_out, uint64_t duration_ms);

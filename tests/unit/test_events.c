@@ -257,6 +257,86 @@ TEST(random_mixtures_match_a_bytewise_reference)
     }
 }
 
+/* The validators and escapes of each width (bytewise, SSSE3, AVX-512; the ones this CPU has)
+ * against each other and a bytewise reference, on random mixtures of 64 to 1,000 bytes: the
+ * encoder takes the widest path its CPU has, so each must give exactly what the others do. */
+TEST(every_vector_path_matches_the_bytewise_one)
+{
+    static const char *const pieces[] = {
+        "a",
+        "plain ascii text ",
+        "\"",
+        "\\",
+        "\n",
+        "\x01",
+        "\x7f",
+        "\xc3\xa9",
+        "\xdf\xbf",
+        "\xe0\xa0\x80",
+        "\xed\x9f\xbf",
+        "\xef\xbf\xbf",
+        "\xf0\x90\x80\x80",
+        "\xf4\x8f\xbf\xbf",
+        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", /* valid so far */
+        "\xc0\x80",
+        "\xe0\x80\x80",
+        "\xed\xa0\x80",
+        "\xf4\x90\x80\x80",
+        "\xf5",
+        "\xff",
+        "\x80",
+        "\xbf",
+        "\xe2\x82",
+        "\xf0\x9f\x98", /* invalid or cut */
+    };
+    const size_t n_pieces = sizeof pieces / sizeof pieces[0], n_valid = 15;
+    static unsigned char in[1000];
+    static char want[6 * sizeof in + 16], got[6 * sizeof in + 16];
+    unsigned seed = 777, tested[3] = { 0, 0, 0 };
+    for (int t = 0; t < 60000; t++) {
+        size_t n = 0;
+        seed = seed * 1103515245u + 12345u;
+        unsigned k = 4 + (seed >> 16) % 60;
+        bool valid_only = t % 3 != 0; /* two in three all valid: the escapes compare on them */
+        for (unsigned j = 0; j < k; j++) {
+            seed = seed * 1103515245u + 12345u;
+            const char *pc = pieces[(seed >> 16) % (valid_only ? n_valid : n_pieces)];
+            size_t l = strlen(pc);
+            if (n + l > sizeof in)
+                break;
+            memcpy(in + n, pc, l);
+            n += l;
+        }
+        if (n < 64)
+            continue;
+        size_t inc;
+        int ref = 1;
+        for (size_t i = 0; i < n && ref;) {
+            size_t v = utf8_valid_prefix(in + i, n - i, &inc);
+            i += v;
+            if (i < n)
+                ref = 0;
+        }
+        ssize_t wl = json_escape_at(0, want, in, n);
+        ASSERT_TRUE(wl >= 0);
+        for (unsigned w = 0; w < 3; w++) {
+            int v = utf8_valid_at(w == 0 ? 0 : w == 1 ? 16 : 64, in, n);
+            if (v < 0)
+                continue;
+            tested[w]++;
+            ASSERT_EQ(v, ref);
+            if (!ref)
+                continue;
+            ssize_t gl = json_escape_at(w == 0 ? 0 : w == 1 ? 16 : 64, got, in, n);
+            ASSERT_TRUE(gl >= 0);
+            ASSERT_MEMEQ(got, (size_t)gl, want, (size_t)wl);
+        }
+    }
+    ASSERT_TRUE(tested[0] > 10000); /* the vector widths: wherever this CPU has them */
+    if (utf8_valid_at(64, (const unsigned char *)"x", 1) < 0)
+        fprintf(stderr, "# AVX-512 paths: not on this CPU, not compared\n");
+}
+
 /* A sequence cut short at every position, then plain ASCII (whole 16-byte blocks of it, which
  * the vector validator passes with one test): replaced, never passed through. */
 TEST(cut_sequences_before_ascii_blocks_are_replaced)
@@ -526,6 +606,7 @@ int main(void)
         T(invalid_utf8_gets_replacement_and_exact_bytes),
         T(all_byte_values_round_trip),
         T(random_mixtures_match_a_bytewise_reference),
+        T(every_vector_path_matches_the_bytewise_one),
         T(cut_sequences_before_ascii_blocks_are_replaced),
         T(every_short_pattern_across_a_block_boundary),
         T(base64_mode),
