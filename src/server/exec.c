@@ -18,6 +18,12 @@
 
 #define PING_MS 15000
 #define DRAIN_MS 2000
+/* Bulk output: a pipe that had data again within this long of its last read is read by a
+ * timer this often instead of at each of the command's writes (`head` writes 8 KiB at a time:
+ * ~60,000 wake-ups, reads, events and sends a second at 0.5 GB/s, against ~1,000). Output
+ * then reaches the client up to ~2 ms later; a command that writes now and then is read at
+ * once, as before. */
+#define POLL_MS 1
 
 extern char **environ;
 
@@ -70,7 +76,7 @@ typedef struct {
     watcher_t in_w;
     char *in_data;
     size_t in_len, in_off;
-    timer_t_ timeout_t, ping_t, drain_t;
+    timer_t_ timeout_t, ping_t, drain_t, poll_t;
     uint64_t start_ms, exit_ms;
     uint64_t left_at_exit, read_since_exit; /* pipe bytes the command left behind / read */
     int wstatus;
@@ -106,6 +112,7 @@ static void exec_free(void *p)
     timer_disarm(l, &e->timeout_t);
     timer_disarm(l, &e->ping_t);
     timer_disarm(l, &e->drain_t);
+    timer_disarm(l, &e->poll_t);
     exec_op_end(e);
     sandbox_cmd_done(&e->sp.cg);
     sandbox_unref(e->sb);
@@ -146,6 +153,7 @@ static void exec_finish(exec_t *e)
     e->finished = true;
     timer_disarm(e->srv->loop, &e->ping_t);
     timer_disarm(e->srv->loop, &e->drain_t);
+    timer_disarm(e->srv->loop, &e->poll_t);
     /* Closed once the answer is written (exec_conn_close): the command's exit releases its
      * ends of the pipes while it holds each pipe's mutex, and a close of ours meanwhile spins
      * on it (perf: pipe_release in mutex_spin_on_owner) before the client has its answer. */
@@ -173,13 +181,42 @@ static size_t enc_fill(void *ctx, char *dst)
     return event_encode_output(dst, ec->stream, ec->p, ec->n, ec->base64);
 }
 
+/* Paused (the client's buffer is full) or resumed: either way the pipes are watched again
+ * rather than read by the timer. */
 static void exec_pause(exec_t *e, bool pause)
 {
     uint32_t ev = pause ? 0 : EPOLLIN;
+    timer_disarm(e->srv->loop, &e->poll_t);
+    e->out.polled = e->err.polled = false;
     if (!e->out.eof)
         (void)loop_watch(e->srv->loop, &e->out.w, ev);
     if (!e->err.eof)
         (void)loop_watch(e->srv->loop, &e->err.w, ev);
+}
+
+/* After a read of op (got: it found data): a pipe with data again soon after the last time is
+ * left unwatched and read by the timer (POLL_MS); one the timer found empty is watched again
+ * (epoll reports at once what came meanwhile). Not while the client's buffer is full (paused:
+ * on_drain resumes), nor on a pty (interactive). */
+static void exec_poll_or_watch(exec_t *e, outpipe_t *op, bool got)
+{
+    loop_t *l = e->srv->loop;
+    uint64_t now = loop_now_ms(l);
+    if (op->eof || !e->conn || e->finished || e->pty || conn_out_full(e->conn))
+        return;
+    if (got && (op->polled || now - op->last_data_ms <= POLL_MS)) {
+        if (!op->polled) {
+            op->polled = true;
+            (void)loop_watch(l, &op->w, 0);
+        }
+        if (!timer_armed(&e->poll_t))
+            (void)timer_arm(l, &e->poll_t, POLL_MS);
+    } else if (op->polled) {
+        op->polled = false;
+        (void)loop_watch(l, &op->w, EPOLLIN);
+    }
+    if (got)
+        op->last_data_ms = now;
 }
 
 static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
@@ -198,6 +235,7 @@ static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
         op->hup = true;
         return;
     }
+    bool got = false;
     for (int i = 0; i < 16 && e->conn && !op->eof; i++) {
         if (conn_out_full(e->conn)) {
             /* Write now: on_drain comes only from a writable event, which is asked for only
@@ -217,6 +255,7 @@ static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
             break;
         }
         if (n > 0) {
+            got = true;
             struct enc_ctx ec = { op->stream, buf, (size_t)n, e->base64 };
             if (conn_stream_chunk_fill(e->conn, event_output_max((size_t)n), enc_fill, &ec) < 0) {
                 conn_abort(e->conn);
@@ -231,7 +270,17 @@ static void exec_on_pipe(loop_t *l, watcher_t *w, uint32_t ev)
     }
     if (e->conn)
         conn_flush(e->conn);
+    exec_poll_or_watch(e, op, got);
     exec_check_done(e);
+}
+
+static void exec_on_poll(loop_t *l, timer_t_ *t)
+{
+    exec_t *e = t->data;
+    if (e->out.polled && !e->out.eof)
+        exec_on_pipe(l, &e->out.w, EPOLLIN);
+    if (e->err.polled && !e->err.eof && e->conn && !e->finished)
+        exec_on_pipe(l, &e->err.w, EPOLLIN);
 }
 
 static void exec_on_stdin(loop_t *l, watcher_t *w, uint32_t ev)
@@ -454,6 +503,7 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
     timer_init(&e->timeout_t, exec_on_timeout, e);
     timer_init(&e->ping_t, exec_on_ping, e);
     timer_init(&e->drain_t, exec_on_drain_timer, e);
+    timer_init(&e->poll_t, exec_on_poll, e);
     if (spec->has_stdin) {
         e->in_data = TAKE_PTR(spec->stdin_data);
         e->in_len = spec->stdin_len;

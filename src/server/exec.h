@@ -11,7 +11,9 @@ typedef struct {
     const char *stream; /* "stdout" | "stderr" */
     utf8_carry_t carry;
     bool eof;
-    bool hup; /* hung up before the command's exit was seen: read after it (exec.c) */
+    bool hup;              /* hung up before the command's exit was seen: read after it (exec.c) */
+    bool polled;           /* read by a timer, not watched (exec.c: bulk output) */
+    uint64_t last_data_ms; /* when a read last found data */
 } outpipe_t;
 
 void outpipe_init(outpipe_t *op, int fd, const char *stream, watcher_cb cb, void *data);

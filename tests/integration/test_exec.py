@@ -419,6 +419,48 @@ def test_chatty_grandchild_does_not_hold_the_stream(server, tmp_path):
             pass  # gone already (the test asserts the stream, not the ticker's fate)
 
 
+@pytest.mark.parametrize("encoding", ["utf8", "base64"])
+def test_output_after_a_burst_arrives_while_the_command_still_runs(server, tmp_path, encoding):
+    """A burst of output has the server read the pipe by a timer (bulk mode); a line written
+    after it, once the pipe was found empty, must still reach the client while the command
+    runs (the pipe is watched again, not left to a timer that stopped). The command waits for a file
+    the test makes only once it has seen that line: held back, the line would arrive after the
+    command gave up (exit code 3, after 10 s: less than the 15 s keep-alive ping, which also
+    rewatches the pipes), not before it (0). No wall-clock bound in the test itself."""
+    flag = tmp_path / "seen"
+    # the burst: 400 short writes paced ~0.25 ms apart (reads that find data again within a
+    # millisecond switch to the timer, and each tick finds more), less than the connection's
+    # buffer holds (a full buffer pauses the pipes and resumes them watched, which would hide a
+    # stopped timer)
+    burst = ("import os, time\nfor n in range(400):\n"
+             "    os.write(1, b'%d\\n' % n)\n    time.sleep(0.00025)\n")
+    cmd = (f"/usr/bin/python3 -c \"{burst}\"; sleep 0.3; echo marker; i=0; "
+           f"while [ ! -e {flag} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
+           f"[ -e {flag} ] || exit 3")
+    body = {"cmd": cmd}
+    if encoding == "base64":
+        body["encoding"] = "base64"
+    ev, seen = [], b""
+    with RawConn(server, timeout=60) as c:
+        c.send(request_bytes("POST", "/v1/exec", token=server.token, body=body))
+        assert c.read_head()[0] == 200
+        for e in c.events():
+            ev.append(e)
+            if e["event"] == "stdout" and not flag.exists():
+                data = (base64.b64decode(e["data"]) if encoding == "base64"
+                        else e["data"].encode())
+                seen = (seen + data)[-16:]
+                if b"marker\n" in seen:
+                    flag.write_text("1")
+            if e["event"] == "exit":
+                break
+    check_stream_shape(ev)
+    assert flag.exists(), "the line after the burst never arrived"
+    assert ev[-1]["exit_code"] == 0, "the line after the burst arrived only after the command gave up"
+    out = b64_output(ev) if encoding == "base64" else output_of(ev)
+    assert out == b"".join(b"%d\n" % i for i in range(400)) + b"marker\n"
+
+
 def test_output_written_just_before_the_exit_is_never_lost(server, pool_host):
     """The server reads a pipe that hung up before the command's exit was seen only after it;
     output written just before the writer's exit still arrives whole, on both streams, from
