@@ -16,6 +16,10 @@ struct loop {
         void *p;
     } * defer;
     size_t n_defer, cap_defer;
+    /* The batch of events being dispatched (loop_run), so that loop_unwatch can strike out the
+     * events still to come of a watcher its owner then frees. */
+    struct epoll_event *batch;
+    int batch_n, batch_i;
 };
 
 int loop_defer(loop_t *l, void (*fn)(void *), void *p)
@@ -121,6 +125,12 @@ void loop_unwatch(loop_t *l, watcher_t *w)
     (void)epoll_ctl(l->epfd, EPOLL_CTL_DEL, w->fd, NULL);
     w->added = false;
     w->events = w->kernel = 0;
+    /* An event of it later in the batch being dispatched would be read from w after this
+     * callback returns, and its owner may free it now (a run retired by a request earlier in
+     * the batch: ASan, heap-use-after-free in loop_run): struck out here instead. */
+    for (int i = l->batch ? l->batch_i + 1 : l->batch_n; i < l->batch_n; i++)
+        if (l->batch[i].data.ptr == w)
+            l->batch[i].data.ptr = NULL;
 }
 
 static void heap_swap(loop_t *l, size_t a, size_t b)
@@ -223,14 +233,18 @@ int loop_run(loop_t *l)
             return negative_errno();
         }
         l->now_ms = monotonic_ms();
-        for (int i = 0; i < n && !l->stop; i++) {
-            watcher_t *w = evs[i].data.ptr;
-            if (!w->added) /* it may have been unwatched by an earlier callback */
+        l->batch = evs;
+        l->batch_n = n;
+        for (l->batch_i = 0; l->batch_i < n && !l->stop; l->batch_i++) {
+            watcher_t *w = evs[l->batch_i].data.ptr;
+            if (!w || !w->added) /* unwatched (and maybe freed) by an earlier callback */
                 continue;
-            uint32_t ev = wanted_events(l, w, evs[i].events);
+            uint32_t ev = wanted_events(l, w, evs[l->batch_i].events);
             if (ev)
                 w->cb(l, w, ev);
         }
+        l->batch = NULL;
+        l->batch_n = 0;
         run_timers(l);
         run_deferred(l);
     }

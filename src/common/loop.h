@@ -44,6 +44,8 @@ static inline void watcher_init(watcher_t *w, int fd, watcher_cb cb, void *data)
  * connection that stops reading while it answers and reads again afterwards costs no system
  * call when its peer sent nothing meanwhile. */
 int loop_watch(loop_t *l, watcher_t *w, uint32_t events);
+/* Deregister. An event of w still to come in the batch being dispatched is dropped, so the
+ * caller may free w at once (tested: a watcher freed by an earlier callback of its batch). */
 void loop_unwatch(loop_t *l, watcher_t *w);
 
 static inline void timer_init(timer_t_ *t, timer_cb cb, void *data)

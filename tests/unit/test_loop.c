@@ -406,7 +406,63 @@ TEST(a_closed_fd_shared_with_a_child_stays_registered_unless_deleted_first)
     close(ep);
 }
 
+/* Two watchers with events in the same batch; whichever is called first unwatches and frees
+ * the other (a node retiring a run whose output watcher is ready too): the other's event is
+ * never delivered, and nothing reads the freed watcher (ASan build: heap-use-after-free in
+ * loop_run before the batch's events were struck out). */
+typedef struct {
+    watcher_t w;
+    int *calls;
+    void **other; /* the other one's slot, freed and cleared by the first callback */
+} pair_half_t;
+
+static void on_free_other(loop_t *l, watcher_t *w, uint32_t ev)
+{
+    pair_half_t *h = w->data;
+    (void)ev;
+    (*h->calls)++;
+    pair_half_t *o = *h->other;
+    if (o) {
+        loop_unwatch(l, &o->w);
+        free(o);
+        *h->other = NULL;
+    }
+    loop_unwatch(l, w); /* the batch goes on: the other's event comes next */
+}
+
+TEST(a_watcher_freed_by_an_earlier_callback_of_its_batch_is_never_called)
+{
+    loop_t *l = NULL;
+    int a[2], b[2], calls = 0;
+    void *slot[2];
+    ASSERT_EQ(pipe2(a, O_CLOEXEC | O_NONBLOCK), 0);
+    ASSERT_EQ(pipe2(b, O_CLOEXEC | O_NONBLOCK), 0);
+    ASSERT_EQ(write(a[1], "x", 1), 1);
+    ASSERT_EQ(write(b[1], "y", 1), 1); /* both readable before the loop asks: one batch */
+    ASSERT_EQ(loop_new(&l), 0);
+    for (int i = 0; i < 2; i++) {
+        pair_half_t *h = calloc(1, sizeof *h);
+        ASSERT_TRUE(h != NULL);
+        *h = (pair_half_t){ .calls = &calls, .other = &slot[1 - i] };
+        slot[i] = h;
+        watcher_init(&h->w, i == 0 ? a[0] : b[0], on_free_other, h);
+        ASSERT_EQ(loop_watch(l, &h->w, EPOLLIN), 0);
+    }
+    timer_t_ stop;
+    timer_init(&stop, on_stop, NULL);
+    ASSERT_EQ(timer_arm(l, &stop, 50), 0); /* after the batch */
+    ASSERT_EQ(loop_run(l), 0);
+    ASSERT_EQ(calls, 1);
+    free(slot[0] ? slot[0] : slot[1]); /* the one that was called */
+    loop_free(l);
+    for (int i = 0; i < 2; i++) {
+        close(a[i]);
+        close(b[i]);
+    }
+}
+
 TAP_MAIN(T(timers_fire_in_due_order), T(disarm_and_rearm), T(many_timers_keep_heap_order),
          T(deferred_calls_run_after_the_batch), T(fd_watcher_sees_data),
          T(dropped_read_interest_is_lazy_and_never_reported),
-         T(a_closed_fd_shared_with_a_child_stays_registered_unless_deleted_first))
+         T(a_closed_fd_shared_with_a_child_stays_registered_unless_deleted_first),
+         T(a_watcher_freed_by_an_earlier_callback_of_its_batch_is_never_called))
