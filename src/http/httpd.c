@@ -153,6 +153,12 @@ int httpd_init(httpd_t *h, const httpd_config_t *cfg)
         if (r < 0)
             return r;
     }
+    return cfg->listen_later ? 0 : httpd_listen(h);
+}
+
+int httpd_listen(httpd_t *h)
+{
+    const httpd_config_t *cfg = &h->cfg;
     h->listen_fd = cfg->listen_inherited ? listen_inherited(cfg)
                    : cfg->unix_path[0]   ? listen_unix(cfg)
                                          : listen_tcp(cfg);

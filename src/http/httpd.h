@@ -21,6 +21,9 @@ typedef struct {
     char bind[64];
     char unix_path[108];   /* listen on this unix socket instead */
     bool listen_inherited; /* listen on inherited_fd: a bound unix socket handed over */
+    /* httpd_init leaves the listener to httpd_listen(): a daemon that may still refuse to start
+     * accepts no connection before it knows it will serve */
+    bool listen_later;
     int inherited_fd;
     uint64_t max_connections; /* connections + tunnels */
     uint64_t keepalive_ms;
@@ -59,6 +62,8 @@ struct httpd {
 
 /* Set up the loop, the signals and the listener. On failure httpd_done() cleans up. -errno. */
 int httpd_init(httpd_t *h, const httpd_config_t *cfg);
+/* Open (or take over) the listener and watch it; httpd_init does this unless listen_later. */
+int httpd_listen(httpd_t *h);
 int httpd_run(httpd_t *h);
 /* Close every connection and tunnel, then the loop (what was deferred runs) and the listener. */
 void httpd_done(httpd_t *h);

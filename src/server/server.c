@@ -76,7 +76,11 @@ int server_init(server_t *s, const server_config_t *cfg)
 {
     *s = (server_t){ .cfg = *cfg, .next_proc_id = 1 };
     timer_init(&s->idle_t, on_idle, s); /* initialized first: server_done disarms it */
-    int r = httpd_init(&s->http, &cfg->http);
+    /* A pool host listens once its pool is ready: one that refuses to start (a Landlock floor,
+     * no seccomp filter, no homes) never accepts a connection it would then drop. */
+    httpd_config_t hc = cfg->http;
+    hc.listen_later = cfg->host_mode;
+    int r = httpd_init(&s->http, &hc);
     s->loop = s->http.loop;
     if (r < 0)
         return r;
@@ -94,7 +98,7 @@ int server_init(server_t *s, const server_config_t *cfg)
         s->pool_empty_since_ms = s->http.start_ms;
         timer_init(&s->idle_t, on_pool_tick, s);
         (void)timer_arm(s->loop, &s->idle_t, 1000);
-        return 0;
+        return httpd_listen(&s->http);
     }
     if (cfg->idle_timeout_ms > 0)
         (void)timer_arm(s->loop, &s->idle_t, MIN(cfg->idle_timeout_ms, 1000));
