@@ -551,7 +551,7 @@ static void exec_start_foreground(conn_t *c, exec_spec_t *spec)
     timer_init(&e->timeout_t, exec_on_timeout, e);
     timer_init(&e->ping_t, exec_on_ping, e);
     timer_init(&e->drain_t, exec_on_drain_timer, e);
-    watcher_init(&e->tick_w, -1, exec_on_tick, e);
+    watcher_init(&e->tick_w, -EBADF, exec_on_tick, e);
     if (spec->has_stdin) {
         e->in_data = TAKE_PTR(spec->stdin_data);
         e->in_len = spec->stdin_len;

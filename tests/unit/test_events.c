@@ -174,54 +174,65 @@ TEST(all_byte_values_round_trip)
  * invalid or cut ones, at every alignment (the encoder looks at 8 bytes at a time): data is
  * the input made valid (each byte of a bad sequence one U+FFFD), data_b64 present exactly when
  * something was replaced, and then the input byte for byte. */
+/* Pieces of random mixtures: the valid ones first (MIX_VALID of them), then invalid or cut
+ * sequences. */
+static const char *const mix_pieces[] = {
+    "a",
+    "plain ascii text ",
+    "\"",
+    "\\",
+    "\n",
+    "\x01",
+    "\x1f",
+    "\x7f",
+    " ",
+    "\xc3\xa9",
+    "\xdf\xbf",
+    "\xe0\xa0\x80",
+    "\xed\x9f\xbf",
+    "\xef\xbf\xbf",
+    "\xf0\x90\x80\x80",
+    "\xf4\x8f\xbf\xbf",
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", /* valid */
+    "\xc0\x80",
+    "\xc1\xbf",
+    "\xe0\x80\x80",
+    "\xed\xa0\x80",
+    "\xf4\x90\x80\x80",
+    "\xf5",
+    "\xff",
+    "\x80",
+    "\xbf",
+    "\xe2\x82",
+    "\xf0\x9f\x98", /* invalid or cut */
+};
+#define MIX_VALID 17
+
+/* Up to k random pieces (valid ones only, or any) into in (cap bytes); returns the length. */
+static size_t mix(unsigned char *in, size_t cap, unsigned *seed, unsigned k, bool valid_only)
+{
+    size_t n = 0;
+    for (unsigned j = 0; j < k; j++) {
+        *seed = *seed * 1103515245u + 12345u;
+        const char *pc =
+            mix_pieces[(*seed >> 16) % (valid_only ? MIX_VALID : ELEMENTSOF(mix_pieces))];
+        size_t l = strlen(pc);
+        if (n + l > cap)
+            break;
+        memcpy(in + n, pc, l);
+        n += l;
+    }
+    return n;
+}
+
 TEST(random_mixtures_match_a_bytewise_reference)
 {
-    static const char *const pieces[] = {
-        "a",
-        "plain ascii text ",
-        "\"",
-        "\\",
-        "\n",
-        "\x01",
-        "\x1f",
-        "\x7f",
-        " ",
-        "\xc3\xa9",
-        "\xdf\xbf",
-        "\xe0\xa0\x80",
-        "\xed\x9f\xbf",
-        "\xef\xbf\xbf",
-        "\xf0\x90\x80\x80",
-        "\xf4\x8f\xbf\xbf", /* valid */
-        "\xc0\x80",
-        "\xc1\xbf",
-        "\xe0\x80\x80",
-        "\xed\xa0\x80",
-        "\xf4\x90\x80\x80",
-        "\xf5",
-        "\xff",
-        "\x80",
-        "\xbf",
-        "\xe2\x82",
-        "\xf0\x9f\x98", /* invalid or cut */
-    };
     unsigned seed = 12345;
     for (int t = 0; t < 40000; t++) {
         unsigned char in[640]; /* up to 40 blocks of the vector validator's 16 bytes */
-        size_t n = 0;
         seed = seed * 1103515245u + 12345u;
         unsigned k = (seed >> 16) % (t % 2 ? 24 : 96);
-        for (unsigned j = 0; j < k; j++) {
-            seed = seed * 1103515245u + 12345u;
-            const char *pc = pieces[(seed >> 16) % (sizeof pieces / sizeof pieces[0])];
-            size_t l = strlen(pc);
-            if (l == 0)
-                l = 1; /* never: every piece has a byte */
-            if (n + l > sizeof in)
-                break;
-            memcpy(in + n, pc, l);
-            n += l;
-        }
+        size_t n = mix(in, sizeof in, &seed, k, false);
         if (t % 7 == 0 && n < sizeof in)
             in[n++] = 0; /* a NUL now and then */
         /* the reference: valid prefixes copied, one U+FFFD per byte that does not start one */
@@ -262,51 +273,14 @@ TEST(random_mixtures_match_a_bytewise_reference)
  * encoder takes the widest path its CPU has, so each must give exactly what the others do. */
 TEST(every_vector_path_matches_the_bytewise_one)
 {
-    static const char *const pieces[] = {
-        "a",
-        "plain ascii text ",
-        "\"",
-        "\\",
-        "\n",
-        "\x01",
-        "\x7f",
-        "\xc3\xa9",
-        "\xdf\xbf",
-        "\xe0\xa0\x80",
-        "\xed\x9f\xbf",
-        "\xef\xbf\xbf",
-        "\xf0\x90\x80\x80",
-        "\xf4\x8f\xbf\xbf",
-        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", /* valid so far */
-        "\xc0\x80",
-        "\xe0\x80\x80",
-        "\xed\xa0\x80",
-        "\xf4\x90\x80\x80",
-        "\xf5",
-        "\xff",
-        "\x80",
-        "\xbf",
-        "\xe2\x82",
-        "\xf0\x9f\x98", /* invalid or cut */
-    };
-    const size_t n_pieces = sizeof pieces / sizeof pieces[0], n_valid = 15;
     static unsigned char in[1000];
     static char want[6 * sizeof in + 16], got[6 * sizeof in + 16];
     unsigned seed = 777, tested[3] = { 0, 0, 0 };
     for (int t = 0; t < 60000; t++) {
-        size_t n = 0;
         seed = seed * 1103515245u + 12345u;
         unsigned k = 4 + (seed >> 16) % 60;
-        bool valid_only = t % 3 != 0; /* two in three all valid: the escapes compare on them */
-        for (unsigned j = 0; j < k; j++) {
-            seed = seed * 1103515245u + 12345u;
-            const char *pc = pieces[(seed >> 16) % (valid_only ? n_valid : n_pieces)];
-            size_t l = strlen(pc);
-            if (n + l > sizeof in)
-                break;
-            memcpy(in + n, pc, l);
-            n += l;
-        }
+        /* two in three all valid: the escapes compare on them */
+        size_t n = mix(in, sizeof in, &seed, k, t % 3 != 0);
         if (n < 64)
             continue;
         size_t inc;
