@@ -59,6 +59,12 @@ static void pool_link(pool_t *p, sandbox_t *sb)
         p->first = sb;
     p->last = sb;
     p->count++;
+    if (sb->idle_timeout_ms > 0) {
+        sb->tnext = p->timed_first;
+        if (p->timed_first)
+            p->timed_first->tprev = sb;
+        p->timed_first = sb;
+    }
 }
 
 static void pool_unlink(pool_t *p, sandbox_t *sb)
@@ -78,6 +84,15 @@ static void pool_unlink(pool_t *p, sandbox_t *sb)
         p->last = sb->prev;
     sb->hnext = sb->prev = sb->next = NULL;
     p->count--;
+    if (sb->idle_timeout_ms > 0) {
+        if (sb->tprev)
+            sb->tprev->tnext = sb->tnext;
+        else
+            p->timed_first = sb->tnext;
+        if (sb->tnext)
+            sb->tnext->tprev = sb->tprev;
+        sb->tprev = sb->tnext = NULL;
+    }
 }
 
 sandbox_t *sandbox_ref(sandbox_t *sb)
@@ -1161,10 +1176,10 @@ void route_sandboxes_delete_all(conn_t *c)
 
 void pool_evict_idle(pool_t *p, uint64_t now_ms)
 {
-    sandbox_t *sb = p->first;
+    sandbox_t *sb = p->timed_first;
     while (sb) {
-        sandbox_t *next = sb->next;
-        if (sb->idle_timeout_ms > 0 && sb->ops == 0 && sb->running == 0 &&
+        sandbox_t *next = sb->tnext;
+        if (sb->ops == 0 && sb->running == 0 &&
             now_ms - sb->last_activity_ms >= sb->idle_timeout_ms) {
             log_info("sandbox %s idle for %llu s: evicting", sb->id,
                      (unsigned long long)(sb->idle_timeout_ms / 1000));

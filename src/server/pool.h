@@ -49,9 +49,10 @@ typedef struct {
 
 struct sandbox {
     pool_t *pool;
-    sandbox_t *hnext;       /* hash chain */
-    sandbox_t *prev, *next; /* creation order */
-    unsigned refs;          /* the registry + each request/process that uses it */
+    sandbox_t *hnext;         /* hash chain */
+    sandbox_t *prev, *next;   /* creation order */
+    sandbox_t *tprev, *tnext; /* among those with an idle timeout (pool_evict_idle) */
+    unsigned refs;            /* the registry + each request/process that uses it */
     char id[17];
     char token[65];
     uint32_t uid;
@@ -97,6 +98,9 @@ struct pool {
     sandbox_t *buckets[POOL_BUCKETS];
     sandbox_t *first, *last;
     size_t count;
+    /* the sandboxes with an idle timeout, the only ones the once-a-second sweep looks at (with
+     * 10,000 live, a walk of all of them was 0.5 % of the server's CPU during creates) */
+    sandbox_t *timed_first;
     /* Sandboxes whose handles are open, most recently used first; beyond handles_max the
      * least recently used idle ones close theirs (an idle sandbox then holds one descriptor). */
     sandbox_t *lru_first, *lru_last;
