@@ -11,7 +11,13 @@
  *   3. exec round trip of `true` in one existing sandbox: p50/p99; then from 4 clients at
  *      once over 100 live sandboxes, beside 4 threads of posix_spawn;
  *   4. memory per idle sandbox: the server's VmRSS, its descriptors and the kernel's slab
- *      before and after creating many; what that many does to an exec.
+ *      before and after creating many; what that many does to an exec;
+ *   5. create and exec with 10 live sandboxes and with 10,000, in latency and in CPU time.
+ *
+ * --awake: one busy loop per CPU at the lowest priority (SCHED_IDLE) for the whole run, so
+ * that no CPU halts while it waits: on a VM, waking a halted virtual CPU costs tens of
+ * microseconds, which falls on every hand-over from one process to another on an idle CPU
+ * (the exec path has several, a bare spawn one). A diagnosis, not a figure to quote.
  *
  * It speaks HTTP/1.1 through the bench's own client (bench_http.c); every answer is checked
  * (status, ids, exit events, nothing left over at the end). Figures only: the exit status is 1
@@ -22,9 +28,12 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -48,7 +57,7 @@ typedef struct {
     pid_t pid, ded_pid;
     const char *homes;
     const char *only;
-    bool quick;
+    bool quick, awake;
     unsigned trio_n, batch_n, exec_n, idle_n, scale_n, warmup;
     uint64_t exec_p50_ns; /* section 3, for section 4 */
     unsigned failures;
@@ -1145,19 +1154,24 @@ static void bench_idle(bench_t *b)
 /* ---- 5. scale ------------------------------------------------------------------------------ */
 
 /* k samples of: create one sandbox (timed), exec ["true"] in a live one (timed), delete the new
- * one; p50s into ret_create and ret_exec (ns). */
+ * one; p50s into ret_create and ret_exec (ns); per sample, the CPU time of the server and its
+ * helpers over all three (and what they leave to do later) into ret_cpu[0], and the server's
+ * own during the create into ret_cpu[1] (ns). */
 static int scale_sample(bench_t *b, client_t *c, const sbref_t *live, unsigned k,
-                        uint64_t *ret_create, uint64_t *ret_exec, char *why, size_t wcap)
+                        uint64_t *ret_create, uint64_t *ret_exec, uint64_t ret_cpu[2], char *why,
+                        size_t wcap)
 {
     _cleanup_free_ uint64_t *cr = calloc(k, sizeof *cr), *ex = calloc(k, sizeof *ex);
     if (!cr || !ex)
         return -ENOMEM;
+    uint64_t cpu0 = server_tree_cpu_ns(b->pid), create_cpu = 0;
     for (unsigned i = 0; i < k; i++) {
         sbref_t one;
         unsigned got = 0;
-        uint64_t t0 = now_ns();
+        uint64_t s0 = server_cpu_ns(b->pid), t0 = now_ns();
         int r = pool_create(c, b->token, 1, &one, &got, why, wcap);
         uint64_t t1 = now_ns();
+        create_cpu += server_cpu_ns(b->pid) - s0;
         if (r >= 0)
             r = pool_exec_true(c, live, why, wcap);
         uint64_t t2 = now_ns();
@@ -1168,6 +1182,9 @@ static int scale_sample(bench_t *b, client_t *c, const sbref_t *live, unsigned k
         cr[i] = t1 - t0;
         ex[i] = t2 - t1;
     }
+    settle(c, b->token); /* the homes and groups the deletes left to the helpers */
+    ret_cpu[0] = (server_tree_cpu_ns(b->pid) - cpu0) / k;
+    ret_cpu[1] = create_cpu / k;
     qsort(cr, k, sizeof *cr, cmp_u64);
     qsort(ex, k, sizeof *ex, cmp_u64);
     *ret_create = percentile(cr, k, 50);
@@ -1190,23 +1207,24 @@ static void bench_scale(bench_t *b)
     if (r < 0)
         return;
     unsigned got = 0, made = 0;
-    uint64_t cr_small = 0, ex_small = 0, cr_big = 0, ex_big = 0;
+    uint64_t cr_small = 0, ex_small = 0, cr_big = 0, ex_big = 0, cpu_small[2] = { 0 },
+             cpu_big[2] = { 0 };
     r = pool_create(&c, b->token, small, s, &got, why, sizeof why);
     made = r >= 0 ? got : 0;
     sbref_t live = s[0];
     settle(&c, b->token); /* both samples in the steady state, not while the sets fill */
     if (r >= 0)
-        r = scale_sample(b, &c, &live, k, &cr_small, &ex_small, why, sizeof why);
+        r = scale_sample(b, &c, &live, k, &cr_small, &ex_small, cpu_small, why, sizeof why);
     while (r >= 0 && made < big) {
         r = pool_create(&c, b->token, MIN(CREATE_CHUNK, big - made), s, &got, why, sizeof why);
         made += r >= 0 ? got : 0;
     }
     settle(&c, b->token);
     if (r >= 0)
-        r = scale_sample(b, &c, &live, k, &cr_big, &ex_big, why, sizeof why);
+        r = scale_sample(b, &c, &live, k, &cr_big, &ex_big, cpu_big, why, sizeof why);
     /* 10 live again, after: this VM's speed drifts (other tenants' load), so the small case is
      * measured before and after the big one and the ratios are against the mean of the two */
-    uint64_t cr_after = 0, ex_after = 0;
+    uint64_t cr_after = 0, ex_after = 0, cpu_after[2] = { 0 };
     if (r >= 0)
         r = pool_delete_all(&c, b->token, 0, why, sizeof why);
     if (r >= 0)
@@ -1216,7 +1234,7 @@ static void bench_scale(bench_t *b)
         live = s[0];
         waited = wait_idle();
         settle(&c, b->token);
-        r = scale_sample(b, &c, &live, k, &cr_after, &ex_after, why, sizeof why);
+        r = scale_sample(b, &c, &live, k, &cr_after, &ex_after, cpu_after, why, sizeof why);
     }
     if (r < 0) {
         fail(b, "scale: %s (with %u live)", why, made);
@@ -1238,6 +1256,22 @@ static void bench_scale(bench_t *b)
         (void)snprintf(note, sizeof note, "%.2fx of %u live (their mean)",
                        (double)ex_big / (double)ex_base, small);
         fig(l, (double)ex_big / 1e6, "ms", note);
+        /* the same work counted in CPU time, which this VM's drift moves less than p50s:
+         * the server's own during each create (what it does before it answers), and the
+         * server's and its helpers' over each whole sample (what the three leave to do later
+         * included) */
+        static const char *const what[2] = { "server+helpers CPU per sample",
+                                             "server CPU per create" };
+        for (int w = 1; w >= 0; w--) {
+            (void)snprintf(l, sizeof l, "%s, %u live (before / after)", what[w], small);
+            (void)snprintf(note, sizeof note, "%.1f us after%s", (double)cpu_after[w] / 1e3,
+                           w == 0 ? " (create, exec, delete)" : "");
+            fig(l, (double)cpu_small[w] / 1e3, "us", note);
+            (void)snprintf(l, sizeof l, "%s, %u live", what[w], big);
+            (void)snprintf(note, sizeof note, "%.2fx of %u live (their mean)",
+                           (double)cpu_big[w] / ((double)(cpu_small[w] + cpu_after[w]) / 2), small);
+            fig(l, (double)cpu_big[w] / 1e3, "us", note);
+        }
     }
     if (pool_delete_all(&c, b->token, 0, why, sizeof why) < 0)
         fail(b, "%s", why);
@@ -1283,7 +1317,7 @@ static void check_empty(bench_t *b)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: bench-pool --port N --pid PID --homes DIR [--quick] [--only LIST]\n"
+            "usage: bench-pool --port N --pid PID --homes DIR [--quick] [--awake] [--only LIST]\n"
             "                  [--dedicated-port N --dedicated-pid PID]\n"
             "       bench-pool --free-port\n"
             "LIST: trio,cost,exec,idle,scale. The host token comes from $SBX_BENCH_TOKEN (a\n"
@@ -1299,6 +1333,8 @@ static int parse_args(bench_t *b, int argc, char **argv)
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (streq(a, "--quick"))
             b->quick = true;
+        else if (streq(a, "--awake"))
+            b->awake = true;
         else if (streq(a, "--port") && val && parse_u64_str(val, 65535, &v) >= 0 && v > 0)
             b->port = (uint16_t)v, i++;
         else if (streq(a, "--pid") && val && parse_u64_str(val, INT32_MAX, &v) >= 0 && v > 0)
@@ -1330,6 +1366,32 @@ static int parse_args(bench_t *b, int argc, char **argv)
     return 0;
 }
 
+/* --awake: a child per CPU that spins at SCHED_IDLE (it runs only when nothing else would,
+ * and keeps its CPU from halting), gone with the bench. */
+static void keep_cpus_awake(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    pid_t parent = getpid();
+    for (long i = 0; i < n; i++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("bench-pool: fork");
+            return;
+        }
+        if (pid > 0)
+            continue;
+        struct sched_param sp = { 0 };
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent ||
+            sched_setscheduler(0, SCHED_IDLE, &sp) < 0)
+            _exit(1);
+        for (;;)
+            __asm__ volatile("" ::: "memory");
+    }
+    printf("--awake: %ld busy loops at SCHED_IDLE keep the CPUs from halting (a diagnosis: "
+           "every figure includes them)\n",
+           n);
+}
+
 int main(int argc, char **argv)
 {
     bench_t b = { 0 };
@@ -1353,6 +1415,8 @@ int main(int argc, char **argv)
     if (statfs(b.homes, &sf) == 0)
         printf("homes: %s on %s\n", b.homes, fs_name((unsigned long)sf.f_type));
     print_loadavg("at start");
+    if (b.awake)
+        keep_cpus_awake();
     if (bench_want(b.only, "trio"))
         bench_trios(&b);
     if (bench_want(b.only, "cost"))

@@ -83,6 +83,28 @@ uint64_t server_cpu_ns(pid_t pid)
     return (v[0] + v[1]) * (1000000000u / (uint64_t)(hz > 0 ? hz : 100));
 }
 
+/* The server's CPU time and its helpers' (its children named sbx-spawner or sbx-janitor: the
+ * spawns, cgroups and homes they do for it), not the sandboxes' commands (also its children). */
+uint64_t server_tree_cpu_ns(pid_t pid)
+{
+    char path[96], buf[4096], comm[32];
+    uint64_t ns = server_cpu_ns(pid);
+    (void)snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    if (read_small_file(path, buf, sizeof buf) <= 0)
+        return ns;
+    for (char *save = NULL, *t = strtok_r(buf, " \n", &save); t; t = strtok_r(NULL, " \n", &save)) {
+        uint64_t child;
+        if (parse_u64(sv_make(t, strlen(t)), INT32_MAX, &child) < 0)
+            continue;
+        (void)snprintf(path, sizeof path, "/proc/%d/comm", (int)child);
+        if (read_small_file(path, comm, sizeof comm) <= 0)
+            continue;
+        if (strcmp(comm, "sbx-spawner\n") == 0 || strcmp(comm, "sbx-janitor\n") == 0)
+            ns += server_cpu_ns((pid_t)child);
+    }
+    return ns;
+}
+
 int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;

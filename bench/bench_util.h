@@ -14,6 +14,7 @@ const char *target_note(bool met, const char *target, char *buf, size_t cap);
 ssize_t read_small_file(const char *path, char *buf, size_t cap);
 /* CPU time the process has used (schedstat, else utime+stime). */
 uint64_t server_cpu_ns(pid_t pid);
+uint64_t server_tree_cpu_ns(pid_t pid);
 /* The pct-th percentile of v, which must be sorted or is sorted in place. */
 uint64_t percentile(const uint64_t *v, size_t n, unsigned pct);
 /* qsort comparator for uint64_t. */

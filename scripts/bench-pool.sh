@@ -5,9 +5,12 @@
 # temporary SBX_HOMES_DIR. Prints figures beside same-run baselines; exits non-zero only on a
 # functional failure (a refused request, a wrong answer, something left over), never on timings.
 #
-#   scripts/bench-pool.sh [--quick] [--only trio,cost,exec,idle,scale]
+#   scripts/bench-pool.sh [--quick] [--awake] [--only trio,cost,exec,idle,scale]
 #
 # --quick: small sizes, the whole run in well under 20 s (a CI smoke run).
+# --awake: a busy loop per CPU at SCHED_IDLE for the whole run, so no CPU halts while it waits
+# (on a VM, waking a halted virtual CPU is dear): a diagnosis of where latency goes, not a
+# figure to quote.
 # SBX_BUILD: the build directory (default: build).
 # Also: `ninja -C build bench-pool` or `ninja -C build bench-pool-quick`.
 # TMPDIR: where the homes go (default /tmp). Create and delete cost what the filesystem's four
@@ -31,10 +34,10 @@ prev=
 for a in "$@"; do
     case $a in
     --quick) QUICK=1 ;;
-    --only) ;;
+    --awake | --only) ;;
     *)
         if [ "$prev" != --only ]; then
-            echo "usage: $0 [--quick] [--only trio,cost,exec,idle,scale]" >&2
+            echo "usage: $0 [--quick] [--awake] [--only trio,cost,exec,idle,scale]" >&2
             exit 2
         fi
         ;;
