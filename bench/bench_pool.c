@@ -1153,10 +1153,10 @@ static void bench_idle(bench_t *b)
 
 /* ---- 5. scale ------------------------------------------------------------------------------ */
 
-/* k samples of: create one sandbox (timed), exec ["true"] in a live one (timed), delete the new
- * one; p50s into ret_create and ret_exec (ns); per sample, the CPU time of the server and its
- * helpers over all three (and what they leave to do later) into ret_cpu[0], and the server's
- * own during the create into ret_cpu[1] (ns). */
+/* k samples (after b->warmup untimed ones) of: create one sandbox (timed), exec ["true"] in a
+ * live one (timed), delete the new one; p50s into ret_create and ret_exec (ns); per sample, the
+ * CPU time of the server and its helpers over all three (and what they leave to do later) into
+ * ret_cpu[0], and the server's own during the create into ret_cpu[1] (ns). */
 static int scale_sample(bench_t *b, client_t *c, const sbref_t *live, unsigned k,
                         uint64_t *ret_create, uint64_t *ret_exec, uint64_t ret_cpu[2], char *why,
                         size_t wcap)
@@ -1164,14 +1164,16 @@ static int scale_sample(bench_t *b, client_t *c, const sbref_t *live, unsigned k
     _cleanup_free_ uint64_t *cr = calloc(k, sizeof *cr), *ex = calloc(k, sizeof *ex);
     if (!cr || !ex)
         return -ENOMEM;
-    uint64_t cpu0 = server_tree_cpu_ns(b->pid), create_cpu = 0;
-    for (unsigned i = 0; i < k; i++) {
+    /* after b->warmup untimed ones: the live sandbox's first commands make its groups */
+    uint64_t cpu0 = 0, create_cpu = 0;
+    for (unsigned i = 0; i < b->warmup + k; i++) {
         sbref_t one;
         unsigned got = 0;
+        if (i == b->warmup)
+            cpu0 = server_tree_cpu_ns(b->pid);
         uint64_t s0 = server_cpu_ns(b->pid), t0 = now_ns();
         int r = pool_create(c, b->token, 1, &one, &got, why, wcap);
-        uint64_t t1 = now_ns();
-        create_cpu += server_cpu_ns(b->pid) - s0;
+        uint64_t t1 = now_ns(), s1 = server_cpu_ns(b->pid);
         if (r >= 0)
             r = pool_exec_true(c, live, why, wcap);
         uint64_t t2 = now_ns();
@@ -1179,8 +1181,11 @@ static int scale_sample(bench_t *b, client_t *c, const sbref_t *live, unsigned k
             r = pool_delete(c, &one, why, wcap);
         if (r < 0)
             return r;
-        cr[i] = t1 - t0;
-        ex[i] = t2 - t1;
+        if (i < b->warmup)
+            continue;
+        create_cpu += s1 - s0;
+        cr[i - b->warmup] = t1 - t0;
+        ex[i - b->warmup] = t2 - t1;
     }
     settle(c, b->token); /* the homes and groups the deletes left to the helpers */
     ret_cpu[0] = (server_tree_cpu_ns(b->pid) - cpu0) / k;
