@@ -29,19 +29,19 @@
 #define FLATTEN_DEPTH 128   /* well inside the depth fs_delete walks */
 #define FLATTEN_PASSES 1024 /* deep branches one teardown takes apart */
 
-static unsigned hash_id(const char *id, size_t len)
+static unsigned hash_id(const pool_t *p, const char *id, size_t len)
 {
     unsigned h = 2166136261u;
     for (size_t i = 0; i < len; i++)
         h = (h ^ (unsigned char)id[i]) * 16777619u;
-    return h % POOL_BUCKETS;
+    return h & p->bucket_mask;
 }
 
 sandbox_t *pool_find(pool_t *p, const char *id, size_t len)
 {
     if (len != 16)
         return NULL;
-    for (sandbox_t *sb = p->buckets[hash_id(id, len)]; sb; sb = sb->hnext)
+    for (sandbox_t *sb = p->buckets[hash_id(p, id, len)]; sb; sb = sb->hnext)
         if (memcmp(sb->id, id, 16) == 0)
             return sb;
     return NULL;
@@ -49,7 +49,7 @@ sandbox_t *pool_find(pool_t *p, const char *id, size_t len)
 
 static void pool_link(pool_t *p, sandbox_t *sb)
 {
-    unsigned h = hash_id(sb->id, 16);
+    unsigned h = hash_id(p, sb->id, 16);
     sb->hnext = p->buckets[h];
     p->buckets[h] = sb;
     sb->prev = p->last;
@@ -69,7 +69,7 @@ static void pool_link(pool_t *p, sandbox_t *sb)
 
 static void pool_unlink(pool_t *p, sandbox_t *sb)
 {
-    for (sandbox_t **pp = &p->buckets[hash_id(sb->id, 16)]; *pp; pp = &(*pp)->hnext)
+    for (sandbox_t **pp = &p->buckets[hash_id(p, sb->id, 16)]; *pp; pp = &(*pp)->hnext)
         if (*pp == sb) {
             *pp = sb->hnext;
             break;
@@ -422,6 +422,13 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
     p->uids.lock_fd = -1; /* pool_free may run before uidpool_init */
     p->ns = (sandbox_ns_t){ .holder = -1, .ns_fd = -EBADF, .release_fd = -EBADF };
     timer_init(&p->netns_refill, netns_refill, p);
+    unsigned n = POOL_BUCKETS_MIN;
+    while (n < cfg->capacity && n < (1u << 20))
+        n <<= 1;
+    p->buckets = calloc(n, sizeof *p->buckets);
+    if (!p->buckets)
+        return sbx_err(err, -ENOMEM, "out of memory");
+    p->bucket_mask = n - 1;
 
     int abi = landlock_abi();
     if ((uint64_t)abi < cfg->min_abi && !cfg->allow_unconfined) {
@@ -537,6 +544,7 @@ pool_t *pool_free(pool_t *p)
     cgroups_done(&p->cg);
     uidpool_done(&p->uids);
     safe_close(p->homes_fd);
+    free(p->buckets);
     free(p);
     return NULL;
 }

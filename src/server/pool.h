@@ -32,7 +32,7 @@ typedef struct sandbox sandbox_t;
 #define POOL_UID_LOCK_FILE "/run/sbx-pool-uids.lock"
 #define POOL_MAX_COUNT 4096 /* sandboxes per create request */
 #define POOL_MAX_ENV_BYTES (64 * 1024)
-#define POOL_BUCKETS 4096
+#define POOL_BUCKETS_MIN 64 /* the id table: a power of two at least the capacity */
 #define POOL_NETNS_WARM 16
 #define POOL_HOMES_WARM 32
 /* sandboxes that keep their handles open while idle (fewer where descriptors are scarce) */
@@ -94,8 +94,9 @@ typedef struct {
 struct pool {
     server_t *srv;
     pool_config_t cfg;
-    uint64_t reserved; /* capacity slots taken, including creates in progress */
-    sandbox_t *buckets[POOL_BUCKETS];
+    uint64_t reserved;   /* capacity slots taken, including creates in progress */
+    sandbox_t **buckets; /* by id: at most one sandbox a bucket on average when full */
+    unsigned bucket_mask;
     sandbox_t *first, *last;
     size_t count;
     /* the sandboxes with an idle timeout, the only ones the once-a-second sweep looks at (with
