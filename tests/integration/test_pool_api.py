@@ -279,6 +279,22 @@ def test_idle_eviction(make_host_server):
     assert keep.id in ids_of(s.list()) and time.monotonic() - t0 > 1
 
 
+def test_idle_eviction_after_timed_sandboxes_are_deleted(make_host_server):
+    # The sweep walks its own list of the sandboxes with an idle timeout, newest first: the
+    # newest (its head) and one in its middle are deleted by hand, and the oldest must still
+    # be found and evicted, while the one without a timeout stays.
+    s = make_host_server()
+    keep = s.sandbox()
+    old, mid, new = (s.sandbox(idle_timeout_secs=2) for _ in range(3))
+    for sb in (new, mid):
+        st, j = sb.delete()
+        assert st == 200 and j.get("deleted") is True, j
+    assert old.id in ids_of(s.list())
+    assert wait_until(lambda: old.id not in ids_of(s.list()), 6)
+    assert not os.path.exists(old.home)
+    assert ids_of(s.list()) == {keep.id}
+
+
 def test_idle_eviction_waits_for_background_processes(make_host_server):
     s = make_host_server()
     a = s.sandbox(idle_timeout_secs=1)
