@@ -3,9 +3,34 @@
 
 #include <stdio.h>
 
+/* Blocks of BUF_SPARE_SIZE that buffers of this thread gave back, kept for the next buffer that
+ * starts (buf_keep_spares). */
+static __thread struct {
+    char *block[BUF_SPARES_MAX];
+    unsigned n, max;
+} spares;
+
+void buf_keep_spares(unsigned n)
+{
+    spares.max = MIN(n, (unsigned)BUF_SPARES_MAX);
+    while (spares.n > spares.max)
+        free(spares.block[--spares.n]);
+}
+
+unsigned buf_spares_held(void) { return spares.n; }
+
+/* A buffer's block goes back: to the spares if it is one of their size and there is room. */
+static void block_free(char *p, size_t cap)
+{
+    if (p && cap == BUF_SPARE_SIZE && spares.n < spares.max)
+        spares.block[spares.n++] = p;
+    else
+        free(p);
+}
+
 void buf_free(buf_t *b)
 {
-    free(b->data);
+    block_free(b->data, b->cap);
     b->data = NULL;
     b->off = b->len = b->cap = 0;
 }
@@ -26,18 +51,25 @@ int buf_reserve(buf_t *b, size_t extra, char **ret_space)
         return 0;
     }
     size_t ncap = b->cap ? b->cap : 256;
+    char *n = NULL;
+    if (spares.max > 0 && b->cap == 0 && need <= BUF_SPARE_SIZE && b->max >= BUF_SPARE_SIZE) {
+        ncap = BUF_SPARE_SIZE; /* a request's head, an answer: one block, no growing */
+        if (spares.n > 0)
+            n = spares.block[--spares.n];
+    }
     while (ncap < need) {
         if (!size_mul_ok(ncap, 2, &ncap))
             return -ENOBUFS;
     }
     if (ncap > b->max && need <= b->max)
         ncap = b->max;
-    char *n = malloc(ncap);
+    if (!n)
+        n = malloc(ncap);
     if (!n)
         return -ENOMEM;
     if (b->len)
         memcpy(n, b->data + b->off, b->len);
-    free(b->data);
+    block_free(b->data, b->cap);
     b->data = n;
     b->cap = ncap;
     b->off = 0;
@@ -60,6 +92,19 @@ int buf_append(buf_t *b, const void *p, size_t n)
 int buf_printf(buf_t *b, const char *fmt, ...)
 {
     va_list ap;
+    /* Straight into the free space when the result fits there and within the cap: one pass. */
+    size_t room = b->data ? b->cap - b->off - b->len : 0;
+    if (room > 1) {
+        va_start(ap, fmt);
+        int n = vsnprintf(b->data + b->off + b->len, room, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return -EINVAL;
+        if ((size_t)n < room && b->len + (size_t)n <= b->max) {
+            b->len += (size_t)n;
+            return 0;
+        }
+    }
     char small[256];
     va_start(ap, fmt);
     int n = vsnprintf(small, sizeof small, fmt, ap);

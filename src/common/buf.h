@@ -17,6 +17,17 @@ typedef struct {
 } buf_t;
 
 static inline void buf_init(buf_t *b, size_t max) { *b = (buf_t){ .max = max }; }
+/* Keep up to n (at most BUF_SPARES_MAX) freed blocks of BUF_SPARE_SIZE for this thread's next
+ * buffers, and start every buffer of this thread at that size: for an event loop, whose
+ * connections give their buffers back each time they go idle. A 4 KiB malloc is a large-chunk
+ * request to glibc: it consolidates the fast bins and sorts the unsorted ones, and with the
+ * heap fragmented by 10,000 live sandboxes that was most of what a create cost more than with
+ * 10 (perf, bench-pool section 5). Off (0) by default; a lower n frees what it no longer
+ * keeps. A buffer with a cap below BUF_SPARE_SIZE never takes a spare. */
+#define BUF_SPARE_SIZE 4096
+#define BUF_SPARES_MAX 64
+void buf_keep_spares(unsigned n);
+unsigned buf_spares_held(void); /* blocks kept now, by this thread */
 void buf_free(buf_t *b);
 static inline char *buf_head(const buf_t *b) { return b->data + b->off; }
 /* Make room for at least `extra` more bytes; return a pointer to the free space. */

@@ -7,6 +7,7 @@
 
 #include "cap/imagename.h"
 #include "cap/purpose.h"
+#include "common/buf.h"
 #include "common/log.h"
 #include "control/control.h"
 
@@ -250,6 +251,7 @@ int main(int argc, char **argv)
         return 1;
     }
     log_info("sbx-control listening on %s:%u (state %s)", scfg.bind, scfg.port, cfg.state_dir);
+    buf_keep_spares(BUF_SPARES_MAX); /* this thread runs the loop: its buffers start there */
     r = control_run(&ctl);
     control_done(&ctl);
     return r < 0 ? 1 : 0;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <sys/resource.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "node/node.h"
 
@@ -300,6 +301,7 @@ int main(int argc, char **argv)
     log_info("sbx-node %s listening on %s:%u, control plane %s:%u, agent %s, images %s", cfg.name,
              scfg.bind, scfg.port, cfg.control_host, cfg.control_port, cfg.agent_bin,
              cfg.images_dir);
+    buf_keep_spares(BUF_SPARES_MAX); /* this thread runs the loop: its buffers start there */
     r = node_run(&node);
     node_done(&node);
     return r < 0 ? 1 : 0;

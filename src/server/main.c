@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <sys/resource.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "server.h"
 #include "spawner.h"
@@ -201,6 +202,7 @@ int main(int argc, char **argv)
     else
         log_info("listening on %s:%u (%s mode, auth %s)", cfg.http.bind, cfg.http.port,
                  cfg.host_mode ? "host" : "dedicated", cfg.token ? "required" : "DISABLED");
+    buf_keep_spares(BUF_SPARES_MAX); /* this thread runs the loop: its buffers start there */
     r = server_run(&srv);
     server_done(&srv);
     free(cfg.token);

@@ -173,9 +173,59 @@ TEST(zero_cap_buffer_refuses_everything)
     buf_free(&b);
 }
 
+/* buf_keep_spares: a block given back is the next buffer's, with what it held not visible;
+ * buffers start at the spare size; the set is bounded; 0 turns it off and frees it. */
+TEST(spares_are_reused_and_bounded)
+{
+    buf_t a, b, c;
+    buf_init(&a, SIZE_MAX);
+    ASSERT_EQ(buf_append(&a, "x", 1), 0);
+    ASSERT_EQ_U(a.cap, 256); /* control: off by default, a buffer starts small */
+    buf_free(&a);
+    ASSERT_EQ_U(buf_spares_held(), 0);
+
+    buf_keep_spares(2);
+    buf_init(&a, SIZE_MAX);
+    ASSERT_EQ(buf_append(&a, "secret", 6), 0);
+    ASSERT_EQ_U(a.cap, BUF_SPARE_SIZE); /* on: one block that fits a head or an answer */
+    char *block = a.data;
+    buf_free(&a);
+    ASSERT_EQ_U(buf_spares_held(), 1);
+    buf_init(&b, SIZE_MAX);
+    ASSERT_EQ(buf_printf(&b, "%s", "ab"), 0);
+    ASSERT_TRUE(b.data == block); /* the same block again, not a malloc */
+    ASSERT_MEMEQ(buf_head(&b), b.len, "ab", 2);
+    ASSERT_EQ_U(buf_spares_held(), 0);
+
+    buf_init(&c, 100); /* a cap below the block's size: never a spare */
+    ASSERT_EQ(buf_append(&c, "y", 1), 0);
+    ASSERT_LE(c.cap, 256);
+    buf_free(&c);
+
+    buf_t many[4];
+    for (int i = 0; i < 4; i++) {
+        buf_init(&many[i], SIZE_MAX);
+        ASSERT_EQ(buf_append(&many[i], "z", 1), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        buf_free(&many[i]);
+    buf_free(&b);
+    ASSERT_EQ_U(buf_spares_held(), 2); /* bounded: the others went back to malloc */
+
+    char big[5000];
+    memset(big, 'g', sizeof big);
+    buf_init(&a, SIZE_MAX); /* a larger first need: grown as before */
+    ASSERT_EQ(buf_append(&a, big, sizeof big), 0);
+    ASSERT_EQ_U(a.cap, 2 * BUF_SPARE_SIZE);
+    ASSERT_EQ_U(buf_spares_held(), 2); /* too big for a block: no spare taken */
+    buf_free(&a);
+    buf_keep_spares(0);
+    ASSERT_EQ_U(buf_spares_held(), 0);
+}
+
 TAP_MAIN(T(append_up_to_the_cap), T(append_past_the_cap_fails_and_changes_nothing),
          T(reserve_overflow_is_refused), T(allocation_never_exceeds_the_cap),
          T(consume_then_append_compacts), T(reserve_and_commit), T(printf_small_and_large),
          T(printf_past_the_cap_fails_and_changes_nothing),
          T(printf_long_result_exactly_filling_the_cap), T(shrink_if_idle),
-         T(zero_cap_buffer_refuses_everything))
+         T(zero_cap_buffer_refuses_everything), T(spares_are_reused_and_bounded))
