@@ -123,6 +123,7 @@ struct pool {
     seccomp_filter_t seccomp;
     bool have_seccomp;
     int homes_fd;
+    char *homes_json; /* the homes directory escaped for inside a JSON string */
     /* <homes>.trash (root, 0700, the homes' filesystem): deleted homes wait there for the
      * janitor; -1 without one (deletes remove the home on the loop, as before) */
     int trash_fd;
@@ -136,7 +137,6 @@ struct pool {
     pool_warm_t warm[POOL_HOMES_WARM_MAX], warm_wait[POOL_HOMES_WARM_MAX];
     size_t n_warm, n_warm_wait;
     uint64_t warm_seq, homes_from_warm, homes_recycled;
-    char **base_env_template; /* unused placeholder for future host env */
     uint64_t created_total, deleted_total, teardown_failures;
     uint64_t cmd_seq; /* names of commands' cgroup2 groups */
     /* SBX_TEST_TEARDOWN_KILL_FAILS=1 (tests only): teardown never kills, so a sandbox whose

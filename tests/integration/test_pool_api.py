@@ -5,7 +5,9 @@ per-sandbox process scoping. Needs root, like the pool host itself."""
 import json
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 import threading
 import time
 
@@ -41,6 +43,37 @@ def test_create_count_and_capacity(make_host_server):
     assert (st, j) == (200, {"sandboxes": [], "rejected": 1})
     assert len(s.list()) == 4
     assert s.json("GET", "/health")[1]["sandboxes"] == 4
+
+
+def test_home_paths_that_need_escaping_in_json(make_host_server):
+    # the answers are written by hand, not by a JSON library: a homes directory with a quote,
+    # a backslash and a non-ASCII letter must still come back as exactly that path
+    base = tempfile.mkdtemp(prefix="sbx-esc-")
+    try:
+        os.chmod(base, 0o711)  # the sandbox uids pass through it to their homes
+        homes = os.path.join(base, 'h"o\\m\u00e9s')
+        s = make_host_server(env={"SBX_HOMES_DIR": homes})
+        st, j = s.create_raw({"count": 2})
+        assert st == 200 and len(j["sandboxes"]) == 2, j
+        for x in j["sandboxes"]:
+            assert x["home"] == os.path.join(homes, x["id"]) and os.path.isdir(x["home"])
+        assert sorted(x["home"] for x in s.list()) == sorted(x["home"] for x in j["sandboxes"])
+        r = Sandbox(s, j["sandboxes"][0]).py("import os; print(os.getcwd())")
+        assert r.out.strip() == j["sandboxes"][0]["home"], r
+        s.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_homes_dir_that_is_not_utf8_refuses_to_start(make_host_server):
+    base = tempfile.mkdtemp(prefix="sbx-esc-")
+    try:
+        with pytest.raises(RuntimeError) as e:
+            make_host_server(env={"SBX_HOMES_DIR": base + "/bad\udcff"})
+        assert "SBX_HOMES_DIR is not valid UTF-8" in str(e.value)
+        make_host_server(env={"SBX_HOMES_DIR": base + "/good"}).stop()  # control
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_uid_range_of_its_own(make_host_server):
