@@ -2,6 +2,7 @@
 /* sbx-server: configuration from the environment (drop-in for the reference server's knobs),
  * then the event loop. */
 #include <arpa/inet.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -53,6 +54,12 @@ static int parse_pool_knobs(server_config_t *cfg)
     if (homes[0] != '/' || strlen(homes) >= sizeof cfg->pool.homes_dir - 20) {
         log_error("SBX_HOMES_DIR=%s: expected an absolute path (at most %zu bytes)", homes,
                   sizeof cfg->pool.homes_dir - 21);
+        return -EINVAL;
+    }
+    json_t *valid = json_string(homes); /* the homes are named in JSON answers */
+    json_decref(valid);
+    if (!valid) {
+        log_error("SBX_HOMES_DIR is not valid UTF-8");
         return -EINVAL;
     }
     memcpy(cfg->pool.homes_dir, homes, strlen(homes) + 1);

@@ -215,7 +215,8 @@ def test_token_not_visible_to_commands(server):
     ("SBX_IDLE_TIMEOUT", "1.5"),
     # pool knobs are checked in dedicated mode too (they are not silently ignored there)
     ("SBX_CAPACITY", "0"), ("SBX_CAPACITY", "lots"), ("SBX_MIN_LANDLOCK_ABI", "x"),
-    ("SBX_HOMES_DIR", "relative/homes"), ("SBX_LOG_LEVEL", "verbose"),
+    ("SBX_HOMES_DIR", "relative/homes"), ("SBX_HOMES_DIR", "/not/utf-8/\udcff"),
+    ("SBX_LOG_LEVEL", "verbose"),
     ("SBX_LOG", "verbose"),  # the older name, still read
     ("SBX_POOL_UID_BASE", "19999"), ("SBX_POOL_UID_BASE", "65000"),
     ("SBX_POOL_UID_COUNT", "0"), ("SBX_POOL_UID_COUNT", "45001"),
