@@ -52,9 +52,9 @@ extern char **environ;
 #define CREATE_CHUNK 500 /* sandboxes per create request when filling the pool */
 
 typedef struct {
-    uint16_t port, ded_port;
-    const char *token; /* the host token (and the dedicated server's) */
-    pid_t pid, ded_pid;
+    uint16_t port, ded_port, small_port;
+    const char *token; /* the host token (and the dedicated server's and the second host's) */
+    pid_t pid, ded_pid, small_pid;
     const char *homes;
     const char *only;
     bool quick, awake;
@@ -373,44 +373,6 @@ static void settle(client_t *c, const char *token)
             return;
         (void)usleep(100 * 1000);
     }
-}
-
-/* The machine's CPU time so far: idle (idle + iowait) and all, in clock ticks (/proc/stat). */
-static int cpu_ticks(uint64_t *idle, uint64_t *all)
-{
-    FILE *f = fopen("/proc/stat", "re");
-    unsigned long long v[8] = { 0 };
-    int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
-                       &v[4], &v[5], &v[6], &v[7])
-              : 0;
-    if (f)
-        fclose(f);
-    if (n != 8)
-        return -EIO;
-    *idle = v[3] + v[4];
-    *all = 0;
-    for (int i = 0; i < 8; i++)
-        *all += v[i];
-    return 0;
-}
-
-/* Wait (up to 60 s) until the machine is mostly idle for half a second: after 10,000 sandboxes
- * are deleted the kernel tears their network namespaces down for a while (a workqueue), and a
- * figure taken meanwhile measures that. Returns the seconds waited. */
-static double wait_idle(void)
-{
-    uint64_t t0 = now_ns();
-    for (int i = 0; i < 120; i++) {
-        uint64_t i0, a0, i1, a1;
-        if (cpu_ticks(&i0, &a0) < 0)
-            break;
-        (void)usleep(500 * 1000);
-        if (cpu_ticks(&i1, &a1) < 0)
-            break;
-        if (a1 > a0 && (double)(i1 - i0) / (double)(a1 - a0) >= 0.9)
-            break;
-    }
-    return (double)(now_ns() - t0) / 1e9;
 }
 
 /* ---- 1. create + exec + delete trios ------------------------------------------------------ */
@@ -1153,134 +1115,186 @@ static void bench_idle(bench_t *b)
 
 /* ---- 5. scale ------------------------------------------------------------------------------ */
 
-/* k samples (after b->warmup untimed ones) of: create one sandbox (timed), exec ["true"] in a
- * live one (timed), delete the new one; p50s into ret_create and ret_exec (ns); per sample, the
- * CPU time of the server and its helpers over all three (and what they leave to do later) into
- * ret_cpu[0], and the server's own during the create into ret_cpu[1] (ns). */
-static int scale_sample(bench_t *b, client_t *c, const sbref_t *live, unsigned k,
-                        uint64_t *ret_create, uint64_t *ret_exec, uint64_t ret_cpu[2], char *why,
-                        size_t wcap)
+/* One pool host in section 5: a client, a live sandbox to exec in, and what its samples
+ * measured. */
+typedef struct {
+    const char *name;
+    uint16_t port;
+    pid_t pid;
+    client_t c;
+    sbref_t live;
+    uint64_t *cr, *ex;             /* k each: create and exec p50 samples (ns) */
+    uint64_t create_cpu, tree_cpu; /* the server's own during creates; it and its helpers' */
+} scale_host_t;
+
+/* One sample: create a sandbox (timed, and the server's CPU during it), exec ["true"] in the
+ * live one (timed), delete the new one; into slot i, or nothing for a warm-up (i < 0). */
+static int scale_one(bench_t *b, scale_host_t *h, long i, char *why, size_t wcap)
 {
-    _cleanup_free_ uint64_t *cr = calloc(k, sizeof *cr), *ex = calloc(k, sizeof *ex);
-    if (!cr || !ex)
-        return -ENOMEM;
-    /* after b->warmup untimed ones: the live sandbox's first commands make its groups */
-    uint64_t cpu0 = 0, create_cpu = 0;
-    for (unsigned i = 0; i < b->warmup + k; i++) {
-        sbref_t one;
-        unsigned got = 0;
-        if (i == b->warmup)
-            cpu0 = server_tree_cpu_ns(b->pid);
-        uint64_t s0 = server_cpu_ns(b->pid), t0 = now_ns();
-        int r = pool_create(c, b->token, 1, &one, &got, why, wcap);
-        uint64_t t1 = now_ns(), s1 = server_cpu_ns(b->pid);
-        if (r >= 0)
-            r = pool_exec_true(c, live, why, wcap);
-        uint64_t t2 = now_ns();
-        if (r >= 0)
-            r = pool_delete(c, &one, why, wcap);
-        if (r < 0)
-            return r;
-        if (i < b->warmup)
-            continue;
-        create_cpu += s1 - s0;
-        cr[i - b->warmup] = t1 - t0;
-        ex[i - b->warmup] = t2 - t1;
+    sbref_t one;
+    unsigned got = 0;
+    uint64_t s0 = server_cpu_ns(h->pid), t0 = now_ns();
+    int r = pool_create(&h->c, b->token, 1, &one, &got, why, wcap);
+    uint64_t t1 = now_ns(), s1 = server_cpu_ns(h->pid);
+    if (r >= 0 && got != 1) {
+        (void)snprintf(why, wcap, "%s: a create of one made %u", h->name, got);
+        r = -ENOSPC;
     }
-    settle(c, b->token); /* the homes and groups the deletes left to the helpers */
-    ret_cpu[0] = (server_tree_cpu_ns(b->pid) - cpu0) / k;
-    ret_cpu[1] = create_cpu / k;
-    qsort(cr, k, sizeof *cr, cmp_u64);
-    qsort(ex, k, sizeof *ex, cmp_u64);
-    *ret_create = percentile(cr, k, 50);
-    *ret_exec = percentile(ex, k, 50);
+    if (r >= 0)
+        r = pool_exec_true(&h->c, &h->live, why, wcap);
+    uint64_t t2 = now_ns();
+    if (r >= 0)
+        r = pool_delete(&h->c, &one, why, wcap);
+    if (r >= 0 && i >= 0) {
+        h->create_cpu += s1 - s0;
+        h->cr[i] = t1 - t0;
+        h->ex[i] = t2 - t1;
+    }
+    return r;
+}
+
+/* warm untimed and then k timed samples on each of the n hosts, taking turns (who goes first
+ * alternates), so that this VM's drifting speed gives them the same conditions. Each host's
+ * CPU, its helpers' included, is counted from its first timed sample until what its deletes
+ * left to do is done (settle): only its own samples give it work. */
+static int scale_turns(bench_t *b, scale_host_t *h, unsigned n, unsigned warm, unsigned k,
+                       char *why, size_t wcap)
+{
+    uint64_t tree0[2] = { 0 };
+    for (unsigned j = 0; j < n; j++) {
+        h[j].create_cpu = 0;
+        settle(&h[j].c, b->token); /* not while a warm set fills */
+    }
+    for (unsigned i = 0; i < warm + k; i++) {
+        if (i == warm)
+            for (unsigned j = 0; j < n; j++)
+                tree0[j] = server_tree_cpu_ns(h[j].pid);
+        for (unsigned t = 0; t < n; t++) {
+            scale_host_t *x = &h[i % 2 ? n - 1 - t : t];
+            int r = scale_one(b, x, i < warm ? -1 : (long)(i - warm), why, wcap);
+            if (r < 0)
+                return r;
+        }
+    }
+    for (unsigned j = 0; j < n; j++) {
+        settle(&h[j].c, b->token);
+        h[j].tree_cpu = server_tree_cpu_ns(h[j].pid) - tree0[j];
+    }
     return 0;
 }
 
+/* After scale_turns: each figure of host 2 (h[1], 10 live) and of host 1 (h[0], with live
+ * sandboxes), and host 1's as a ratio of host 2's; into ratio[4] and, with aa (the ratios
+ * with 10 live on both), beside them. */
+static void scale_report(const scale_host_t *h, unsigned k, unsigned live, const double *aa,
+                         double *ratio)
+{
+    char l[128], note[96];
+    uint64_t p[2][2];
+    for (int j = 0; j < 2; j++) {
+        qsort(h[j].cr, k, sizeof *h[j].cr, cmp_u64);
+        qsort(h[j].ex, k, sizeof *h[j].ex, cmp_u64);
+        p[j][0] = percentile(h[j].cr, k, 50);
+        p[j][1] = percentile(h[j].ex, k, 50);
+    }
+    static const char *const what[4] = { "create p50", "exec true p50", "server CPU per create",
+                                         "server+helpers CPU per sample" };
+    for (int w = 0; w < 4; w++) {
+        double v[2];
+        for (int j = 0; j < 2; j++)
+            v[j] = w < 2    ? (double)p[j][w] / 1e6
+                   : w == 2 ? (double)h[j].create_cpu / k / 1e3
+                            : (double)h[j].tree_cpu / k / 1e3;
+        const char *unit = w < 2 ? "ms" : "us";
+        ratio[w] = v[0] / v[1];
+        (void)snprintf(l, sizeof l, "%s, host 2 (10 live)", what[w]);
+        fig(l, v[1], unit, NULL);
+        (void)snprintf(l, sizeof l, "%s, host 1 (%u live)", what[w], live);
+        if (aa)
+            (void)snprintf(note, sizeof note, "%.2fx of host 2 (with 10 live: %.2fx)", ratio[w],
+                           aa[w]);
+        else
+            (void)snprintf(note, sizeof note, "%.2fx of host 2", ratio[w]);
+        fig(l, v[0], unit, note);
+    }
+}
+
+/* Create and exec with 10,000 live against 10 live: a host filled to 10,000 and a second host
+ * with 10 take turns, sample by sample. First both have 10 live (the same comparison with
+ * nothing different: the harness's own spread and any difference between the two hosts), then
+ * the first is filled and they take turns again. The kernel is the same for both: what 10,000
+ * sandboxes cost it (slab, namespaces) shows in both hosts' figures, here and in the figure of
+ * 10 live before the fill. */
 static void bench_scale(bench_t *b)
 {
-    unsigned big = b->scale_n, k = b->quick ? 50 : 200, small = 10;
-    char hdr[200], why[320], note[128];
+    unsigned big = b->scale_n, k = b->quick ? 50 : 400, warm = b->quick ? 20 : 200, small = 10;
+    char hdr[400], why[320];
     (void)snprintf(hdr, sizeof hdr,
-                   "5. scale: create and exec [\"true\"] p50 with %u live sandboxes, then with %u "
-                   "(%u samples each, one client)",
-                   small, big, k);
+                   "5. scale: create and exec [\"true\"] with %u live sandboxes against %u: host 1 "
+                   "filled to %u and host 2 with %u take turns,\n   sample by sample (%u each "
+                   "after %u untimed, one client); first both with %u live, then after the fill",
+                   big, small, big, small, k, warm, small);
     section(hdr);
-    client_t c;
-    _cleanup_free_ sbref_t *s = NULL;
-    int r = open_chunk(b, &c, &s);
-    if (r < 0)
+    if (!b->small_port) {
+        fail(b, "scale: needs the second host (--small-port, --small-pid)");
         return;
-    unsigned got = 0, made = 0;
-    uint64_t cr_small = 0, ex_small = 0, cr_big = 0, ex_big = 0, cpu_small[2] = { 0 },
-             cpu_big[2] = { 0 };
-    r = pool_create(&c, b->token, small, s, &got, why, sizeof why);
-    made = r >= 0 ? got : 0;
-    sbref_t live = s[0];
-    settle(&c, b->token); /* both samples in the steady state, not while the sets fill */
-    if (r >= 0)
-        r = scale_sample(b, &c, &live, k, &cr_small, &ex_small, cpu_small, why, sizeof why);
-    while (r >= 0 && made < big) {
-        r = pool_create(&c, b->token, MIN(CREATE_CHUNK, big - made), s, &got, why, sizeof why);
-        made += r >= 0 ? got : 0;
     }
-    settle(&c, b->token);
-    if (r >= 0)
-        r = scale_sample(b, &c, &live, k, &cr_big, &ex_big, cpu_big, why, sizeof why);
-    /* 10 live again, after: this VM's speed drifts (other tenants' load), so the small case is
-     * measured before and after the big one and the ratios are against the mean of the two */
-    uint64_t cr_after = 0, ex_after = 0, cpu_after[2] = { 0 };
-    if (r >= 0)
-        r = pool_delete_all(&c, b->token, 0, why, sizeof why);
-    if (r >= 0)
-        r = pool_create(&c, b->token, small, s, &got, why, sizeof why);
-    double waited = 0;
-    if (r >= 0) {
-        live = s[0];
-        waited = wait_idle();
-        settle(&c, b->token);
-        r = scale_sample(b, &c, &live, k, &cr_after, &ex_after, cpu_after, why, sizeof why);
-    }
+    scale_host_t h[2] = { { .name = "host 1", .port = b->port, .pid = b->pid },
+                          { .name = "host 2", .port = b->small_port, .pid = b->small_pid } };
+    _cleanup_free_ sbref_t *s = calloc(CREATE_CHUNK, sizeof *s);
+    _cleanup_free_ uint64_t *v = calloc(4 * (size_t)k, sizeof *v);
+    int r = s && v ? 0 : -ENOMEM;
+    unsigned opened = 0;
+    for (; r >= 0 && opened < 2; opened++)
+        r = client_open(&h[opened].c, h[opened].port);
     if (r < 0) {
-        fail(b, "scale: %s (with %u live)", why, made);
-    } else {
-        char l[96];
-        uint64_t cr_base = (cr_small + cr_after) / 2, ex_base = (ex_small + ex_after) / 2;
-        (void)snprintf(l, sizeof l, "create p50, %u live (before / after)", small);
-        (void)snprintf(note, sizeof note, "%.3f ms after (%.0f s for the machine to idle)",
-                       (double)cr_after / 1e6, waited);
-        fig(l, (double)cr_small / 1e6, "ms", note);
-        (void)snprintf(l, sizeof l, "create p50, %u live", big);
-        (void)snprintf(note, sizeof note, "%.2fx of %u live (their mean)",
-                       (double)cr_big / (double)cr_base, small);
-        fig(l, (double)cr_big / 1e6, "ms", note);
-        (void)snprintf(l, sizeof l, "exec true p50, %u live (before / after)", small);
-        (void)snprintf(note, sizeof note, "%.3f ms after", (double)ex_after / 1e6);
-        fig(l, (double)ex_small / 1e6, "ms", note);
-        (void)snprintf(l, sizeof l, "exec true p50, %u live", big);
-        (void)snprintf(note, sizeof note, "%.2fx of %u live (their mean)",
-                       (double)ex_big / (double)ex_base, small);
-        fig(l, (double)ex_big / 1e6, "ms", note);
-        /* the same work counted in CPU time, which this VM's drift moves less than p50s:
-         * the server's own during each create (what it does before it answers), and the
-         * server's and its helpers' over each whole sample (what the three leave to do later
-         * included) */
-        static const char *const what[2] = { "server+helpers CPU per sample",
-                                             "server CPU per create" };
-        for (int w = 1; w >= 0; w--) {
-            (void)snprintf(l, sizeof l, "%s, %u live (before / after)", what[w], small);
-            (void)snprintf(note, sizeof note, "%.1f us after%s", (double)cpu_after[w] / 1e3,
-                           w == 0 ? " (create, exec, delete)" : "");
-            fig(l, (double)cpu_small[w] / 1e3, "us", note);
-            (void)snprintf(l, sizeof l, "%s, %u live", what[w], big);
-            (void)snprintf(note, sizeof note, "%.2fx of %u live (their mean)",
-                           (double)cpu_big[w] / ((double)(cpu_small[w] + cpu_after[w]) / 2), small);
-            fig(l, (double)cpu_big[w] / 1e3, "us", note);
+        fail(b, "scale: %s", strerror(-r));
+        for (unsigned j = 0; j + 1 < opened; j++)
+            client_close(&h[j].c);
+        return;
+    }
+    for (unsigned j = 0; j < 2; j++) {
+        h[j].cr = v + (2 * j) * k;
+        h[j].ex = v + (2 * j + 1) * k;
+    }
+    unsigned got = 0, made = 0;
+    for (unsigned j = 0; j < 2 && r >= 0; j++) {
+        r = pool_create(&h[j].c, b->token, small, s, &got, why, sizeof why);
+        h[j].live = s[0];
+        if (r >= 0 && got != small) {
+            (void)snprintf(why, sizeof why, "%s: %u of %u made", h[j].name, got, small);
+            r = -ENOSPC;
         }
     }
-    if (pool_delete_all(&c, b->token, 0, why, sizeof why) < 0)
-        fail(b, "%s", why);
-    client_close(&c);
+    made = small;
+    if (r >= 0)
+        r = scale_turns(b, h, 2, warm, k, why, sizeof why);
+    double aa[4], ratio[4];
+    if (r >= 0) {
+        printf("  both with %u live (the same comparison with nothing different):\n", small);
+        scale_report(h, k, small, NULL, aa);
+    }
+    while (r >= 0 && made < big) {
+        r = pool_create(&h[0].c, b->token, MIN(CREATE_CHUNK, big - made), s, &got, why, sizeof why);
+        made += r >= 0 ? got : 0;
+        if (r >= 0 && got == 0) {
+            (void)snprintf(why, sizeof why, "the filled host is full at %u", made);
+            r = -ENOSPC;
+        }
+    }
+    if (r >= 0)
+        r = scale_turns(b, h, 2, warm, k, why, sizeof why);
+    if (r >= 0) {
+        printf("  host 1 filled to %u live:\n", made);
+        scale_report(h, k, made, aa, ratio);
+    } else {
+        fail(b, "scale: %s (with %u live)", why, made);
+    }
+    for (unsigned j = 0; j < 2; j++) {
+        if (pool_delete_all(&h[j].c, b->token, 0, why, sizeof why) < 0)
+            fail(b, "%s", why);
+        client_close(&h[j].c);
+    }
 }
 
 /* ---- main -------------------------------------------------------------------------------- */
@@ -1324,6 +1338,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench-pool --port N --pid PID --homes DIR [--quick] [--awake] [--only LIST]\n"
             "                  [--dedicated-port N --dedicated-pid PID]\n"
+            "                  [--small-port N --small-pid PID]   (a second pool host, section 5)\n"
             "       bench-pool --free-port\n"
             "LIST: trio,cost,exec,idle,scale. The host token comes from $SBX_BENCH_TOKEN (a\n"
             "dedicated-mode server given for a baseline uses the same token).\n"
@@ -1355,11 +1370,16 @@ static int parse_args(bench_t *b, int argc, char **argv)
         else if (streq(a, "--dedicated-pid") && val && parse_u64_str(val, INT32_MAX, &v) >= 0 &&
                  v > 0)
             b->ded_pid = (pid_t)v, i++;
+        else if (streq(a, "--small-port") && val && parse_u64_str(val, 65535, &v) >= 0 && v)
+            b->small_port = (uint16_t)v, i++;
+        else if (streq(a, "--small-pid") && val && parse_u64_str(val, INT32_MAX, &v) >= 0 && v > 0)
+            b->small_pid = (pid_t)v, i++;
         else
             return -EINVAL;
     }
     b->token = getenv("SBX_BENCH_TOKEN");
-    if (!b->port || !b->pid || !b->homes || !b->token || !*b->token || (b->ded_port && !b->ded_pid))
+    if (!b->port || !b->pid || !b->homes || !b->token || !*b->token ||
+        (b->ded_port && !b->ded_pid) || (b->small_port && !b->small_pid))
         return -EINVAL;
     b->trio_n = b->quick ? 100 : 1000;
     b->batch_n = b->quick ? 100 : 1000;

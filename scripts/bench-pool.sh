@@ -16,8 +16,9 @@
 # TMPDIR: where the homes go (default /tmp). Create and delete cost what the filesystem's four
 # mkdirs and rmdirs cost, so the bench prints that floor beside them; TMPDIR=/dev/shm (tmpfs)
 # takes the disk out of the figures.
-# The pool host's uids are 56000..64999 (SBX_POOL_UID_BASE): the integration tests, which may
-# run at the same time (scripts/test.sh), take theirs below. That is 9,000 sandboxes at most;
+# The pool hosts' uids are 56000..64999 (SBX_POOL_UID_BASE; the second host, for section 5,
+# has the top 80): the integration tests, which may run at the same time (scripts/test.sh),
+# take theirs below. That is 9,000 sandboxes at most;
 # SBX_BENCH_UID_BASE=20000 gives section 5 its 10,000 (only where no test session runs: those
 # are the tests' uids).
 set -euo pipefail
@@ -84,12 +85,16 @@ if [ "$UID_BASE" -lt 20000 ] || [ "$UID_BASE" -gt 64000 ]; then
     echo "bench-pool: SBX_BENCH_UID_BASE must be 20000..64000" >&2
     exit 2
 fi
-# 64 uids spare: homes are made ahead for uids no create can then lack (docs/protocol.md)
-if [ "$CAPACITY" -gt $((65000 - UID_BASE - 64)) ]; then
-    CAPACITY=$((65000 - UID_BASE - 64))
+# 64 uids spare: homes are made ahead for uids no create can then lack (docs/protocol.md);
+# SMALL_UIDS above them for the second host (section 5 compares the two)
+SMALL_CAPACITY=16
+SMALL_UIDS=$((SMALL_CAPACITY + 64))
+if [ "$CAPACITY" -gt $((65000 - UID_BASE - 64 - SMALL_UIDS)) ]; then
+    CAPACITY=$((65000 - UID_BASE - 64 - SMALL_UIDS))
     SCALE=(--scale $((CAPACITY - 400)))
     echo "bench-pool: uids $UID_BASE..64999 allow $CAPACITY sandboxes and the homes made ahead (SBX_BENCH_UID_BASE=20000: 10400)"
 fi
+SMALL_UID_BASE=$((UID_BASE + CAPACITY + 64))
 if [ "$(ulimit -Sn)" != unlimited ] && [ "$(ulimit -Sn)" -lt "$NEED" ]; then
     ulimit -Sn "$NEED"
 fi
@@ -98,15 +103,17 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/sbx-bench-pool.XXXXXX")
 chmod 0711 "$WORK"
 HOMES=$WORK/homes
-mkdir "$WORK/dedicated"
+mkdir "$WORK/dedicated" "$WORK/small"
 TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 PORT=$("$BENCH" --free-port)
 DPORT=$("$BENCH" --free-port)
+SMPORT=$("$BENCH" --free-port)
 SPID=
 DPID=
+SMPID=
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
-    for p in $SPID $DPID; do
+    for p in $SPID $DPID $SMPID; do
         kill "$p" 2>/dev/null || true
         wait "$p" 2>/dev/null || true
     done
@@ -129,12 +136,22 @@ wait_listening() {
 
 echo "command: $INVOKED"
 echo "server:  env -i PATH=\$PATH SBX_TOKEN=<random 64 hex> SBX_PORT=$PORT SBX_HOST_MODE=1" \
-    "SBX_HOMES_DIR=$HOMES SBX_CAPACITY=$CAPACITY SBX_POOL_UID_BASE=$UID_BASE $SERVER" \
+    "SBX_HOMES_DIR=$HOMES SBX_CAPACITY=$CAPACITY SBX_POOL_UID_BASE=$UID_BASE" \
+    "SBX_POOL_UID_COUNT=$((CAPACITY + 64)) $SERVER" \
     "  (as root, cwd $WORK)"
 (cd "$WORK" && exec env -i PATH="$PATH" SBX_TOKEN="$TOKEN" SBX_PORT="$PORT" SBX_HOST_MODE=1 \
-    SBX_HOMES_DIR="$HOMES" SBX_CAPACITY="$CAPACITY" SBX_POOL_UID_BASE="$UID_BASE" "$SERVER") \
-    2>"$WORK/server.log" &
+    SBX_HOMES_DIR="$HOMES" SBX_CAPACITY="$CAPACITY" SBX_POOL_UID_BASE="$UID_BASE" \
+    SBX_POOL_UID_COUNT=$((CAPACITY + 64)) "$SERVER") 2>"$WORK/server.log" &
 SPID=$!
+# A second pool host with a few sandboxes: section 5 takes turns between the two.
+echo "second host: env -i PATH=\$PATH SBX_TOKEN=<same> SBX_PORT=$SMPORT SBX_HOST_MODE=1" \
+    "SBX_HOMES_DIR=$WORK/small/homes SBX_CAPACITY=$SMALL_CAPACITY" \
+    "SBX_POOL_UID_BASE=$SMALL_UID_BASE SBX_POOL_UID_COUNT=$SMALL_UIDS $SERVER"
+(cd "$WORK/small" && exec env -i PATH="$PATH" SBX_TOKEN="$TOKEN" SBX_PORT="$SMPORT" \
+    SBX_HOST_MODE=1 SBX_HOMES_DIR="$WORK/small/homes" SBX_CAPACITY="$SMALL_CAPACITY" \
+    SBX_POOL_UID_BASE="$SMALL_UID_BASE" SBX_POOL_UID_COUNT="$SMALL_UIDS" "$SERVER") \
+    2>"$WORK/small.log" &
+SMPID=$!
 # The baseline: a dedicated-mode server (one sandbox = the whole server, no confinement).
 echo "baseline: env -i PATH=\$PATH SBX_TOKEN=<same> SBX_PORT=$DPORT $SERVER   (cwd $WORK/dedicated)"
 (cd "$WORK/dedicated" && exec env -i PATH="$PATH" SBX_TOKEN="$TOKEN" SBX_PORT="$DPORT" \
@@ -142,16 +159,17 @@ echo "baseline: env -i PATH=\$PATH SBX_TOKEN=<same> SBX_PORT=$DPORT $SERVER   (c
 DPID=$!
 wait_listening "$SPID" "$PORT" "$WORK/server.log"
 wait_listening "$DPID" "$DPORT" "$WORK/dedicated.log"
+wait_listening "$SMPID" "$SMPORT" "$WORK/small.log"
 
 ARGS=(--port "$PORT" --pid "$SPID" --homes "$HOMES"
-    --dedicated-port "$DPORT" --dedicated-pid "$DPID")
+    --dedicated-port "$DPORT" --dedicated-pid "$DPID" --small-port "$SMPORT" --small-pid "$SMPID")
 echo "bench:   SBX_BENCH_TOKEN=<same> $BENCH ${ARGS[*]} $*"
 set +e
 SBX_BENCH_TOKEN=$TOKEN "$BENCH" "${ARGS[@]}" "${SCALE[@]}" "$@"
 RC=$?
 set -e
-if ! kill -0 "$SPID" 2>/dev/null; then
-    echo "sbx-server died during the benchmark; its log:" >&2
+if ! kill -0 "$SPID" 2>/dev/null || ! kill -0 "$SMPID" 2>/dev/null; then
+    echo "a pool host died during the benchmark; its log:" >&2
     RC=1
 fi
 if [ "$RC" != 0 ]; then
