@@ -419,6 +419,10 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
     p->test_kill_fails = tk && streq(tk, "1");
     if (p->test_kill_fails)
         log_warn("SBX_TEST_TEARDOWN_KILL_FAILS=1: teardown will not kill (a test knob)");
+    const char *cf = getenv("SBX_TEST_CREATE_FAILS_AT");
+    if (cf && parse_u64_str(cf, UINT64_MAX, &p->test_create_fail_at) >= 0 &&
+        p->test_create_fail_at > 0)
+        log_warn("SBX_TEST_CREATE_FAILS_AT=%s: that create will fail (a test knob)", cf);
     p->uids.lock_fd = -1; /* pool_free may run before uidpool_init */
     p->ns = (sandbox_ns_t){ .holder = -1, .ns_fd = -EBADF, .release_fd = -EBADF };
     timer_init(&p->netns_refill, netns_refill, p);
@@ -777,6 +781,8 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     }
     if (r >= 0)
         r = build_env(sb, o->env, &sb->env);
+    if (r >= 0 && ++p->test_creates == p->test_create_fail_at)
+        r = -EIO;
     if (r < 0) {
         /* Its descriptors go first: when the failure was a full descriptor table (EMFILE) the
          * removal needs some. The home may exist without a descriptor (made, then not opened);

@@ -142,6 +142,9 @@ struct pool {
     /* SBX_TEST_TEARDOWN_KILL_FAILS=1 (tests only): teardown never kills, so a sandbox whose
      * processes outlive the kill can be made on purpose and its uid seen quarantined. */
     bool test_kill_fails;
+    /* SBX_TEST_CREATE_FAILS_AT=N (tests only): the Nth sandbox this host creates fails half
+     * made (after its home), so that a batch's undo can be seen. */
+    uint64_t test_create_fail_at, test_creates;
 };
 
 int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *err);

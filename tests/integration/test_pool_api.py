@@ -45,6 +45,21 @@ def test_create_count_and_capacity(make_host_server):
     assert s.json("GET", "/health")[1]["sandboxes"] == 4
 
 
+def test_a_batch_that_fails_part_way_is_undone(make_host_server):
+    # the third sandbox of a batch of five fails half made (SBX_TEST_CREATE_FAILS_AT): the
+    # client gets a 500 and is billed for nothing, the two made before it are gone too
+    s = make_host_server(env={"SBX_TEST_CREATE_FAILS_AT": "3", "SBX_CAPACITY": "5"})
+    st, j = s.create_raw({"count": 5})
+    assert st == 500 and "creating a sandbox failed" in j["error"], (st, j)
+    assert s.list() == [], "undo: the batch's sandboxes made before the failure are still listed"
+    h = s.json("GET", "/health")[1]
+    assert h["sandboxes"] == 0 and h["uids"]["quarantined"] == 0, h
+    assert wait_until(lambda: os.listdir(s.homes) == [], 10), os.listdir(s.homes)
+    st, j = s.create_raw({"count": 5})  # control: the next creates work, all of capacity left
+    assert st == 200 and len(j["sandboxes"]) == 5 and j["rejected"] == 0, j
+    assert ids_of(s.list()) == {x["id"] for x in j["sandboxes"]}
+
+
 def test_home_paths_that_need_escaping_in_json(make_host_server):
     # the answers are written by hand, not by a JSON library: a homes directory with a quote,
     # a backslash and a non-ASCII letter must still come back as exactly that path
