@@ -222,7 +222,8 @@ int sandbox_handles(sandbox_t *sb)
     bool reopened = false;
     if (sb->home_fd < 0) {
         /* by name beneath the homes (root's, 0711: the sandbox cannot rename its home) */
-        sb->home_fd = openat(p->homes_fd, sb->id, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        sb->home_fd =
+            openat(p->homes_fd, sb->home_name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (sb->home_fd < 0)
             return negative_errno();
         reopened = true;
@@ -371,6 +372,44 @@ static void trash_open(pool_t *p)
     warm_refill(p);
 }
 
+/* The homes' shards (POOL_HOME_SHARDS), made here or taken over from an earlier run when each
+ * is a directory of root's (not a link: a home is opened by a path through its shard), 0711:
+ * a sandbox reaches its own home's name and nothing else. */
+static int shards_make(pool_t *p, sbx_err_t *err)
+{
+    for (unsigned i = 0; i < POOL_HOME_SHARDS; i++) {
+        char name[4];
+        struct stat st;
+        (void)snprintf(name, sizeof name, "%02x", i);
+        if (mkdirat(p->homes_fd, name, 0711) < 0 && errno != EEXIST)
+            return sbx_err(err, negative_errno(), "cannot create %s/%s: %s", p->cfg.homes_dir, name,
+                           strerror(errno));
+        if (fstatat(p->homes_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            return sbx_err(err, negative_errno(), "cannot stat %s/%s: %s", p->cfg.homes_dir, name,
+                           strerror(errno));
+        if (!S_ISDIR(st.st_mode) || st.st_uid != 0)
+            return sbx_err(err, -EPERM,
+                           "%s/%s is not a directory of root's; refusing to start (a home "
+                           "is reached through it)",
+                           p->cfg.homes_dir, name);
+        if ((st.st_mode & 07777) != 0711 && fchmodat(p->homes_fd, name, 0711, 0) < 0)
+            return sbx_err(err, negative_errno(), "cannot chmod %s/%s: %s", p->cfg.homes_dir, name,
+                           strerror(errno));
+    }
+    return 0;
+}
+
+/* At shutdown, after every home: the shards that are empty (one that is not stays, with what
+ * an earlier failure left in it). */
+static void shards_remove(pool_t *p)
+{
+    for (unsigned i = 0; i < POOL_HOME_SHARDS && p->homes_fd >= 0; i++) {
+        char name[4];
+        (void)snprintf(name, sizeof name, "%02x", i);
+        (void)unlinkat(p->homes_fd, name, AT_REMOVEDIR);
+    }
+}
+
 /* Remove every entry of dir (by descriptor, as a delete does). */
 static void sweep_dir(int dir)
 {
@@ -487,6 +526,10 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
     if (p->homes_fd < 0)
         return sbx_err(err, negative_errno(), "cannot open SBX_HOMES_DIR %s: %s", cfg->homes_dir,
                        strerror(errno));
+    r = shards_make(p, err);
+    if (r < 0)
+        return r;
+    p->shards_made = true;
     trash_open(p);
     char tag[48];
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
@@ -556,6 +599,8 @@ pool_t *pool_free(pool_t *p)
     sandbox_ns_stop(&p->ns);
     cgroups_done(&p->cg);
     uidpool_done(&p->uids);
+    if (p->shards_made)
+        shards_remove(p);
     safe_close(p->homes_fd);
     free(p->homes_json);
     free(p->buckets);
@@ -601,7 +646,7 @@ static int take_warm_home(pool_t *p, sandbox_t *sb)
         return -EAGAIN;
     pool_warm_t w = p->warm[--p->n_warm];
     warm_refill(p);
-    if (renameat2(p->warm_fd, w.name, p->homes_fd, sb->id, RENAME_NOREPLACE) < 0) {
+    if (renameat2(p->warm_fd, w.name, p->homes_fd, sb->home_name, RENAME_NOREPLACE) < 0) {
         uidpool_release(&p->uids, w.uid, true); /* gone (a sweep), or an id that exists */
         return -EAGAIN;
     }
@@ -620,14 +665,14 @@ static int make_home(pool_t *p, sandbox_t *sb)
         int r = uidpool_take(&p->uids, &sb->uid);
         if (r < 0)
             return r;
-        if (mkdirat(p->homes_fd, sb->id, 0700) < 0)
+        if (mkdirat(p->homes_fd, sb->home_name, 0700) < 0)
             return negative_errno();
     }
     /* O_PATH: only ever a base for *at() calls and a Landlock rule. Every confined child holds
      * a copy of each sandbox's home descriptor until its execve closes them, and closing an
      * O_PATH one skips the per-directory dnotify and lock checks (a third of an exec's time
      * with 5,000 sandboxes in the host). */
-    sb->home_fd = openat(p->homes_fd, sb->id, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    sb->home_fd = openat(p->homes_fd, sb->home_name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (sb->home_fd < 0)
         return negative_errno();
     if (warm)
@@ -760,7 +805,8 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     sodium_memzero(rnd, sizeof rnd);
     while (pool_find(p, sb->id, 16))
         hex_random(sb->id, 8);
-    (void)snprintf(sb->home, sizeof sb->home, "%s/%s", p->cfg.homes_dir, sb->id);
+    (void)snprintf(sb->home_name, sizeof sb->home_name, "%.2s/%s", sb->id, sb->id);
+    (void)snprintf(sb->home, sizeof sb->home, "%s/%s", p->cfg.homes_dir, sb->home_name);
     sb->max_procs = o->max_procs;
     sb->max_mem_mb = o->max_mem_mb;
     sb->idle_timeout_ms = o->idle_ms;
@@ -811,7 +857,7 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
 /* A sandbox as JSON (its shape: docs/protocol.md), appended to b. Written here, not built with
  * jansson: that was ~40 small allocations per sandbox, per answer to a create and per list
  * entry, and on a heap holding 10,000 sandboxes each one cost more (bench-pool section 5). Only
- * the home needs escaping: its directory's escape is made once (homes_json), its id is hex. */
+ * the home needs escaping: its directory's escape is made once (homes_json), its name is hex. */
 static int sandbox_put_json(buf_t *b, const sandbox_t *sb, bool with_token)
 {
     const cgroups_t *cg = &sb->pool->cg;
@@ -823,8 +869,8 @@ static int sandbox_put_json(buf_t *b, const sandbox_t *sb, bool with_token)
     int r = buf_printf(b,
                        "{\"id\":\"%s\",\"uid\":%u,\"home\":\"%s/%s\",\"confinement\":\"%s\","
                        "\"created_at_ms\":%lld",
-                       sb->id, sb->uid, sb->pool->homes_json, sb->id, sandbox_confinement(sb),
-                       (long long)sb->created_at_ms);
+                       sb->id, sb->uid, sb->pool->homes_json, sb->home_name,
+                       sandbox_confinement(sb), (long long)sb->created_at_ms);
     if (r >= 0 && with_token)
         r = buf_printf(b, ",\"token\":\"%s\"", sb->token);
     if (r >= 0) /* aggregate limits for the whole sandbox (all its processes together) */
@@ -1119,7 +1165,7 @@ static int remove_home(sandbox_t *sb, bool killed)
     if (killed && p->trash_fd >= 0 && p->srv->janitor) {
         char name[48];
         (void)snprintf(name, sizeof name, "%s-%llu", sb->id, (unsigned long long)++p->trash_seq);
-        if (renameat2(p->homes_fd, sb->id, p->trash_fd, name, RENAME_NOREPLACE) == 0) {
+        if (renameat2(p->homes_fd, sb->home_name, p->trash_fd, name, RENAME_NOREPLACE) == 0) {
             if (p->warm_fd >= 0 && uids_spare(p, true) && warm_ask(p, name, sb->uid))
                 return 1;
             if (janitor_remove(p->srv->janitor, name) < 0)
@@ -1129,7 +1175,7 @@ static int remove_home(sandbox_t *sb, bool killed)
         if (errno == ENOENT)
             return -ENOENT;
     }
-    return remove_tree(p->homes_fd, sb->id, sb->home_fd);
+    return remove_tree(p->homes_fd, sb->home_name, sb->home_fd);
 }
 
 /* Commands' cgroup2 groups that could not be removed when their command ended (descendants

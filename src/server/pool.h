@@ -35,6 +35,10 @@ typedef struct sandbox sandbox_t;
 #define POOL_BUCKETS_MIN 64 /* the id table: a power of two at least the capacity */
 #define POOL_NETNS_WARM 16
 #define POOL_HOMES_WARM 32
+/* the homes directory holds 256 shards, 00 to ff, and each home is in the shard named by the
+ * first two hex digits of its id: with 10,000 live a shard holds ~40 homes, and a create's and
+ * a delete's renames change a one-block directory instead of a 10,000-entry one */
+#define POOL_HOME_SHARDS 256
 /* sandboxes that keep their handles open while idle (fewer where descriptors are scarce) */
 #define POOL_HANDLES_MAX 1024
 /* deleted homes taken over (janitor_recycle_home) may fill the warm set this far beyond what
@@ -59,6 +63,7 @@ struct sandbox {
     /* Descriptors it can do without while idle (see sandbox_handles): its home (O_PATH), its
      * Landlock ruleset and its cgroup.procs files; -1 (or cg_fds[0] -1) while closed. */
     int home_fd;
+    char home_name[20]; /* beneath the homes directory: "<first two of id>/<id>" */
     char home[256];
     char **env; /* base + create-time env, KEY=VALUE */
     uint64_t max_procs, max_mem_mb;
@@ -123,6 +128,7 @@ struct pool {
     seccomp_filter_t seccomp;
     bool have_seccomp;
     int homes_fd;
+    bool shards_made; /* its POOL_HOME_SHARDS, removed at shutdown when empty */
     char *homes_json; /* the homes directory escaped for inside a JSON string */
     /* <homes>.trash (root, 0700, the homes' filesystem): deleted homes wait there for the
      * janitor; -1 without one (deletes remove the home on the loop, as before) */

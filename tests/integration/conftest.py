@@ -286,6 +286,22 @@ def make_server():
 
 # -- pool host mode ----------------------------------------------------------------------------
 
+HOME_SHARDS = ["%02x" % i for i in range(256)]
+
+
+def homes_in(homes):
+    """What a pool host's homes directory holds: each home as '<shard>/<id>' (a shard is 00 to
+    ff, the first two hex digits of its homes' ids), and anything else at its top as itself."""
+    out = []
+    for e in sorted(os.listdir(homes)):
+        p = os.path.join(homes, e)
+        if e in HOME_SHARDS and os.path.isdir(p) and not os.path.islink(p):
+            out += [e + "/" + h for h in sorted(os.listdir(p))]
+        else:
+            out.append(e)
+    return out
+
+
 class HostServer(Server):
     """A pool host (SBX_HOST_MODE=1) with its own homes directory (removed at stop)."""
 

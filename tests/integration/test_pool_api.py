@@ -7,13 +7,15 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import time
 
 import pytest
 
-from conftest import POOL_UID_BASE, POOL_UID_COUNT, Sandbox, uid_pids, wait_until
+from conftest import (HOME_SHARDS, POOL_UID_BASE, POOL_UID_COUNT, Sandbox, homes_in, uid_pids,
+                      wait_until)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
 
@@ -32,7 +34,7 @@ def test_create_count_and_capacity(make_host_server):
     assert len(uids) == 3 and all(20000 <= u < 65000 for u in uids)
     for x in j["sandboxes"]:
         assert len(x["id"]) == 16 and len(x["token"]) == 64
-        assert x["home"] == os.path.join(s.homes, x["id"])
+        assert x["home"] == os.path.join(s.homes, x["id"][:2], x["id"])
         st_ = os.stat(x["home"])
         assert (st_.st_uid, st_.st_mode & 0o777) == (x["uid"], 0o700)
     st, j = s.create_raw({"count": 3})  # one slot left
@@ -54,7 +56,7 @@ def test_a_batch_that_fails_part_way_is_undone(make_host_server):
     assert s.list() == [], "undo: the batch's sandboxes made before the failure are still listed"
     h = s.json("GET", "/health")[1]
     assert h["sandboxes"] == 0 and h["uids"]["quarantined"] == 0, h
-    assert wait_until(lambda: os.listdir(s.homes) == [], 10), os.listdir(s.homes)
+    assert wait_until(lambda: homes_in(s.homes) == [], 10), homes_in(s.homes)
     st, j = s.create_raw({"count": 5})  # control: the next creates work, all of capacity left
     assert st == 200 and len(j["sandboxes"]) == 5 and j["rejected"] == 0, j
     assert ids_of(s.list()) == {x["id"] for x in j["sandboxes"]}
@@ -71,7 +73,7 @@ def test_home_paths_that_need_escaping_in_json(make_host_server):
         st, j = s.create_raw({"count": 2})
         assert st == 200 and len(j["sandboxes"]) == 2, j
         for x in j["sandboxes"]:
-            assert x["home"] == os.path.join(homes, x["id"]) and os.path.isdir(x["home"])
+            assert x["home"] == os.path.join(homes, x["id"][:2], x["id"]) and os.path.isdir(x["home"])
         assert sorted(x["home"] for x in s.list()) == sorted(x["home"] for x in j["sandboxes"])
         r = Sandbox(s, j["sandboxes"][0]).py("import os; print(os.getcwd())")
         assert r.out.strip() == j["sandboxes"][0]["home"], r
@@ -87,6 +89,73 @@ def test_homes_dir_that_is_not_utf8_refuses_to_start(make_host_server):
             make_host_server(env={"SBX_HOMES_DIR": base + "/bad\udcff"})
         assert "SBX_HOMES_DIR is not valid UTF-8" in str(e.value)
         make_host_server(env={"SBX_HOMES_DIR": base + "/good"}).stop()  # control
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_homes_are_in_shards_the_sandbox_cannot_list(make_host_server):
+    # the homes directory holds the 256 shards, root's, 0711, and nothing else; each home is in
+    # the shard named by its id's first two digits. From inside: its own shard and the homes
+    # directory cannot be listed or written, another sandbox's home cannot be reached
+    # (positive controls: its own home can be stat'ed, listed and written)
+    s = make_host_server()
+    a, b = s.create(2)
+    assert sorted(os.listdir(s.homes)) == HOME_SHARDS
+    for name in HOME_SHARDS:
+        st_ = os.lstat(os.path.join(s.homes, name))
+        assert stat.S_ISDIR(st_.st_mode) and (st_.st_uid, stat.S_IMODE(st_.st_mode)) == (0, 0o711)
+    assert sorted(homes_in(s.homes)) == sorted(x.id[:2] + "/" + x.id for x in (a, b))
+    assert os.path.dirname(a.home) == os.path.join(s.homes, a.id[:2])
+    res = a.py("""
+import errno, json, os, sys
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+shard, homes, other, own = sys.argv[1:5]
+print(json.dumps({"ls_shard": attempt(lambda: os.listdir(shard)),
+                  "ls_homes": attempt(lambda: os.listdir(homes)),
+                  "mk_shard": attempt(lambda: os.mkdir(shard + "/x")),
+                  "other": attempt(lambda: os.listdir(other)),
+                  "own": attempt(lambda: os.stat(own)),
+                  "ls_own": attempt(lambda: os.listdir(own)),
+                  "mk_own": attempt(lambda: os.mkdir(own + "/x"))}))
+""", os.path.dirname(a.home), s.homes, b.home, a.home)
+    assert res.code == 0, res
+    assert json.loads(res.out) == {"ls_shard": "EACCES", "ls_homes": "EACCES", "mk_shard": "EACCES",
+                                   "other": "EACCES", "own": "ok", "ls_own": "ok",
+                                   "mk_own": "ok"}, res
+
+
+def test_a_shard_that_is_not_roots_directory_refuses_to_start(make_host_server):
+    # a home is opened through its shard: one that is a link (or not root's) would lead the
+    # host elsewhere, so a host finding one from an earlier run refuses to start
+    base = tempfile.mkdtemp(prefix="sbx-shard-")
+    try:
+        os.chmod(base, 0o711)
+        elsewhere = os.path.join(base, "elsewhere")
+        os.mkdir(elsewhere)
+        homes = os.path.join(base, "homes")
+        os.mkdir(homes, 0o711)
+        os.symlink(elsewhere, os.path.join(homes, "7f"))
+        with pytest.raises(RuntimeError) as e:
+            make_host_server(env={"SBX_HOMES_DIR": homes})
+        assert "7f is not a directory of root's; refusing to start" in str(e.value)
+        os.unlink(os.path.join(homes, "7f"))
+        os.mkdir(os.path.join(homes, "7f"), 0o755)
+        os.chown(os.path.join(homes, "7f"), 12345, 12345)
+        with pytest.raises(RuntimeError) as e:
+            make_host_server(env={"SBX_HOMES_DIR": homes})
+        assert "7f is not a directory of root's; refusing to start" in str(e.value)
+        # control: root's shard from an earlier run is taken over, its mode made 0711
+        os.chown(os.path.join(homes, "7f"), 0, 0)
+        s = make_host_server(env={"SBX_HOMES_DIR": homes})
+        assert stat.S_IMODE(os.stat(os.path.join(homes, "7f")).st_mode) == 0o711
+        assert len(s.create(3)) == 3 and os.listdir(elsewhere) == []
+        s.stop()
+        assert os.listdir(homes) == []  # the shards go at shutdown
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -120,7 +189,7 @@ def test_concurrent_creates_never_exceed_capacity(make_host_server):
     assert len(created) == 5 and sum(j["rejected"] for _, j in results) == 16 - 5
     assert len({x["id"] for x in created}) == 5 and len({x["uid"] for x in created}) == 5
     assert ids_of(s.list()) == {x["id"] for x in created}
-    assert len(os.listdir(s.homes)) == 5
+    assert len(homes_in(s.homes)) == 5
 
 
 def test_limits_and_confinement_reported_and_applied(make_host_server):
@@ -173,7 +242,7 @@ def test_delete_all(make_host_server):
     assert uid_pids(made[0].uid) and uid_pids(made[1].uid)
     st, j = s.json("DELETE", "/v1/sandboxes")
     assert (st, j) == (200, {"deleted": 3})
-    assert s.list() == [] and os.listdir(s.homes) == []
+    assert s.list() == [] and homes_in(s.homes) == []
     for sb in made:
         assert uid_pids(sb.uid) == []
         st, _, _ = sb.request("POST", "/exec", {"cmd": "id"})

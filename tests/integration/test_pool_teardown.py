@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import Sandbox, uid_pids, wait_until
+from conftest import Sandbox, homes_in, uid_pids, wait_until
 
 
 @pytest.fixture
@@ -177,7 +177,7 @@ def test_create_that_runs_out_of_descriptors_leaves_nothing_behind(make_host_ser
         (len(made), refused)  # positive control: the table did fill
     assert made, "not a single sandbox fitted"
     assert quarantined(host) == 0, host.json("GET", "/health")
-    homes = sorted(e for e in os.listdir(host.homes) if not e.startswith("."))
+    homes = sorted(e.split("/")[-1] for e in homes_in(host.homes) if not e.startswith("."))
     ids = sorted(s["id"] for s in made)
     assert homes == ids or set(ids) <= set(homes) and len(homes) == len(ids), \
         ("a half-made home was left behind", homes, ids)

@@ -9,7 +9,7 @@ import signal
 import stat
 import time
 
-from conftest import uid_pids, wait_until
+from conftest import homes_in, uid_pids, wait_until
 from test_spawner import children_named, nfds
 
 MAKE_TREE = ("import os\nfor i in range(50):\n    os.makedirs(f't/{i}/a/b', exist_ok=True)\n"
@@ -86,7 +86,7 @@ def test_creates_take_homes_made_ahead_with_their_uid(make_host_server):
         r = sb.run(["ls", warm])
         assert r.code != 0 and "ermission denied" in r.err, r
     assert a.delete()[0] == 200 and b.delete()[0] == 200
-    assert os.listdir(srv.homes) == []
+    assert homes_in(srv.homes) == []
     # the deleted homes go back to the warm set with their uids: no uid is held twice
     assert wait_until(lambda: srv.json("GET", "/health")[1]["homes"]["making"] == 0, 10)
     owners = [os.stat(os.path.join(warm, n)).st_uid for n in os.listdir(warm)]
@@ -102,7 +102,7 @@ def test_a_delete_renames_the_home_away_and_the_janitor_empties_it(make_host_ser
     try:
         st, res = a.delete()
         assert (st, res) == (200, {"id": a.id, "deleted": True})
-        assert not os.path.exists(a.home) and os.listdir(srv.homes) == []
+        assert not os.path.exists(a.home) and homes_in(srv.homes) == []
         # the tree waits in the trash (the janitor is stopped): the delete did not walk it
         left = os.listdir(trash_of(srv))
         assert len(left) == 1 and left[0].startswith(a.id), left
@@ -129,7 +129,7 @@ def test_a_killed_janitor_is_replaced_and_its_leftovers_swept(make_host_server):
     j2 = janitor(srv)
     assert j2 != j
     assert wait_until(lambda: os.listdir(trash_of(srv)) == [], 10), os.listdir(trash_of(srv))
-    assert os.listdir(srv.homes) == []
+    assert homes_in(srv.homes) == []
 
 
 def test_homes_are_made_ahead_only_with_uids_to_spare(make_host_server):
