@@ -1445,17 +1445,24 @@ def test_a_touched_home_is_never_handed_on(pool_host, attack):
     assert r.code == 0, r
     look_a = py_attempts(a, HOME_LOOK)
     assert not fresh_home(look_a, a.uid), look_a  # positive control: A's home is changed
-    before = homes_quiet(pool_host)
-    a.delete()
-    after = homes_quiet(pool_host)
-    assert after["recycled"] == before["recycled"], (before, after)
-    (b,) = pool_host.create(1)
+    # held open, A's home keeps its inode number: a fresh home cannot be given it again (ext4
+    # hands a freed number straight back), so a different number means a different directory
+    held = os.open(a.home, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        look_b = py_attempts(b, HOME_LOOK)
-        assert look_b["."]["ino"] != look_a["."]["ino"], (look_a, look_b)
-        assert fresh_home(look_b, b.uid), look_b
+        before = homes_quiet(pool_host)
+        a.delete()
+        after = homes_quiet(pool_host)
+        assert after["recycled"] == before["recycled"], (before, after)
+        assert os.fstat(held).st_nlink == 0, "A's home was not removed"
+        (b,) = pool_host.create(1)
+        try:
+            look_b = py_attempts(b, HOME_LOOK)
+            assert look_b["."]["ino"] != look_a["."]["ino"], (look_a, look_b)
+            assert fresh_home(look_b, b.uid), look_b
+        finally:
+            b.delete()
     finally:
-        b.delete()
+        os.close(held)
 
 
 def test_an_untouched_home_is_handed_on_fresh(pool_host):
