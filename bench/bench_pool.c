@@ -173,9 +173,9 @@ static long count_homes(const char *homes)
         if (de->d_name[0] == '.')
             continue;
         char sub[PATH_MAX];
-        long k = -1;
+        long k = -1; /* not a shard (nor a directory): counted as one */
         if (strlen(de->d_name) == 2 && isxdigit((unsigned char)de->d_name[0]) &&
-            isxdigit((unsigned char)de->d_name[1]) && de->d_type == DT_DIR &&
+            isxdigit((unsigned char)de->d_name[1]) &&
             snprintf(sub, sizeof sub, "%s/%s", homes, de->d_name) < (int)sizeof sub)
             k = count_entries(sub, NULL);
         n += k >= 0 ? k : 1;

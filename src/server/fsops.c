@@ -93,8 +93,8 @@ static int fs_prepare(const fs_root_t *r, const char *path, char *buf, size_t ca
     if (len == 0 || cap < 2)
         return -EINVAL;
     if (r->confined) {
-        /* A path that names the root by its outside name ("/sbx/homes/<shard>/<id>/x") means the same
-         * as "x"; any other path is rooted at the root. */
+        /* A path that names the root by its outside name ("/sbx/homes/<shard>/<id>/x") means
+         * the same as "x"; any other path is rooted at the root. */
         size_t pl = r->prefix ? strlen(r->prefix) : 0;
         if (pl > 0 && strncmp(path, r->prefix, pl) == 0 && (path[pl] == '/' || path[pl] == '\0')) {
             path += pl;

@@ -128,7 +128,9 @@ struct pool {
     seccomp_filter_t seccomp;
     bool have_seccomp;
     int homes_fd;
-    bool shards_made; /* its POOL_HOME_SHARDS, removed at shutdown when empty */
+    /* every shard made or checked (its empty ones go at shutdown); a start refused over a
+     * shard leaves what it found */
+    bool shards_made;
     char *homes_json; /* the homes directory escaped for inside a JSON string */
     /* <homes>.trash (root, 0700, the homes' filesystem): deleted homes wait there for the
      * janitor; -1 without one (deletes remove the home on the loop, as before) */

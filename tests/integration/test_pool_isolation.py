@@ -12,6 +12,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -20,7 +21,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import POOL_UID_BASE, uid_pids, wait_until
+from conftest import HOME_SHARDS, POOL_UID_BASE, homes_in, uid_pids, wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
 
@@ -103,6 +104,33 @@ print(json.dumps({"sib": attempt(lambda: os.stat(sys.argv[1] + "/sub")),
 """, b.home, a.home)
     assert res == {"sib": "EACCES", "own": "ok"}
     assert os.path.isdir(os.path.join(b.home, "sub/deeper"))
+
+
+def test_homes_are_in_shards_the_sandbox_cannot_list(pool_host, pair):
+    """The homes directory holds the 256 shards, root's, 0711, and nothing else; each home is
+    in the shard named by its id's first two digits. From inside: its own shard and the homes
+    directory cannot be listed or written, another sandbox's home cannot be listed (positive
+    controls: its own home can be stat'ed, listed and written)."""
+    a, b = pair
+    assert sorted(os.listdir(pool_host.homes)) == HOME_SHARDS
+    for name in HOME_SHARDS:
+        st_ = os.lstat(os.path.join(pool_host.homes, name))
+        assert stat.S_ISDIR(st_.st_mode) and (st_.st_uid, stat.S_IMODE(st_.st_mode)) == (0, 0o711)
+    for x in (a, b):
+        assert x.home == os.path.join(pool_host.homes, x.id[:2], x.id)
+        assert x.id[:2] + "/" + x.id in homes_in(pool_host.homes)
+    res = py_attempts(a, """
+shard, homes, other, own = sys.argv[1:5]
+print(json.dumps({"ls_shard": attempt(lambda: os.listdir(shard)),
+                  "ls_homes": attempt(lambda: os.listdir(homes)),
+                  "mk_shard": attempt(lambda: os.mkdir(shard + "/x")),
+                  "other": attempt(lambda: os.listdir(other)),
+                  "own": attempt(lambda: os.stat(own)),
+                  "ls_own": attempt(lambda: os.listdir(own)),
+                  "mk_own": attempt(lambda: os.mkdir(own + "/x"))}))
+""", os.path.dirname(a.home), pool_host.homes, b.home, a.home)
+    assert res == {"ls_shard": "EACCES", "ls_homes": "EACCES", "mk_shard": "EACCES",
+                   "other": "EACCES", "own": "ok", "ls_own": "ok", "mk_own": "ok"}, res
 
 
 def test_read_file_outside_the_ruleset(pool_host, pair):
