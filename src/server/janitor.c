@@ -303,9 +303,14 @@ static _Noreturn void janitor_enter(int sock, int dir, int warm, bool sweep_warm
     if (getppid() != server)
         _exit(0);
     (void)prctl(PR_SET_NAME, "sbx-janitor");
-    /* the socket at 3, the trash directory at 4, the warm one at 5, nothing else */
-    if (dup2(sock, 10) < 0 || dup2(dir, 11) < 0 || (warm >= 0 && dup2(warm, 12) < 0) ||
-        dup2(10, 3) < 0 || dup2(11, 4) < 0 || (warm >= 0 && dup2(12, 5) < 0))
+    /* the socket at 3, the trash directory at 4, the warm one at 5, nothing else: each copied
+     * first above all three (a fixed number in between could be one of them, and then the
+     * trash would take the warm directory's place) */
+    int top = MAX(MAX(sock, dir), MAX(warm, 5)) + 1;
+    int s2 = fcntl(sock, F_DUPFD, top), d2 = fcntl(dir, F_DUPFD, top);
+    int w2 = warm >= 0 ? fcntl(warm, F_DUPFD, top) : -1;
+    if (s2 < 0 || d2 < 0 || (warm >= 0 && w2 < 0) || dup2(s2, 3) < 0 || dup2(d2, 4) < 0 ||
+        (warm >= 0 && dup2(w2, 5) < 0))
         _exit(1);
     if (syscall(SYS_close_range, warm >= 0 ? 6u : 5u, ~0u, 0u) < 0)
         for (int fd = warm >= 0 ? 6 : 5; fd < 65536; fd++)

@@ -9,7 +9,9 @@ import signal
 import stat
 import time
 
-from conftest import homes_in, uid_pids, wait_until
+import pytest
+
+from conftest import SERVER_BIN, homes_in, uid_pids, wait_until
 from test_spawner import children_named, nfds
 
 MAKE_TREE = ("import os\nfor i in range(50):\n    os.makedirs(f't/{i}/a/b', exist_ok=True)\n"
@@ -146,3 +148,35 @@ def test_homes_are_made_ahead_only_with_uids_to_spare(make_host_server):
     # positive control: with uids to spare (the default range) homes wait ahead
     other = make_host_server(env={"SBX_CAPACITY": "4"})
     assert wait_until(lambda: other.json("GET", "/health")[1]["homes"]["warm"] > 0, 10)
+
+
+@pytest.mark.parametrize("inherited", range(6))
+@pytest.mark.parametrize("mode", ["landlock", "uid-only"])
+def test_the_janitor_gets_its_directories_whatever_the_descriptor_numbers(make_host_server,
+                                                                          tmp_path, inherited,
+                                                                          mode):
+    # The janitor moves its socket and directories to descriptors 3, 4 and 5. Where the
+    # server holds them decides which numbers are free for the move, so the server starts with
+    # 0 to 5 descriptors inherited (all its own ones shift up), with Landlock or without (fewer
+    # of its own): whichever the numbers, the warm homes are made in the warm directory and the
+    # trash stays empty.
+    wrap = tmp_path / "server.sh"
+    opens = " ".join(f"{3 + i}</dev/null" for i in range(inherited))
+    wrap.write_text(f"#!/bin/sh\nexec {opens} {SERVER_BIN} \"$@\"\n" if opens else
+                    f"#!/bin/sh\nexec {SERVER_BIN} \"$@\"\n")
+    wrap.chmod(0o755)
+    uid_only = {"env": {"SBX_MIN_LANDLOCK_ABI": "99"}, "args": ("--allow-unconfined",)}
+    srv = make_host_server(binary=str(wrap), **(uid_only if mode == "uid-only" else {}))
+    warm = srv.homes.rstrip("/") + ".warm"
+
+    def filled():
+        h = srv.json("GET", "/health")[1]["homes"]
+        return h["making"] == 0 and h["warm"] > 0 and h
+    h = wait_until(filled, 10)
+    assert h, srv.json("GET", "/health")[1]
+    assert len(os.listdir(warm)) == h["warm"], (os.listdir(warm), h)
+    assert os.listdir(trash_of(srv)) == [], "the janitor made the warm homes in the trash"
+    before = h["from_warm"]
+    a = srv.sandbox()  # positive control: a create takes one
+    assert srv.json("GET", "/health")[1]["homes"]["from_warm"] == before + 1
+    assert a.run("id -u").out.strip() == str(a.uid)
