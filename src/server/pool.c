@@ -267,6 +267,7 @@ static int warm_open(pool_t *p, const struct stat *hs)
 
 static void netns_back(void *data, int op, int fd, int r);
 static void netns_want(pool_t *p);
+static void creates_pump(pool_t *p);
 static int remove_tree(int parent_fd, const char *name, int home_fd);
 
 /* Whether a uid may go to the warm set without a create ever lacking one: more uids free than
@@ -277,7 +278,9 @@ static bool uids_spare(const pool_t *p, bool held)
     const uidpool_t *u = &p->uids;
     uint64_t taken = u->n_used + u->n_quarantined + u->n_reserved;
     uint64_t free_uids = u->count > taken ? u->count - taken : 0;
-    uint64_t creates = p->cfg.capacity > p->reserved ? p->cfg.capacity - p->reserved : 0;
+    /* the slots waiting requests reserved still need a uid each */
+    uint64_t reserved = p->reserved - p->create_slots;
+    uint64_t creates = p->cfg.capacity > reserved ? p->cfg.capacity - reserved : 0;
     return free_uids + (held ? 1 : 0) > creates;
 }
 
@@ -328,9 +331,11 @@ static void warm_made(void *data, const char *name, int r)
     }
     pool_warm_t w = p->warm_wait[i];
     p->warm_wait[i] = p->warm_wait[--p->n_warm_wait];
+    p->warm_failing = r < 0; /* waiting creates then make homes themselves (create_ready) */
     if (r >= 0 && p->n_warm < POOL_HOMES_WARM_MAX) {
         p->homes_recycled += r == 1;
         p->warm[p->n_warm++] = w;
+        creates_pump(p);
         return;
     }
     if (r >= 0 || !name) /* no room (cannot happen: asked only for room); or the janitor died
@@ -338,6 +343,7 @@ static void warm_made(void *data, const char *name, int r)
         (void)remove_tree(p->warm_fd, w.name, -1);
     /* no home for it: the uid goes back (its last teardown, if any, was verified) */
     uidpool_release(&p->uids, w.uid, true);
+    creates_pump(p); /* a waiting create may now have to make its home itself */
 }
 
 /* The trash beside the homes: made (or taken over from an earlier run: the janitor empties it)
@@ -581,10 +587,13 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
     return 0;
 }
 
+static void creates_refuse_all(pool_t *p);
+
 pool_t *pool_free(pool_t *p)
 {
     if (!p)
         return NULL;
+    creates_refuse_all(p);
     while (p->first)
         (void)sandbox_delete(p->first, NULL);
     if (p->srv)
@@ -724,6 +733,8 @@ static void netns_back(void *data, int op, int fd, int r)
         p->netns_making--;
     if (op == JANITOR_NETNS_MADE && fd >= 0)
         p->netns_made++;
+    if (op == JANITOR_NETNS_MADE)
+        p->netns_failing = fd < 0;
     if (op == JANITOR_NETNS_CHECKED) {
         if (p->netns_checking > 0)
             p->netns_checking--;
@@ -744,6 +755,7 @@ static void netns_back(void *data, int op, int fd, int r)
         p->netns_warm[p->n_netns_warm++] = fd;
     if (fd < 0 && r != -EPIPE)
         netns_want(p); /* one that did not come back; not after a janitor died (no loop) */
+    creates_pump(p);
 }
 
 /* A network namespace for a new sandbox: one made ahead if there is one, else a fresh one. */
@@ -849,7 +861,7 @@ static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
     pool_link(p, sb);
     lru_push_front(p, sb);
     handles_trim(p);
-    p->created_total++;
+    sb->serial = ++p->created_total;
     *ret = sb;
     return 0;
 }
@@ -930,12 +942,219 @@ static int parse_create(json_t *o, create_opts_t *opts, uint64_t *count, sbx_err
     return 0;
 }
 
-/* A create that fails part way undoes its batch: a client that got an error must not be billed
- * for ghosts. The batch's sandboxes are the newest (nothing else runs meanwhile). */
-static void undo_creates(pool_t *p, uint64_t n)
+/* ---- create requests --------------------------------------------------------------------
+ *
+ * A create request makes its sandboxes from the warm sets (a home the janitor made, a network
+ * namespace made ahead): a rename, a ruleset, no disk work. A request for more than the warm
+ * sets hold waits (parked on its connection, in arrival order) for the janitor to make the
+ * rest, and the loop serves everything else meanwhile; it is answered once all are made. Its
+ * capacity is reserved when it arrives. A client that goes away before the answer has its
+ * sandboxes deleted: nobody holds their tokens. Homes and namespaces are made on the loop only
+ * without a janitor or warm directory, or while the janitor fails to make them. */
+
+/* A sandbox a request made, found again by id and serial: one deleted meanwhile (a delete by
+ * id, shutdown) is gone from the registry, and no reference is held that would keep its
+ * handles open (a burst of 4,000 would hold 12,000 descriptors). */
+typedef struct {
+    char id[17];
+    uint64_t serial;
+} creq_made_t;
+
+struct create_req {
+    pool_t *pool;
+    conn_t *conn;
+    create_opts_t opts; /* opts.env referenced */
+    uint64_t count;     /* asked */
+    uint64_t slots;     /* capacity reserved for the sandboxes still to make */
+    uint64_t n;         /* made */
+    creq_made_t *made;  /* each counted in its ops until the answer: not evicted while idle */
+    create_req_t *next;
+};
+
+static sandbox_t *creq_sandbox(const create_req_t *q, uint64_t i)
 {
-    for (uint64_t k = 0; k < n && p->last; k++)
-        (void)sandbox_delete(p->last, NULL);
+    sandbox_t *sb = pool_find(q->pool, q->made[i].id, 16);
+    return sb && sb->serial == q->made[i].serial ? sb : NULL;
+}
+
+/* The answer is out (or will never be): the sandboxes are the client's to use or leave idle. */
+static void creq_release(create_req_t *q)
+{
+    for (uint64_t i = 0; i < q->n; i++) {
+        sandbox_t *sb = creq_sandbox(q, i);
+        if (sb) {
+            sb->ops--;
+            sb->last_activity_ms = loop_now_ms(q->pool->srv->loop);
+        }
+    }
+    q->n = 0;
+}
+
+static void creq_free(create_req_t *q)
+{
+    creq_release(q);
+    json_decref(q->opts.env);
+    free(q->made);
+    free(q);
+}
+
+static void creq_unlink(pool_t *p, create_req_t *q)
+{
+    create_req_t **pp = &p->creq_first;
+    while (*pp && *pp != q)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = q->next;
+    if (p->creq_last == q) {
+        p->creq_last = p->creq_first;
+        while (p->creq_last && p->creq_last->next)
+            p->creq_last = p->creq_last->next;
+    }
+    q->next = NULL;
+    p->reserved -= q->slots; /* what was not made gives its capacity back */
+    p->create_slots -= q->slots;
+    q->slots = 0;
+    server_op_end(p->srv);
+}
+
+/* A request that fails part way, or whose client left, undoes what it made: a client that got
+ * no tokens must not be billed for ghosts. */
+static void creq_undo(create_req_t *q)
+{
+    for (uint64_t i = 0; i < q->n; i++) {
+        sandbox_t *sb = creq_sandbox(q, i);
+        if (sb)
+            (void)sandbox_delete(sb, NULL);
+    }
+    q->n = 0;
+}
+
+/* Answer with what was made (deleted meanwhile: counted as rejected), or r's error. */
+static void creq_answer(create_req_t *q, int r)
+{
+    conn_t *c = q->conn;
+    creq_unlink(q->pool, q);
+    conn_set_handler(c, NULL, NULL);
+    _cleanup_(buf_free) buf_t out;
+    buf_init(&out, SIZE_MAX);
+    int w = r < 0 ? r : buf_append(&out, "{\"sandboxes\":[", 14);
+    uint64_t made = 0;
+    for (uint64_t i = 0; i < q->n && w >= 0; i++) {
+        sandbox_t *sb = creq_sandbox(q, i);
+        if (!sb)
+            continue;
+        if (made++ > 0)
+            w = buf_append(&out, ",", 1);
+        if (w >= 0)
+            w = sandbox_put_json(&out, sb, true);
+    }
+    if (w >= 0)
+        w = buf_printf(&out, "],\"rejected\":%llu}", (unsigned long long)(q->count - made));
+    if (w < 0)
+        creq_undo(q);
+    if (r == -ESHUTDOWN)
+        http_unavailable(c, HTTP_CLOSE, "the host is shutting down");
+    else if (r < 0)
+        http_internal_error(c, 0, "creating a sandbox failed: %s", strerror(-r));
+    else if (w < 0) /* no memory for the answer: the client never learns their tokens */
+        http_unavailable(c, 0, "out of memory");
+    else
+        (void)conn_respond(c, 200, "application/json", buf_head(&out), out.len, NULL);
+    creq_free(q);
+}
+
+/* Whether the next sandbox can be made now without disk work on the loop: a warm home, and a
+ * warm namespace where sandboxes get one. If not, the janitor is asked for what is missing
+ * (homes beyond what the warm set refills to, each for a uid taken now for a reserved slot).
+ * True also when nothing is coming, or the janitor's last try failed (no janitor, no uid left,
+ * a warm directory it cannot write): the create then makes, or refuses, the rest here rather
+ * than wait for what may never come. need: slots still to fill. */
+static bool create_ready(pool_t *p, uint64_t need)
+{
+    if (!p->srv->janitor || p->warm_fd < 0)
+        return true;
+    bool home = p->n_warm > 0 || p->warm_failing;
+    bool ns = !p->have_netns || p->n_netns_warm > 0 || p->netns_failing;
+    if (!home) {
+        while (p->n_warm + p->n_warm_wait < MIN(need, (uint64_t)POOL_HOMES_WARM)) {
+            uint32_t uid;
+            if (uidpool_take(&p->uids, &uid) < 0)
+                break;
+            if (!warm_ask(p, NULL, uid)) {
+                uidpool_release(&p->uids, uid, true);
+                break;
+            }
+        }
+        home = p->n_warm_wait == 0;
+    }
+    if (!ns) {
+        netns_want(p);
+        ns = p->netns_making + p->netns_checking == 0;
+    }
+    return home && ns;
+}
+
+/* Make what the waiting requests can have now, first come first served; answer each once its
+ * sandboxes are made. Runs when a request arrives and when the janitor hands back a home or a
+ * namespace. */
+static void creates_pump(pool_t *p)
+{
+    if (p->pumping)
+        return;
+    p->pumping = true;
+    create_req_t *q;
+    while ((q = p->creq_first)) {
+        int r = 0;
+        while (q->slots > 0 && create_ready(p, q->slots)) {
+            sandbox_t *sb;
+            r = sandbox_create(p, &q->opts, &sb);
+            if (r == -ENOSPC) { /* no uid left: the rest are rejected */
+                r = 0;
+                p->reserved -= q->slots;
+                p->create_slots -= q->slots;
+                q->slots = 0;
+                break;
+            }
+            if (r < 0)
+                break;
+            q->slots--; /* the slot is the sandbox's now (its delete gives it back) */
+            p->create_slots--;
+            sb->ops++;
+            memcpy(q->made[q->n].id, sb->id, sizeof sb->id);
+            q->made[q->n++].serial = sb->serial;
+        }
+        if (r < 0)
+            creq_undo(q);
+        else if (q->slots > 0)
+            break; /* waits for the janitor */
+        creq_answer(q, r);
+    }
+    p->pumping = false;
+}
+
+static void creq_conn_close(conn_t *c, bool aborted)
+{
+    create_req_t *q = c->hdata;
+    (void)aborted; /* only before the answer: the answer unhooks this first */
+    c->hdata = NULL;
+    pool_t *p = q->pool;
+    creq_unlink(p, q);
+    creq_undo(q);
+    creq_free(q);
+    creates_pump(p); /* what it held back may serve the next one */
+}
+
+static const handler_ops_t creq_ops = { .on_close = creq_conn_close };
+
+/* At shutdown, before the sandboxes go: the waiting requests are refused. */
+static void creates_refuse_all(pool_t *p)
+{
+    p->pumping = true; /* nothing is made any more */
+    while (p->creq_first) {
+        create_req_t *q = p->creq_first;
+        creq_undo(q);
+        creq_answer(q, -ESHUTDOWN);
+    }
 }
 
 static void create_body(conn_t *c, json_t *o)
@@ -948,41 +1167,29 @@ static void create_body(conn_t *c, json_t *o)
         http_bad_request(c, 0, "%s", err.msg);
         return;
     }
-    _cleanup_(buf_free) buf_t out;
-    buf_init(&out, SIZE_MAX);
-    int w = buf_append(&out, "{\"sandboxes\":[", 14);
-    uint64_t created = 0;
-    for (uint64_t i = 0; i < count && w >= 0; i++) {
-        /* Capacity is authoritative here and reserved before any work. */
-        if (p->reserved >= p->cfg.capacity)
-            break;
-        p->reserved++;
-        sandbox_t *sb;
-        int r = sandbox_create(p, &opts, &sb);
-        if (r == -ENOSPC) {
-            p->reserved--;
-            break;
-        }
-        if (r < 0) {
-            p->reserved--;
-            undo_creates(p, created);
-            http_internal_error(c, 0, "creating a sandbox failed: %s", strerror(-r));
-            return;
-        }
-        created++;
-        if (created > 1)
-            w = buf_append(&out, ",", 1);
-        if (w >= 0)
-            w = sandbox_put_json(&out, sb, true);
-    }
-    if (w >= 0)
-        w = buf_printf(&out, "],\"rejected\":%llu}", (unsigned long long)(count - created));
-    if (w < 0) { /* no memory for the answer: the client never learns their tokens */
-        undo_creates(p, created);
+    create_req_t *q = calloc(1, sizeof *q);
+    /* Capacity is authoritative here and reserved before any work. */
+    uint64_t slots = p->cfg.capacity > p->reserved ? p->cfg.capacity - p->reserved : 0;
+    slots = MIN(slots, count);
+    if (!q || !(q->made = calloc(slots ? slots : 1, sizeof *q->made))) {
+        free(q);
         http_unavailable(c, 0, "out of memory");
         return;
     }
-    (void)conn_respond(c, 200, "application/json", buf_head(&out), out.len, NULL);
+    *q = (create_req_t){
+        .pool = p, .conn = c, .opts = opts, .count = count, .slots = slots, .made = q->made
+    };
+    json_incref(q->opts.env);
+    p->reserved += slots;
+    p->create_slots += slots;
+    server_op_begin(p->srv);
+    if (p->creq_last)
+        p->creq_last->next = q;
+    else
+        p->creq_first = q;
+    p->creq_last = q;
+    conn_set_handler(c, &creq_ops, q); /* until it is answered */
+    creates_pump(p);
 }
 
 void route_sandboxes_create(conn_t *c) { route_with_json_body(c, 1024 * 1024, create_body); }

@@ -24,6 +24,7 @@ typedef struct server server_t;
 typedef struct conn conn_t;
 typedef struct pool pool_t;
 typedef struct sandbox sandbox_t;
+typedef struct create_req create_req_t;
 
 /* the default uid range (SBX_POOL_UID_BASE, SBX_POOL_UID_COUNT); any range set stays inside
  * it, which stays inside a 65536-uid user namespace map */
@@ -59,6 +60,7 @@ struct sandbox {
     unsigned refs;            /* the registry + each request/process that uses it */
     char id[17];
     char token[65];
+    uint64_t serial; /* the pool's count of creates at its own: never reused */
     uint32_t uid;
     /* Descriptors it can do without while idle (see sandbox_handles): its home (O_PATH), its
      * Landlock ruleset and its cgroup.procs files; -1 (or cg_fds[0] -1) while closed. */
@@ -99,7 +101,16 @@ typedef struct {
 struct pool {
     server_t *srv;
     pool_config_t cfg;
-    uint64_t reserved;   /* capacity slots taken, including creates in progress */
+    uint64_t reserved; /* capacity slots taken, including creates in progress */
+    /* create requests waiting for the janitor's homes and namespaces, in arrival order
+     * (pool.c), the slots they reserved and have not filled yet, and whether one is being
+     * served now */
+    create_req_t *creq_first, *creq_last;
+    uint64_t create_slots;
+    bool pumping;
+    /* the janitor's last home, or last namespace, could not be made: waiting creates make
+     * theirs on the loop until one is made again */
+    bool warm_failing, netns_failing;
     sandbox_t **buckets; /* by id: at most one sandbox a bucket on average when full */
     unsigned bucket_mask;
     sandbox_t *first, *last;

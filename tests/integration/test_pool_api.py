@@ -156,6 +156,96 @@ def test_concurrent_creates_never_exceed_capacity(make_host_server):
     assert len(homes_in(s.homes)) == 5
 
 
+def _send_create(s, count):
+    """POST a create on a socket of its own and return the socket, unread."""
+    body = json.dumps({"count": count}).encode()
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+    c.sendall(b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-Sandbox-Token: " + s.token.encode() +
+              b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
+              b"\r\n\r\n" + body)
+    return c
+
+
+def _read_answer(c):
+    """The whole answer to one request on c: (status, json)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += c.recv(65536)
+    head, rest = data.split(b"\r\n\r\n", 1)
+    n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+    while len(rest) < n:
+        rest += c.recv(65536)
+    return int(head.split(b" ")[1]), json.loads(rest[:n])
+
+
+BURST = 400
+
+
+def test_a_burst_of_creates_is_made_off_the_loop(make_host_server):
+    # A create for more sandboxes than the warm sets hold waits for the janitor to make their
+    # homes and namespaces: the event loop serves other requests meanwhile, and every home of
+    # the burst comes from the warm set (none is made on the loop).
+    s = make_host_server(env={"SBX_CAPACITY": str(BURST)})
+    h0 = s.json("GET", "/health")[1]
+    assert wait_until(lambda: s.json("GET", "/health")[1]["homes"]["warm"] > 0, 10)
+    c = _send_create(s, BURST)
+    try:
+        time.sleep(0.05)  # the burst is being made
+        st, h = s.json("GET", "/health", timeout=5)
+        assert st == 200 and h["sandboxes"] < BURST, h
+        c.setblocking(False)
+        try:
+            early = c.recv(1)
+        except BlockingIOError:
+            early = b""
+        assert early == b"", "the burst was answered before a request sent after it: made on the loop"
+        c.setblocking(True)
+        st, j = _read_answer(c)
+    finally:
+        c.close()
+    assert st == 200 and len(j["sandboxes"]) == BURST and j["rejected"] == 0, (st, j)
+    assert len({x["uid"] for x in j["sandboxes"]}) == BURST
+    assert all(os.path.isdir(x["home"]) for x in j["sandboxes"])
+    h = s.json("GET", "/health")[1]
+    made = h["homes"]["from_warm"] - h0["homes"]["from_warm"]
+    assert made == BURST, f"{BURST - made} of the burst's homes were made on the loop: {h}"
+    if "netns" in h:  # one namespace was made at start (the only one made on the loop)
+        assert h["netns"]["made"] + 1 >= BURST, h
+    r = Sandbox(s, j["sandboxes"][-1]).run("id -u; echo ok > f; cat f")  # control: they work
+    assert r.out.split() == [str(j["sandboxes"][-1]["uid"]), "ok"], r
+
+
+def test_a_burst_whose_client_leaves_is_undone(make_host_server):
+    # The client of a waiting create goes away: nobody holds the tokens of what was made, so it
+    # is all deleted, and the capacity it reserved is free again.
+    s = make_host_server(env={"SBX_CAPACITY": str(BURST)})
+    c = _send_create(s, BURST)
+    assert wait_until(lambda: s.json("GET", "/health")[1]["sandboxes"] > 0, 10)
+    c.close()
+    assert wait_until(lambda: s.json("GET", "/health")[1]["sandboxes"] == 0, 20), \
+        "undo: the sandboxes of a create whose client left are still there"
+    assert s.list() == []
+    assert wait_until(lambda: homes_in(s.homes) == [], 20), homes_in(s.homes)
+    st, j = s.create_raw({"count": BURST})  # control: all of capacity is there again
+    assert st == 200 and len(j["sandboxes"]) == BURST and j["rejected"] == 0, \
+        (st, j.get("rejected") if isinstance(j, dict) else j)
+
+
+def test_a_burst_waiting_at_shutdown_is_refused(make_host_server):
+    s = make_host_server(env={"SBX_CAPACITY": str(BURST)})
+    c = _send_create(s, BURST)
+    try:
+        assert wait_until(lambda: s.json("GET", "/health")[1]["sandboxes"] > 0, 10)
+        homes = s.homes
+        s.proc.send_signal(15)
+        st, j = _read_answer(c)
+        assert st == 503 and "shutting down" in j["error"], (st, j)
+        assert s.proc.wait(30) == 0
+        assert homes_in(homes) == [], "the refused burst's homes outlived the host"
+    finally:
+        c.close()
+
+
 def test_limits_and_confinement_reported_and_applied(make_host_server):
     s = make_host_server()
     st, j = s.create_raw({"max_procs": 17, "max_mem_mb": 300, "idle_timeout_secs": 0})
