@@ -19,6 +19,7 @@
 
 #define JAN_NAME_MAX 64
 #define JAN_INFLIGHT_MAX 4096 /* names queued in the socket; beyond, the caller removes */
+#define JAN_HOLD_MAX 16       /* answers held back while more requests wait (jan_held_t) */
 
 enum { JAN_REMOVE = 1, JAN_MKHOME = 2, JAN_NETNS_MAKE = 3, JAN_NETNS_CHECK = 4, JAN_RECYCLE = 5 };
 _Static_assert(JAN_NETNS_MAKE == JANITOR_NETNS_MADE && JAN_NETNS_CHECK == JANITOR_NETNS_CHECKED,
@@ -240,9 +241,29 @@ static int netns_check(jan_netns_t *ns, int fd)
     return r == 1 ? 0 : -EBUSY;
 }
 
+/* Answers held back while more requests wait (janitor_main): each answer sent alone wakes
+ * the server once, two wake-ups a sandbox in a burst of creates. Sent before anything whose
+ * time has no bound (removing a tree, which may take seconds), and at most JAN_HOLD_MAX. */
+typedef struct {
+    jan_rep_t rep[JAN_HOLD_MAX];
+    int fd[JAN_HOLD_MAX];
+    size_t n;
+} jan_held_t;
+
+static void held_send(int sock, jan_held_t *h)
+{
+    for (size_t i = 0; i < h->n; i++) {
+        if (send_with_fd(sock, &h->rep[i], sizeof h->rep[i], 0, h->fd[i]) < 0)
+            _exit(1);
+        safe_close(h->fd[i]);
+    }
+    h->n = 0;
+}
+
 static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
 {
     jan_netns_t ns = { .home_fd = -1, .baseline_len = -1 };
+    jan_held_t held = { .n = 0 };
     sweep(dir); /* what a janitor before this one left */
     if (warm >= 0 && sweep_warm)
         sweep(warm); /* warm homes of an earlier run */
@@ -265,6 +286,7 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
             else if (home_recycle(dir, q.name, warm, q.to, q.uid) == 0)
                 rep.r = 1;
             else {
+                held_send(sock, &held);
                 rep.removed = pool_remove_tree_at(dir, q.name);
                 if (rep.removed == -ENOENT)
                     rep.removed = 0;
@@ -284,6 +306,7 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
         else if (q.op == JAN_MKHOME)
             rep.r = warm >= 0 ? make_warm(warm, q.name, q.uid) : -EBADF;
         else {
+            held_send(sock, &held);
             rep.r = pool_remove_tree_at(dir, q.name);
             if (rep.r == -ENOENT)
                 rep.r = 0; /* a sweep took it */
@@ -291,9 +314,14 @@ static _Noreturn void janitor_main(int sock, int dir, int warm, bool sweep_warm)
         safe_close(fd);
         if (q.op != JAN_RECYCLE)
             memcpy(rep.name, q.name, sizeof rep.name);
-        if (send_with_fd(sock, &rep, sizeof rep, 0, out) < 0)
-            _exit(1);
-        safe_close(out);
+        held.rep[held.n] = rep;
+        held.fd[held.n++] = out;
+        /* more waiting (the next one's head peeked at, nothing taken): answer together */
+        uint32_t next;
+        if (held.n < JAN_HOLD_MAX &&
+            recv(sock, &next, sizeof next, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof next)
+            continue;
+        held_send(sock, &held);
     }
 }
 
