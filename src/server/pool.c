@@ -998,6 +998,14 @@ static void creq_free(create_req_t *q)
     free(q);
 }
 
+/* The slots it did not fill give their capacity back. */
+static void creq_give_back(pool_t *p, create_req_t *q)
+{
+    p->reserved -= q->slots;
+    p->create_slots -= q->slots;
+    q->slots = 0;
+}
+
 static void creq_unlink(pool_t *p, create_req_t *q)
 {
     create_req_t **pp = &p->creq_first;
@@ -1005,15 +1013,8 @@ static void creq_unlink(pool_t *p, create_req_t *q)
         pp = &(*pp)->next;
     if (*pp)
         *pp = q->next;
-    if (p->creq_last == q) {
-        p->creq_last = p->creq_first;
-        while (p->creq_last && p->creq_last->next)
-            p->creq_last = p->creq_last->next;
-    }
     q->next = NULL;
-    p->reserved -= q->slots; /* what was not made gives its capacity back */
-    p->create_slots -= q->slots;
-    q->slots = 0;
+    creq_give_back(p, q);
     server_op_end(p->srv);
 }
 
@@ -1029,7 +1030,8 @@ static void creq_undo(create_req_t *q)
     q->n = 0;
 }
 
-/* Answer with what was made (deleted meanwhile: counted as rejected), or r's error. */
+/* Answer with what was made (deleted meanwhile: counted as rejected), or with r's error and
+ * what was made undone. */
 static void creq_answer(create_req_t *q, int r)
 {
     conn_t *c = q->conn;
@@ -1050,7 +1052,7 @@ static void creq_answer(create_req_t *q, int r)
     }
     if (w >= 0)
         w = buf_printf(&out, "],\"rejected\":%llu}", (unsigned long long)(q->count - made));
-    if (w < 0)
+    if (r < 0 || w < 0)
         creq_undo(q);
     if (r == -ESHUTDOWN)
         http_unavailable(c, HTTP_CLOSE, "the host is shutting down");
@@ -1110,9 +1112,7 @@ static void creates_pump(pool_t *p)
             r = sandbox_create(p, &q->opts, &sb);
             if (r == -ENOSPC) { /* no uid left: the rest are rejected */
                 r = 0;
-                p->reserved -= q->slots;
-                p->create_slots -= q->slots;
-                q->slots = 0;
+                creq_give_back(p, q);
                 break;
             }
             if (r < 0)
@@ -1123,9 +1123,7 @@ static void creates_pump(pool_t *p)
             memcpy(q->made[q->n].id, sb->id, sizeof sb->id);
             q->made[q->n++].serial = sb->serial;
         }
-        if (r < 0)
-            creq_undo(q);
-        else if (q->slots > 0)
+        if (r >= 0 && q->slots > 0)
             break; /* waits for the janitor */
         creq_answer(q, r);
     }
@@ -1150,11 +1148,8 @@ static const handler_ops_t creq_ops = { .on_close = creq_conn_close };
 static void creates_refuse_all(pool_t *p)
 {
     p->pumping = true; /* nothing is made any more */
-    while (p->creq_first) {
-        create_req_t *q = p->creq_first;
-        creq_undo(q);
-        creq_answer(q, -ESHUTDOWN);
-    }
+    while (p->creq_first)
+        creq_answer(p->creq_first, -ESHUTDOWN);
 }
 
 static void create_body(conn_t *c, json_t *o)
@@ -1183,11 +1178,10 @@ static void create_body(conn_t *c, json_t *o)
     p->reserved += slots;
     p->create_slots += slots;
     server_op_begin(p->srv);
-    if (p->creq_last)
-        p->creq_last->next = q;
-    else
-        p->creq_first = q;
-    p->creq_last = q;
+    create_req_t **tail = &p->creq_first; /* a handful wait at most: one per connection */
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = q;
     conn_set_handler(c, &creq_ops, q); /* until it is answered */
     creates_pump(p);
 }

@@ -105,7 +105,7 @@ struct pool {
     /* create requests waiting for the janitor's homes and namespaces, in arrival order
      * (pool.c), the slots they reserved and have not filled yet, and whether one is being
      * served now */
-    create_req_t *creq_first, *creq_last;
+    create_req_t *creq_first;
     uint64_t create_slots;
     bool pumping;
     /* the janitor's last home, or last namespace, could not be made: waiting creates make
