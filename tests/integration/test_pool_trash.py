@@ -116,6 +116,43 @@ def test_a_delete_renames_the_home_away_and_the_janitor_empties_it(make_host_ser
     assert wait_until(lambda: os.listdir(trash_of(srv)) == [], 10), os.listdir(trash_of(srv))
 
 
+@pytest.mark.skip_ok("needs network namespaces")
+def test_the_janitor_answers_before_a_long_removal(make_host_server):
+    # The janitor holds its answers back while more requests wait, but sends them before it
+    # starts removing a tree (which may take seconds). Stopped, it gets a deleted sandbox's
+    # namespace check and then its home, touched (30,000 files: not recycled, removed); once
+    # going again, the check's answer must come while the removal still runs.
+    srv = make_host_server()
+    if "netns" not in srv.json("GET", "/health")[1]:
+        pytest.skip("no network namespaces here")
+    a = srv.sandbox()
+    r = a.py("import os\nos.mkdir('m')\nfor i in range(30000):\n    os.close(os.open(f'm/{i}', "
+             "os.O_CREAT | os.O_WRONLY))\nprint('made')", timeout=120)
+    assert r.out == "made\n", r
+    assert wait_until(lambda: srv.json("GET", "/health")[1]["homes"]["making"] == 0, 10)
+    j = janitor(srv)
+    os.kill(j, signal.SIGSTOP)
+    try:
+        # stopped before the delete, so that both requests wait for it together
+        assert wait_until(lambda: open(f"/proc/{j}/stat").read().rsplit(")", 1)[1].split()[0]
+                          == "T", 5)
+        assert a.delete()[0] == 200
+        h = srv.json("GET", "/health")[1]
+        assert h["netns"]["checking"] == 1 and h["homes"]["making"] == 1, h
+    finally:
+        os.kill(j, signal.SIGCONT)
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        h = srv.json("GET", "/health")[1]
+        seen.append((h["netns"]["checking"], h["homes"]["making"]))
+        if h["homes"]["making"] == 0:
+            break
+    assert seen[-1] == (0, 0), seen[-5:]  # positive control: both answered in the end
+    assert (0, 1) in seen, "the check's answer was held back behind the removal"
+    assert wait_until(lambda: os.listdir(trash_of(srv)) == [], 10), os.listdir(trash_of(srv))
+
+
 def test_a_killed_janitor_is_replaced_and_its_leftovers_swept(make_host_server):
     srv = make_host_server()
     a, b = srv.create(2)
