@@ -1523,6 +1523,12 @@ void pool_health(pool_t *p, void *json_obj)
                                   (json_int_t)p->n_warm_wait, "from_warm",
                                   (json_int_t)p->homes_from_warm, "recycled",
                                   (json_int_t)p->homes_recycled));
+    json_int_t waiting = 0; /* create requests waiting for the janitor's homes or namespaces */
+    for (const create_req_t *q = p->creq_first; q; q = q->next)
+        waiting++;
+    json_object_set_new(
+        j, "creates",
+        json_pack("{s:I,s:I}", "waiting", waiting, "slots", (json_int_t)p->create_slots));
     json_object_set_new(j, "handles",
                         json_pack("{s:I,s:I,s:I}", "open", (json_int_t)p->n_handles, "max",
                                   (json_int_t)p->handles_max, "reopened",

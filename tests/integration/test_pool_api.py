@@ -193,6 +193,9 @@ def test_a_burst_of_creates_is_made_off_the_loop(make_host_server):
         time.sleep(0.05)  # the burst is being made
         st, h = s.json("GET", "/health", timeout=5)
         assert st == 200 and h["sandboxes"] < BURST, h
+        # it waits, and says so: the slots it has yet to fill
+        assert h["creates"]["waiting"] == 1 and 0 < h["creates"]["slots"] <= BURST, h
+        assert h["sandboxes"] + h["creates"]["slots"] == BURST, h
         c.setblocking(False)
         try:
             early = c.recv(1)
@@ -207,6 +210,8 @@ def test_a_burst_of_creates_is_made_off_the_loop(make_host_server):
     assert len({x["uid"] for x in j["sandboxes"]}) == BURST
     assert all(os.path.isdir(x["home"]) for x in j["sandboxes"])
     h = s.json("GET", "/health")[1]
+    assert h["creates"] == {"waiting": 0, "slots": 0}, h  # answered: nothing waits
+    assert h0["creates"] == {"waiting": 0, "slots": 0}, h0
     made = h["homes"]["from_warm"] - h0["homes"]["from_warm"]
     assert made == BURST, f"{BURST - made} of the burst's homes were made on the loop: {h}"
     if "netns" in h:  # one namespace was made at start (the only one made on the loop)
