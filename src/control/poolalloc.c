@@ -25,17 +25,6 @@ void pool_alloc_arg_free(void *p)
     free(a);
 }
 
-/* Tests: SBX_TEST_POOL_RACE_MS widens the window between reading a pool's hosts and writing a
- * reservation or a new host, so that concurrent requests surely overlap there. */
-static unsigned race_window_ms(void)
-{
-    const char *e = getenv("SBX_TEST_POOL_RACE_MS");
-    uint64_t ms = 0;
-    if (e && parse_u64(sv_make(e, strlen(e)), 1000, &ms) < 0)
-        ms = 0;
-    return (unsigned)ms;
-}
-
 typedef struct {
     char key[200];
     char job[32];
@@ -163,11 +152,11 @@ static int reserve_new_host(alloc_t *a, json_t *hosts)
     (void)snprintf(key, sizeof key, "poolhosts/%s/%s/%03d", a->ns, name, slot);
     random_hex(job_id, 12);
     json_int_t k = MIN(per_host, a->left);
-    json_t *rec = json_pack("{s:i,s:s,s:I,s:[{s:s,s:I,s:s,s:I}],s:s,s:I,s:I,s:I}", "slot", slot,
-                            "job", job_id, "capacity", per_host, "pending", "id", a->rid, "n", k,
-                            "owner", a->w->ctl->instance, "at_ms", (json_int_t)wall_ms(), "state",
-                            "booting", "generation", (json_int_t)0, "created_ms",
-                            (json_int_t)wall_ms(), "empty_since_ms", (json_int_t)0);
+    json_t *rec = json_pack("{s:i,s:s,s:I,s:I,s:[{s:s,s:I,s:s,s:I}],s:s,s:I,s:I,s:I}", "slot", slot,
+                            "job", job_id, "capacity", per_host, "live", (json_int_t)0, "pending",
+                            "id", a->rid, "n", k, "owner", a->w->ctl->instance, "at_ms",
+                            (json_int_t)wall_ms(), "state", "booting", "generation", (json_int_t)0,
+                            "created_ms", (json_int_t)wall_ms(), "empty_since_ms", (json_int_t)0);
     int r = rec ? record_save(a->w->st, key, rec, STORE_REV_ABSENT, NULL) : -ENOMEM;
     json_decref(rec);
     if (r == -ESTALE || r == -EEXIST)
@@ -195,15 +184,19 @@ static void reserve(alloc_t *a)
         if (monotonic_ms() > a->deadline)
             break;
         json_t *hosts = pool_hosts_load(a->w->st, a->ns, jstr(a->pool, "name"));
-        json_t *live = hosts ? pool_live_counts(a->w->st, a->ns, jstr(a->pool, "name")) : NULL;
+        /* the hosts' live counts; a listing of every record only for a host without one */
+        json_t *live = !hosts ? NULL
+                       : pool_hosts_counted(hosts)
+                           ? json_object()
+                           : pool_live_counts(a->w->st, a->ns, jstr(a->pool, "name"));
         if (!live) {
             json_decref(hosts);
             a->status = HTTP_UNAVAILABLE;
             (void)snprintf(a->why, sizeof a->why, "the pool's hosts cannot be read");
             return;
         }
-        if (race_window_ms())
-            pool_msleep(race_window_ms());
+        if (pool_race_window_ms())
+            pool_msleep(pool_race_window_ms());
         int r = reserve_existing(a, hosts, live);
         if (r == 0 && a->left > 0 && a->nr < POOL_HOSTS_MAX)
             r = reserve_new_host(a, hosts);
@@ -264,41 +257,83 @@ static int mark_ready_edit(json_t *h, void *arg)
     return 0;
 }
 
-/* Record one sandbox the agent made: its record first (create-only), then its token. */
-static int record_sandbox(alloc_t *a, const resv_t *rv, const runrec_t *rr, json_t *s, json_t *out)
+/* Record the sandboxes the agent made on rv's host in one transaction (pool_host_txn): each
+ * one's record and its sealed token (both create-only), the host's live count up by as many, and
+ * this request's reservation there dropped, so that each is counted once at every moment. Their
+ * views (with tokens) go to out. Returns how many were recorded: every valid one, or none (a
+ * store failure: their host deletes them as orphans, and the reservation is settled after). */
+static int record_sandboxes(alloc_t *a, const resv_t *rv, const runrec_t *rr, json_t *list,
+                            json_t *out, bool *ret_settled)
 {
-    const char *name = jstr(a->pool, "name"), *id = jstr(s, "id"), *tok = jstr(s, "token");
-    if (!pool_sandbox_id_valid(id) || !*tok)
-        return -EINVAL;
-    char key[200], tkey[200];
-    pool_sbx_key(key, sizeof key, a->ns, name, id);
-    pool_token_key(tkey, sizeof tkey, a->ns, name, id);
-    /* deep copies: the agent's answer (its tokens) is wiped afterwards */
-    json_t *rec =
-        json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:o,s:o,s:o,s:I,s:s}", "id", id, "pool", name,
-                  "namespace", a->ns, "host", rv->job, "generation", (json_int_t)rr->run.generation,
-                  "uid", json_deep_copy(json_object_get(s, "uid")), "home",
-                  json_deep_copy(json_object_get(s, "home")), "confinement",
-                  json_deep_copy(json_object_get(s, "confinement")), "limits",
-                  json_deep_copy(json_object_get(s, "limits")), "created_ms", (json_int_t)wall_ms(),
-                  "gone", "");
-    int r = rec ? record_save(a->w->st, key, rec, STORE_REV_ABSENT, NULL) : -ENOMEM;
-    if (r >= 0) {
-        json_t *sec = json_pack("{s:s}", "token", tok);
-        r = sec ? sealed_put(a->w->st, &a->w->ctl->seal, tkey, sec, STORE_REV_ABSENT) : -ENOMEM;
-        pool_json_wipe(sec);
+    const char *name = jstr(a->pool, "name");
+    size_t n = json_array_size(list), k = 0, i;
+    _cleanup_free_ store_op_t *ops = calloc(2 * n + 1, sizeof *ops);
+    _cleanup_free_ char(*keys)[200] = calloc(2 * n + 1, sizeof *keys);
+    _cleanup_free_ char **vals = calloc(2 * n + 1, sizeof *vals);
+    json_t *views = json_array(), *s;
+    int r = ops && keys && vals && views ? 0 : -ENOMEM;
+    json_array_foreach(list, i, s) {
+        const char *id = jstr(s, "id"), *tok = jstr(s, "token");
         if (r < 0)
-            (void)store_del(a->w->st, key, STORE_REV_ANY);
-    }
-    if (r < 0) {
+            break;
+        if (!pool_sandbox_id_valid(id) || !*tok) {
+            log_warn("pool %s/%s: sandbox %s not recorded (a bad id or no token): its host "
+                     "deletes it",
+                     a->ns, name, id);
+            continue;
+        }
+        char *key = keys[2 * k], *tkey = keys[2 * k + 1];
+        pool_sbx_key(key, sizeof keys[0], a->ns, name, id);
+        pool_token_key(tkey, sizeof keys[0], a->ns, name, id);
+        /* deep copies: the agent's answer (its tokens) is wiped afterwards */
+        json_t *rec = json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:o,s:o,s:o,s:I,s:s}", "id", id, "pool",
+                                name, "namespace", a->ns, "host", rv->job, "generation",
+                                (json_int_t)rr->run.generation, "uid",
+                                json_deep_copy(json_object_get(s, "uid")), "home",
+                                json_deep_copy(json_object_get(s, "home")), "confinement",
+                                json_deep_copy(json_object_get(s, "confinement")), "limits",
+                                json_deep_copy(json_object_get(s, "limits")), "created_ms",
+                                (json_int_t)wall_ms(), "gone", "");
+        json_t *sec = json_pack("{s:s}", "token", tok);
+        char *pt = sec ? json_dumps(sec, JSON_COMPACT) : NULL;
+        pool_json_wipe(sec);
+        vals[2 * k] =
+            rec ? json_dumps(rec, JSON_COMPACT | JSON_SORT_KEYS) : NULL; /* as record_save */
+        r = pt ? seal_value(&a->w->ctl->seal, tkey, pt, strlen(pt), &vals[2 * k + 1]) : -ENOMEM;
+        if (pt) {
+            sodium_memzero(pt, strlen(pt));
+            free(pt);
+        }
+        if (r >= 0 && (!rec || !vals[2 * k]))
+            r = -ENOMEM;
+        if (r >= 0) {
+            ops[2 * k] = (store_op_t){ key, vals[2 * k], strlen(vals[2 * k]), STORE_REV_ABSENT };
+            ops[2 * k + 1] =
+                (store_op_t){ tkey, vals[2 * k + 1], strlen(vals[2 * k + 1]), STORE_REV_ABSENT };
+            json_t *v = pool_sandbox_view(rec, a->ns, name);
+            json_object_set_new(v, "token", json_string(tok));
+            json_array_append_new(views, v);
+            k++;
+        }
         json_decref(rec);
-        return r; /* not recorded: the reconciler deletes it on its host (an orphan) */
     }
-    json_t *v = pool_sandbox_view(rec, a->ns, name);
-    json_object_set_new(v, "token", json_string(tok));
-    json_array_append_new(out, v);
-    json_decref(rec);
-    return 0;
+    if (r >= 0 && k > 0)
+        r = pool_host_txn(a->w->st, a->ns, name, rv->key, rv->job, (json_int_t)k, a->rid, ops,
+                          2 * k, NULL);
+    for (size_t j = 0; vals && j < 2 * n + 1; j++)
+        free(vals[j]);
+    if (r < 0 || k == 0) {
+        if (r < 0)
+            log_warn("pool %s/%s: %zu sandboxes of host %s not recorded (%s): their host deletes "
+                     "them",
+                     a->ns, name, k, rv->job, strerror(-r));
+        pool_json_wipe(views);
+        return 0;
+    }
+    *ret_settled = true;
+    json_array_extend(out, views);
+    json_decref(views);
+    return (int)k;
 }
 
 /* Ask the host's agent for rv->n sandboxes and record them (their views, with tokens, go to
@@ -306,7 +341,7 @@ static int record_sandbox(alloc_t *a, const resv_t *rv, const runrec_t *rr, json
  * or -errno with err when the host never served or its agent made none; *ret_rejected: how
  * many of rv->n the agent had no room for. */
 static int fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out, json_int_t *ret_rejected,
-                  sbx_err_t *err)
+                  bool *ret_settled, sbx_err_t *err)
 {
     runrec_t rr;
     int r = host_wait_running(a, rv->job, &rr, err);
@@ -350,16 +385,12 @@ static int fulfil(alloc_t *a, const resv_t *rv, json_t *req, json_t *out, json_i
     }
     crash_point("pool:made");
     int made = 0;
-    size_t i;
-    json_t *s;
-    bool active = pool_active(a);
-    json_array_foreach(json_object_get(ans, "sandboxes"), i, s) {
-        if (active && record_sandbox(a, rv, &rr, s, out) == 0)
-            made++;
-        else
-            log_warn("pool %s/%s: sandbox %s not recorded (%s): its host deletes it", a->ns,
-                     jstr(a->pool, "name"), jstr(s, "id"), active ? "store" : "pool draining");
-    }
+    json_t *list = json_object_get(ans, "sandboxes");
+    if (pool_active(a))
+        made = record_sandboxes(a, rv, &rr, list, out, ret_settled);
+    else if (json_array_size(list) > 0)
+        log_warn("pool %s/%s: %zu sandboxes not recorded (pool draining): their host deletes them",
+                 a->ns, jstr(a->pool, "name"), json_array_size(list));
     json_int_t rejected = jint(ans, "rejected");
     *ret_rejected = rejected > 0 ? rejected : 0;
     pool_json_wipe(ans);
@@ -452,10 +483,11 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
     for (size_t i = 0; i < a.nr; i++) {
         sbx_err_t err;
         json_int_t rej = 0;
-        int got = fulfil(&a, &a.rv[i], req, out, &rej, &err);
-        /* the sandboxes are recorded: the reservation goes (a failure here is dropped by the
-         * reconciler with the rest of a stale reservation) */
-        if (pool_host_settle(w->st, a.rv[i].key, a.rv[i].job, rid) < 0)
+        bool settled = false; /* with the sandboxes' records (record_sandboxes) */
+        int got = fulfil(&a, &a.rv[i], req, out, &rej, &settled, &err);
+        /* none recorded: the reservation goes (a failure here is dropped by the reconciler with
+         * the rest of a stale reservation) */
+        if (!settled && pool_host_settle(w->st, a.rv[i].key, a.rv[i].job, rid) < 0)
             log_warn("pool %s/%s: reservation %s on %s not settled (dropped later)", in->ns,
                      in->pool, rid, a.rv[i].key);
         /* a host that failed leaves no room; one whose agent had no room for all says so */
@@ -544,10 +576,16 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
         }
         /* any other state: the agent that had it is not running, and no later run has it */
     }
-    /* the record goes by compare-and-swap: of two deletes, one answers 404 */
-    r = store_del(w->st, key, rev);
+    /* The record goes by compare-and-swap (of two deletes, one answers 404), with its token
+     * and, for one that was live, its host's live count, in one transaction. */
+    store_op_t ops[3] = { { .key = key, .expect_rev = rev },
+                          { .key = tkey, .expect_rev = STORE_REV_ANY } };
+    size_t failed = SIZE_MAX;
+    r = gone ? store_txn(w->st, ops, 2, NULL, &failed)
+             : pool_host_txn(w->st, a->ns, a->pool, NULL, jstr(rec, "host"), -1, NULL, ops, 2,
+                             &failed);
     json_decref(rec);
-    if (r == -ESTALE || r == -ENOENT) {
+    if ((r == -ESTALE && failed == 0) || r == -ENOENT) {
         work_fail(res, HTTP_NOT_FOUND, 0, "no sandbox %s in pool %s (deleted meanwhile)", a->id,
                   a->pool);
         return;
@@ -556,7 +594,6 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
         work_fail(res, HTTP_UNAVAILABLE, 0, "the control plane cannot write its store");
         return;
     }
-    (void)store_del(w->st, tkey, STORE_REV_ANY);
     log_info("pool %s/%s: sandbox %s deleted", a->ns, a->pool, a->id);
     work_answer(res, 200, json_pack("{s:s,s:b}", "id", a->id, "deleted", true));
 }

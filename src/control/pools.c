@@ -134,9 +134,28 @@ json_int_t pool_host_pending(json_t *h)
     return pend;
 }
 
+json_int_t pool_host_live(json_t *h)
+{
+    json_t *v = json_object_get(h, "live");
+    return json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : -1;
+}
+
+bool pool_hosts_counted(json_t *hosts)
+{
+    size_t i;
+    json_t *h;
+    json_array_foreach(hosts, i, h)
+        if (pool_host_live(h) < 0)
+            return false;
+    return true;
+}
+
 json_int_t pool_host_free(json_t *h, json_t *live)
 {
-    return jint(h, "capacity") - jint(live, jstr(h, "job")) - pool_host_pending(h);
+    json_int_t used = pool_host_live(h);
+    if (used < 0)
+        used = jint(live, jstr(h, "job"));
+    return jint(h, "capacity") - used - pool_host_pending(h);
 }
 
 bool pool_host_takes(json_t *h)
@@ -184,6 +203,91 @@ static int settle_edit(json_t *h, void *arg)
 int pool_host_settle(store_t *st, const char *key, const char *job, const char *rid)
 {
     return pool_host_edit(st, key, job, settle_edit, (void *)rid);
+}
+
+unsigned pool_race_window_ms(void)
+{
+    const char *e = getenv("SBX_TEST_POOL_RACE_MS");
+    uint64_t ms = 0;
+    if (e && parse_u64(sv_make(e, strlen(e)), 1000, &ms) < 0)
+        ms = 0;
+    return (unsigned)ms;
+}
+
+/* The host record of job: read by key, or found among the pool's hosts; *ret NULL when there is
+ * none (or the slot holds another host now). */
+static int host_of_job(store_t *st, const char *ns, const char *pool, const char *host_key,
+                       const char *job, json_t **ret, char *key, size_t key_cap, int64_t *ret_rev)
+{
+    *ret = NULL;
+    if (host_key) {
+        json_t *h;
+        int r = record_load(st, host_key, &h, ret_rev);
+        if (r == -ENOENT)
+            return 0;
+        if (r < 0)
+            return r;
+        if (!streq(jstr(h, "job"), job)) {
+            json_decref(h);
+            return 0;
+        }
+        (void)snprintf(key, key_cap, "%s", host_key);
+        *ret = h;
+        return 0;
+    }
+    json_t *hosts = pool_hosts_load(st, ns, pool), *h;
+    if (!hosts)
+        return -EIO;
+    size_t i;
+    json_array_foreach(hosts, i, h) {
+        if (!streq(jstr(h, "job"), job))
+            continue;
+        (void)snprintf(key, key_cap, "%s", jstr(h, "_key"));
+        *ret_rev = jint(h, "_rev");
+        json_object_del(h, "_key");
+        json_object_del(h, "_rev");
+        *ret = json_incref(h);
+        break;
+    }
+    json_decref(hosts);
+    return 0;
+}
+
+int pool_host_txn(store_t *st, const char *ns, const char *pool, const char *host_key,
+                  const char *job, json_int_t delta, const char *drop_rid, store_op_t *ops,
+                  size_t n, size_t *ret_failed)
+{
+    for (int attempt = 0; attempt < 200; attempt++) {
+        json_t *h;
+        char key[200];
+        int64_t rev = 0;
+        int r = host_of_job(st, ns, pool, host_key, job, &h, key, sizeof key, &rev);
+        if (r < 0)
+            return r;
+        if (pool_race_window_ms())
+            pool_msleep(pool_race_window_ms());
+        size_t m = n, failed = SIZE_MAX;
+        _cleanup_free_ char *v = NULL;
+        if (h) {
+            json_int_t live = pool_host_live(h);
+            if (live >= 0) /* else the reconciler counts it (pool_host_live) */
+                json_object_set_new(h, "live", json_integer(MAX(live + delta, 0)));
+            if (drop_rid)
+                (void)settle_edit(h, (void *)drop_rid);
+            v = json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS); /* as record_save */
+            json_decref(h);
+            if (!v)
+                return -ENOMEM;
+            ops[m++] = (store_op_t){ .key = key, .value = v, .len = strlen(v), .expect_rev = rev };
+        }
+        r = store_txn(st, ops, m, NULL, &failed);
+        if (r == -ESTALE && failed == n)
+            continue; /* the host record changed meanwhile: read it again */
+        if (ret_failed)
+            *ret_failed = failed;
+        return r;
+    }
+    return -EBUSY;
 }
 
 int pool_host_token(store_t *st, const seal_keys_t *seal, const char *job, char *out, size_t cap)
@@ -400,7 +504,8 @@ static void pool_inspect(control_t *ctl, conn_t *c, const char *ns, const char *
         json_array_append_new(
             view, json_pack("{s:I,s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I}", "slot", jint(h, "slot"), "job",
                             jstr(h, "job"), "state", jstr(h, "state"), "stage",
-                            job ? jstr(job, "stage") : "", "used", jint(live, jstr(h, "job")),
+                            job ? jstr(job, "stage") : "", "used",
+                            pool_host_live(h) >= 0 ? pool_host_live(h) : jint(live, jstr(h, "job")),
                             "pending", pool_host_pending(h), "free", pool_host_free(h, live),
                             "capacity", jint(h, "capacity"), "generation", jint(h, "generation")));
         json_decref(job);

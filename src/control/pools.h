@@ -42,6 +42,9 @@ static inline const char *jstr(json_t *o, const char *k)
 }
 
 void pool_msleep(unsigned ms);
+/* Tests: SBX_TEST_POOL_RACE_MS widens the windows between reading a host record and writing it
+ * (a reservation, a new host, a live count), so that concurrent requests surely overlap there. */
+unsigned pool_race_window_ms(void);
 /* Zero every string of j (tokens) and drop it. */
 void pool_json_wipe(json_t *j);
 
@@ -53,11 +56,29 @@ bool pool_sandbox_id_valid(const char *s);
 
 /* The host records of a pool (each with "_key" and "_rev"), or NULL on a store error. */
 json_t *pool_hosts_load(store_t *st, const char *ns, const char *pool);
-/* Sandbox records that are not gone, per host job: {job: n}; NULL on a store error. */
+/* Sandbox records that are not gone, per host job: {job: n}; NULL on a store error. A listing
+ * of every record of the pool: used where a host record has no live count (pool_host_live). */
 json_t *pool_live_counts(store_t *st, const char *ns, const char *pool);
+/* Host h's live count: its sandbox records that are not gone, kept in the host record by every
+ * change of one of them (pool_host_txn); -1 in a record written before the count was kept,
+ * until the reconciler counts it (poolsync.c). */
+json_int_t pool_host_live(json_t *h);
+/* Whether every host record of hosts has a live count (then no listing is needed). */
+bool pool_hosts_counted(json_t *hosts);
 json_int_t pool_host_pending(json_t *h);
-/* Slots of host h free, given the pool's live counts. */
+/* Slots of host h free: its capacity less its live count (where it has none, the count in live,
+ * from pool_live_counts) and its reservations. */
 json_int_t pool_host_free(json_t *h, json_t *live);
+/* Write ops[0..n) (records of host job's sandboxes: each put or delete that makes one live or
+ * not) and, in the same transaction, the host record of job with its live count moved by delta
+ * and the reservation drop_rid (NULL: none) removed: read again and retried when another write
+ * changed it first. host_key: the record's key, or NULL to look it up among the pool's hosts.
+ * Where no host record has that job any more, ops alone. ops must have room for n + 1.
+ * -ESTALE with *ret_failed (< n) when one of ops failed its comparison; other -errno as
+ * store_txn. */
+int pool_host_txn(store_t *st, const char *ns, const char *pool, const char *host_key,
+                  const char *job, json_int_t delta, const char *drop_rid, store_op_t *ops,
+                  size_t n, size_t *ret_failed);
 bool pool_host_takes(json_t *h); /* booting or ready */
 /* Change the host record at key (whose job must be `job`) by edit(h, arg): 0 saves, 1 leaves it,
  * < 0 stops with that error; read again and retried on a concurrent change. -ENOENT when the

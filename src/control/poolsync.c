@@ -18,6 +18,21 @@
 #define ORPHAN_SWEEP_MS 10000 /* records of pools that are gone are looked for this often */
 #define NEVER_MADE_MS 30000   /* a host record whose job does not exist this long is dropped */
 
+/* Save sandbox record s (at key, read at rev) gone: with its token removed and its host's live
+ * count down by one, in one transaction (pool_host_txn; host_key NULL: looked up). */
+static int record_gone(store_t *st, const char *ns, const char *pool, const char *host_key,
+                       const char *job, const char *key, int64_t rev, json_t *s)
+{
+    char tkey[200];
+    pool_token_key(tkey, sizeof tkey, ns, pool, jstr(s, "id"));
+    _cleanup_free_ char *v = json_dumps(s, JSON_COMPACT | JSON_SORT_KEYS); /* as record_save */
+    if (!v)
+        return -ENOMEM;
+    store_op_t ops[3] = { { .key = key, .value = v, .len = strlen(v), .expect_rev = rev },
+                          { .key = tkey, .expect_rev = STORE_REV_ANY } };
+    return pool_host_txn(st, ns, pool, host_key, job, -1, NULL, ops, 2, NULL);
+}
+
 /* Mark the sandboxes of host job (of generations below below_gen; 0: all) gone, each by
  * compare-and-swap, its token removed after. Returns how many, or -errno (nothing certain). */
 static int sandboxes_gone(store_t *st, const char *ns, const char *pool, const char *job,
@@ -39,11 +54,8 @@ static int sandboxes_gone(store_t *st, const char *ns, const char *pool, const c
         }
         json_object_set_new(s, "gone", json_string(reason));
         json_object_set_new(s, "gone_ms", json_integer(wall_ms()));
-        r = record_save(st, kvs[i].key, s, kvs[i].rev, NULL);
+        r = record_gone(st, ns, pool, NULL, job, kvs[i].key, kvs[i].rev, s);
         if (r == 0) {
-            char tkey[200];
-            pool_token_key(tkey, sizeof tkey, ns, pool, jstr(s, "id"));
-            (void)store_del(st, tkey, STORE_REV_ANY);
             k++;
             log_info("pool %s/%s: sandbox %s gone: %s", ns, pool, jstr(s, "id"), reason);
         }
@@ -191,10 +203,8 @@ static int host_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_sync
                                       : "its host no longer has it (its idle timeout, or "
                                         "deleted on the host)"));
                 json_object_set_new(s, "gone_ms", json_integer(now));
-                if (record_save(st, kvs[i].key, s, kvs[i].rev, NULL) == 0) {
-                    char tkey[200];
-                    pool_token_key(tkey, sizeof tkey, ns, pool, jstr(s, "id"));
-                    (void)store_del(st, tkey, STORE_REV_ANY);
+                if (record_gone(st, ns, pool, jstr(h, "_key"), jstr(h, "job"), kvs[i].key,
+                                kvs[i].rev, s) == 0) {
                     log_info("pool %s/%s: sandbox %s gone from its host", ns, pool, jstr(s, "id"));
                 }
             }
@@ -283,18 +293,22 @@ typedef struct {
 } idle_t;
 
 /* Empty since when; retire after host_idle_s. Empty is counted here, on the record as read for
- * this compare-and-swap: its reservations, and its live sandbox records read now (an allocation
- * writes those before it drops its reservation, so none is missed). */
+ * this compare-and-swap: its reservations and its live count, which every change of one of its
+ * sandbox records changes in the same transaction (pool_host_txn), so none is missed. */
 static int idle_edit(json_t *h, void *arg)
 {
     idle_t *x = arg;
     if (!streq(jstr(h, "state"), "ready"))
         return 1;
-    json_t *live = pool_live_counts(x->st, x->ns, x->pool);
-    if (!live)
-        return -EIO;
-    bool empty = jint(live, jstr(h, "job")) == 0 && pool_host_pending(h) == 0;
-    json_decref(live);
+    json_int_t used = pool_host_live(h);
+    if (used < 0) { /* a record from before the count: the listing */
+        json_t *live = pool_live_counts(x->st, x->ns, x->pool);
+        if (!live)
+            return -EIO;
+        used = jint(live, jstr(h, "job"));
+        json_decref(live);
+    }
+    bool empty = used == 0 && pool_host_pending(h) == 0;
     int64_t since = jint(h, "empty_since_ms"), now = wall_ms();
     json_int_t idle_s = jint(x->spec, "host_idle_s");
     if (!empty) {
@@ -390,6 +404,33 @@ static bool host_follow_job(store_t *st, json_t *pool, json_t *h, bool draining)
     return false;
 }
 
+/* Host records written before live counts were kept (pool_host_live) get theirs: the pool's
+ * sandbox records are counted after the host records were read, and each count is written only
+ * if its host record is still as read then: every change of a sandbox record changes its host
+ * record in the same transaction (pool_host_txn), so a count that is written is exact. */
+static void hosts_count_live(store_t *st, const char *ns, const char *pool, json_t *hosts)
+{
+    if (pool_hosts_counted(hosts))
+        return;
+    json_t *live = pool_live_counts(st, ns, pool), *h;
+    size_t i;
+    json_array_foreach(hosts, i, h) {
+        if (!live || pool_host_live(h) >= 0)
+            continue;
+        json_t *copy = json_copy(h);
+        if (!copy)
+            break;
+        json_object_del(copy, "_key");
+        json_object_del(copy, "_rev");
+        json_object_set_new(copy, "live", json_integer(jint(live, jstr(h, "job"))));
+        if (record_save(st, jstr(h, "_key"), copy, jint(h, "_rev"), NULL) == 0)
+            log_info("pool %s/%s: host %s counts %lld live sandboxes", ns, pool, jstr(h, "job"),
+                     (long long)jint(live, jstr(h, "job")));
+        json_decref(copy); /* a write that lost (-ESTALE): the next pass counts again */
+    }
+    json_decref(live);
+}
+
 static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_syncs_t *ps,
                       json_t *pool, const char *key, int64_t pool_rev)
 {
@@ -398,6 +439,8 @@ static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_syn
     json_t *hosts = pool_hosts_load(st, ns, name), *h;
     if (!hosts)
         return;
+    if (!draining)
+        hosts_count_live(st, ns, name, hosts);
     size_t i, serving = 0, left = 0;
     json_array_foreach(hosts, i, h) {
         bool kept = host_follow_job(st, pool, h, draining);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/macro.h"
+
 /* 0..max bytes of printable ASCII without space; NULL is refused. */
 static bool printable_run(const char *s, size_t min, size_t max)
 {
@@ -25,6 +27,11 @@ static bool printable_run(const char *s, size_t min, size_t max)
 }
 
 static bool key_valid(const char *key) { return printable_run(key, 1, STORE_KEY_MAX); }
+
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
 
 void store_close(store_t *s)
 {
@@ -54,6 +61,28 @@ int store_del(store_t *s, const char *key, int64_t expect_rev)
     if (!s || !key_valid(key) || (expect_rev != STORE_REV_ANY && expect_rev <= 0))
         return -EINVAL;
     return s->ops->del(s, key, expect_rev);
+}
+
+int store_txn(store_t *s, const store_op_t *ops, size_t n, int64_t *ret_rev, size_t *ret_failed)
+{
+    if (!s || (n > 0 && !ops) || n > STORE_TXN_MAX)
+        return -EINVAL;
+    _cleanup_free_ const char **keys = n ? calloc(n, sizeof *keys) : NULL;
+    if (n && !keys)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const store_op_t *o = &ops[i];
+        /* a delete has no absent key to remove (as store_del) */
+        if (!key_valid(o->key) || o->len > STORE_VALUE_MAX || o->expect_rev < STORE_REV_ANY ||
+            (!o->value && (o->len > 0 || o->expect_rev == STORE_REV_ABSENT)))
+            return -EINVAL;
+        keys[i] = o->key;
+    }
+    qsort(keys, n, sizeof *keys, key_cmp);
+    for (size_t i = 1; i < n; i++) /* one op per key, as etcd asks */
+        if (strcmp(keys[i - 1], keys[i]) == 0)
+            return -EINVAL;
+    return s->ops->txn(s, ops, n, ret_rev, ret_failed);
 }
 
 int store_list(store_t *s, const char *prefix, store_kv_t **ret, size_t *ret_n)

@@ -28,6 +28,17 @@ typedef struct {
     int64_t rev; /* mod revision */
 } store_kv_t;
 
+/* One operation of store_txn(): put len bytes of value under key, or delete key (value NULL),
+ * if the key's mod revision is expect_rev (STORE_REV_ABSENT: the key must not exist;
+ * STORE_REV_ANY: whatever it is, and a delete of an absent key then does nothing). */
+typedef struct {
+    const char *key;
+    const char *value;
+    size_t len;
+    int64_t expect_rev;
+} store_op_t;
+#define STORE_TXN_MAX 4096 /* operations in one transaction */
+
 typedef struct {
     void (*close)(store_t *s);
     int (*get)(store_t *s, const char *key, store_kv_t *ret);
@@ -35,6 +46,7 @@ typedef struct {
                int64_t *ret_rev);
     int (*del)(store_t *s, const char *key, int64_t expect_rev);
     int (*list)(store_t *s, const char *prefix, store_kv_t **ret, size_t *ret_n);
+    int (*txn)(store_t *s, const store_op_t *ops, size_t n, int64_t *ret_rev, size_t *ret_failed);
     int (*compact)(store_t *s); /* may be NULL */
 } store_ops_t;
 
@@ -62,6 +74,13 @@ int store_cas(store_t *s, const char *key, const char *value, size_t len, int64_
 /* Delete key if its mod revision equals expect_rev (STORE_REV_ANY: whatever it is).
  * -ENOENT if absent, -ESTALE on a revision mismatch. */
 int store_del(store_t *s, const char *key, int64_t expect_rev);
+
+/* All of ops or none, like etcd's Txn: every comparison is made first, then every write and
+ * delete, all stamped with one new store revision (*ret_rev, may be NULL). -ESTALE when a
+ * comparison failed (nothing written; *ret_failed, may be NULL: the first such op's index),
+ * -EINVAL for a bad key or value, a key named twice, or more than STORE_TXN_MAX ops, -EIO for a
+ * backend failure. */
+int store_txn(store_t *s, const store_op_t *ops, size_t n, int64_t *ret_rev, size_t *ret_failed);
 
 /* Every key starting with prefix, in key order. The caller frees with store_kv_free. */
 int store_list(store_t *s, const char *prefix, store_kv_t **ret, size_t *ret_n);

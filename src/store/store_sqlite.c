@@ -416,6 +416,37 @@ static int sqlite_del(store_t *base, const char *key, int64_t expect_rev)
     return r < 0 ? r : 0;
 }
 
+/* Every comparison first, then one new revision for every write and delete (etcd's Txn). */
+static int sqlite_txn(store_t *base, const store_op_t *ops, size_t n, int64_t *ret_rev,
+                      size_t *ret_failed)
+{
+    sqlite_store_t *s = (sqlite_store_t *)base;
+    int64_t rev = 0;
+    int r = tx_begin(s);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < n && r >= 0; i++) {
+        int64_t cur = 0;
+        r = current_rev(s, ops[i].key, &cur);
+        if (r >= 0 && ops[i].expect_rev != STORE_REV_ANY && cur != ops[i].expect_rev) {
+            r = -ESTALE; /* STORE_REV_ABSENT (0) matches exactly an absent key */
+            if (ret_failed)
+                *ret_failed = i;
+        }
+    }
+    if (r >= 0)
+        r = bump_rev(s, &rev);
+    for (size_t i = 0; i < n && r >= 0; i++)
+        r = ops[i].value ? put_row(s, ops[i].key, ops[i].value, ops[i].len, rev)
+                         : delete_row(s, ops[i].key);
+    r = tx_end(s, r);
+    if (r < 0)
+        return r;
+    if (ret_rev)
+        *ret_rev = rev;
+    return 0;
+}
+
 static int exec_sql(sqlite3 *db, const char *sql);
 
 /* VACUUM rewrites every page from the live rows (free pages and the free space inside pages,
@@ -440,6 +471,7 @@ static const store_ops_t sqlite_ops = {
     .cas = sqlite_cas,
     .del = sqlite_del,
     .list = sqlite_list,
+    .txn = sqlite_txn,
     .compact = sqlite_compact,
 };
 

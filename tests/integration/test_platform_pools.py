@@ -6,9 +6,11 @@ sandbox through the edge to exactly the run it was made in (410 once that run is
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.parse
 
@@ -378,6 +380,8 @@ def check_packing(plat, pool, outs, per_host):
     assert set(by_host) <= {h["job"] for h in hosts}, \
         ("LIE: sandboxes live on a host the pool does not count", by_host, hosts)
     assert info["sandboxes"] == len(made)
+    assert sum(h["used"] for h in hosts) == info["sandboxes"], \
+        ("LIE: the hosts' live counts are not the live sandbox records", hosts, info["sandboxes"])
     jobs = plat.request("GET", f"/v1/jobs/t?label=sbx-pool={pool['name']}").json()
     assert len(jobs) == len(hosts), \
         ("ATTACK: a host job was booted that no host record counts", len(jobs), hosts)
@@ -441,6 +445,91 @@ def test_max_hosts_is_exact_and_what_does_not_fit_is_rejected_with_the_reason(pl
     r = make(plat, pool, 1)
     assert r.status == 429 and r.json()["rejected"] == 1 and "max_hosts" in r.json()["reason"], r
     assert len(plat.request("GET", f"/v1/jobs/t?label=sbx-pool={pool['name']}").json()) == 3
+    drain(plat, pool)
+
+
+def host_records(plat, pool):
+    """The pool's host records as the store holds them, by key."""
+    db = sqlite3.connect(os.path.join(plat.ctl_state, "store.db"), timeout=10)
+    try:
+        rows = db.execute("SELECT key, value FROM kv WHERE key >= ? AND key < ?",
+                          (f"poolhosts/t/{pool['name']}/", f"poolhosts/t/{pool['name']}0")).fetchall()
+    finally:
+        db.close()
+    return {k: json.loads(v) for k, v in rows}
+
+
+def live_listed(plat, pool):
+    """Live sandboxes per host job, from the pool's list of sandbox records."""
+    listed = plat.request("GET", f"/v1/pools/t/{pool['name']}/sandboxes").json()["sandboxes"]
+    by_host = {}
+    for s in listed:
+        if not s.get("gone"):
+            by_host[s["host"]] = by_host.get(s["host"], 0) + 1
+    return by_host
+
+
+def test_live_counts_stay_exact_through_concurrent_creates_and_deletes(plat, racy):
+    """A create counts a host's free slots from its host record's live count, not by reading
+    every sandbox record of the pool: the count moves in the transaction that writes or deletes
+    a sandbox record. After 4 clients create and delete at once, each host's count is exactly
+    its live records; a host record from before the count (its count removed in the store) is
+    counted again by the reconciler."""
+    pool = new_pool(plat, per_host=6, max_hosts=2)
+    keep = make_ok(plat, pool, 4)
+    errors = []
+
+    def churn():
+        for _ in range(6):
+            r = make(plat, pool, 1)
+            if r.status != 200:
+                errors.append(("create", r.status, r.body[:200]))
+                continue
+            (sb,) = r.json()["sandboxes"]
+            d = plat.request("DELETE", sb_path(pool, sb), timeout=60)
+            if d.status != 200:
+                errors.append(("delete", d.status, d.body[:200]))
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    listed = live_listed(plat, pool)
+    assert sum(listed.values()) == len(keep) == 4, listed
+    recs = host_records(plat, pool)
+    counts = {h["job"]: h["live"] for h in recs.values()}
+    for job, n in counts.items():
+        assert n == listed.get(job, 0), ("LIE: a host's live count is not its live sandboxes",
+                                         counts, listed)
+    # a delete of a kept one moves its host's count down by one
+    assert plat.request("DELETE", sb_path(pool, keep[0]), timeout=60).status == 200
+    recs = host_records(plat, pool)
+    assert {h["job"]: h["live"] for h in recs.values()}[keep[0]["host"]] == \
+        counts[keep[0]["host"]] - 1, recs
+    # a host record from before the count: the reconciler counts its live records again
+    key, old = next((k, h) for k, h in recs.items() if h["live"] > 0)
+    db = sqlite3.connect(os.path.join(plat.ctl_state, "store.db"), timeout=10)
+    try:
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            rev = db.execute("SELECT rev FROM meta").fetchone()[0] + 1
+            stripped = {k: v for k, v in old.items() if k != "live"}
+            db.execute("UPDATE meta SET rev = ?", (rev,))
+            db.execute("UPDATE kv SET value = ?, rev = ? WHERE key = ?",
+                       (json.dumps(stripped, sort_keys=True, separators=(",", ":")).encode(), rev,
+                        key))
+    finally:
+        db.close()
+    assert "live" not in host_records(plat, pool)[key]
+    assert inspect(plat, pool)["sandboxes"] == 3  # counted by listing meanwhile
+    wait_until(lambda: host_records(plat, pool)[key].get("live") == old["live"], timeout=20,
+               what="the reconciler to count the host's live sandboxes")
+    # positive control: the pool still fills exactly to its capacity, no further
+    more = make_ok(plat, pool, 12 - 3)
+    assert len(more) == 9
+    assert make(plat, pool, 1).status == 429, "ATTACK: a full pool took one more sandbox"
     drain(plat, pool)
 
 

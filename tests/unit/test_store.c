@@ -649,6 +649,87 @@ static void remove_tmpdir(void)
     (void)rmdir(tmpdir);
 }
 
+TEST(txn_all_or_nothing_under_one_revision)
+{
+    char path[256];
+    db_path("txn", path, sizeof path);
+    _cleanup_store_ store_t *s = NULL;
+    ASSERT_EQ(store_open_sqlite(path, &s), 0);
+    int64_t ra = 0, rb = 0, rt = 0, rt2 = 0;
+    ASSERT_EQ(store_cas(s, "host/1", "h1", 2, STORE_REV_ABSENT, &ra), 0);
+    ASSERT_EQ(store_cas(s, "sbx/old", "o", 1, STORE_REV_ABSENT, &rb), 0);
+
+    /* two creates, a delete at its revision, an update at its revision and a delete of an
+     * absent key (nothing to do): all written under one new revision */
+    store_op_t ops[] = {
+        { "sbx/a", "A", 1, STORE_REV_ABSENT },
+        { "sbx/b", "B", 1, STORE_REV_ABSENT },
+        { "sbx/old", NULL, 0, rb },
+        { "host/1", "h2", 2, ra },
+        { "sbx/none", NULL, 0, STORE_REV_ANY },
+    };
+    size_t failed = 77;
+    ASSERT_EQ(store_txn(s, ops, ELEMENTSOF(ops), &rt, &failed), 0);
+    ASSERT_EQ(failed, 77u); /* untouched on success */
+    ASSERT_GT(rt, rb);
+    const char *written[] = { "sbx/a", "sbx/b", "host/1" };
+    for (size_t i = 0; i < ELEMENTSOF(written); i++) {
+        _cleanup_kv_ store_kv_t kv = { 0 };
+        ASSERT_EQ(store_get(s, written[i], &kv), 0);
+        ASSERT_EQ(kv.rev, rt);
+    }
+    store_kv_t gone = { 0 };
+    ASSERT_EQ(store_get(s, "sbx/old", &gone), -ENOENT);
+
+    /* one stale comparison (host/1 at its old revision): -ESTALE naming it, nothing written,
+     * and no revision spent */
+    store_op_t stale[] = {
+        { "sbx/c", "C", 1, STORE_REV_ABSENT },
+        { "sbx/a", NULL, 0, rt },
+        { "host/1", "h3", 2, ra },
+    };
+    ASSERT_EQ(store_txn(s, stale, ELEMENTSOF(stale), &rt2, &failed), -ESTALE);
+    ASSERT_EQ(failed, 2u);
+    ASSERT_EQ(rt2, 0);
+    store_kv_t kv = { 0 };
+    ASSERT_EQ(store_get(s, "sbx/c", &kv), -ENOENT);
+    ASSERT_EQ(store_get(s, "sbx/a", &kv), 0); /* the delete did not happen either */
+    store_kv_clear(&kv);
+    ASSERT_EQ(store_get(s, "host/1", &kv), 0);
+    ASSERT_MEMEQ(kv.value, kv.value_len, "h2", 2);
+    store_kv_clear(&kv);
+    /* a create of an existing key is a failed comparison too */
+    store_op_t exists[] = { { "sbx/d", "D", 1, STORE_REV_ABSENT }, { "sbx/b", "B", 1, 0 } };
+    ASSERT_EQ(store_txn(s, exists, 2, NULL, &failed), -ESTALE);
+    ASSERT_EQ(failed, 1u);
+    ASSERT_EQ(store_get(s, "sbx/d", &kv), -ENOENT);
+    int64_t next = 0;
+    ASSERT_EQ(store_cas(s, "x", "x", 1, STORE_REV_ANY, &next), 0);
+    ASSERT_EQ(next, rt + 1); /* the failed transactions spent no revision */
+}
+
+TEST(txn_refuses_what_it_cannot_mean)
+{
+    char path[256];
+    db_path("txnbad", path, sizeof path);
+    _cleanup_store_ store_t *s = NULL;
+    ASSERT_EQ(store_open_sqlite(path, &s), 0);
+    store_op_t twice[] = { { "k/1", "a", 1, STORE_REV_ANY },
+                           { "k/2", "b", 1, STORE_REV_ANY },
+                           { "k/1", NULL, 0, STORE_REV_ANY } };
+    ASSERT_EQ(store_txn(s, twice, ELEMENTSOF(twice), NULL, NULL), -EINVAL); /* one op per key */
+    store_op_t del_absent[] = { { "k/1", NULL, 0, STORE_REV_ABSENT } };
+    ASSERT_EQ(store_txn(s, del_absent, 1, NULL, NULL), -EINVAL);
+    store_op_t bad_key[] = { { "k 1", "a", 1, STORE_REV_ANY } };
+    ASSERT_EQ(store_txn(s, bad_key, 1, NULL, NULL), -EINVAL);
+    ASSERT_EQ(store_txn(s, twice, STORE_TXN_MAX + 1, NULL, NULL), -EINVAL);
+    store_kv_t *kvs = NULL;
+    size_t n = 9;
+    ASSERT_EQ(store_list(s, "", &kvs, &n), 0); /* nothing of any of them was written */
+    ASSERT_EQ_U(n, 0);
+    store_kv_free(kvs, n);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) {
@@ -667,6 +748,8 @@ int main(void)
         T(two_writers_increment_one_counter),
         T(two_writers_race_to_create),
         T(threads_increment_one_counter),
+        T(txn_all_or_nothing_under_one_revision),
+        T(txn_refuses_what_it_cannot_mean),
     };
     int r = tap_run(tests, ELEMENTSOF(tests));
     remove_tmpdir();
