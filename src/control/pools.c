@@ -150,12 +150,15 @@ bool pool_hosts_counted(json_t *hosts)
     return true;
 }
 
-json_int_t pool_host_free(json_t *h, json_t *live)
+json_int_t pool_host_used(json_t *h, json_t *live)
 {
     json_int_t used = pool_host_live(h);
-    if (used < 0)
-        used = jint(live, jstr(h, "job"));
-    return jint(h, "capacity") - used - pool_host_pending(h);
+    return used >= 0 ? used : jint(live, jstr(h, "job"));
+}
+
+json_int_t pool_host_free(json_t *h, json_t *live)
+{
+    return jint(h, "capacity") - pool_host_used(h, live) - pool_host_pending(h);
 }
 
 bool pool_host_takes(json_t *h)
@@ -504,8 +507,7 @@ static void pool_inspect(control_t *ctl, conn_t *c, const char *ns, const char *
         json_array_append_new(
             view, json_pack("{s:I,s:s,s:s,s:s,s:I,s:I,s:I,s:I,s:I}", "slot", jint(h, "slot"), "job",
                             jstr(h, "job"), "state", jstr(h, "state"), "stage",
-                            job ? jstr(job, "stage") : "", "used",
-                            pool_host_live(h) >= 0 ? pool_host_live(h) : jint(live, jstr(h, "job")),
+                            job ? jstr(job, "stage") : "", "used", pool_host_used(h, live),
                             "pending", pool_host_pending(h), "free", pool_host_free(h, live),
                             "capacity", jint(h, "capacity"), "generation", jint(h, "generation")));
         json_decref(job);

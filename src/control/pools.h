@@ -66,8 +66,10 @@ json_int_t pool_host_live(json_t *h);
 /* Whether every host record of hosts has a live count (then no listing is needed). */
 bool pool_hosts_counted(json_t *hosts);
 json_int_t pool_host_pending(json_t *h);
-/* Slots of host h free: its capacity less its live count (where it has none, the count in live,
- * from pool_live_counts) and its reservations. */
+/* Host h's live sandboxes: its live count, or where it has none the count in live (from
+ * pool_live_counts). */
+json_int_t pool_host_used(json_t *h, json_t *live);
+/* Slots of host h free: its capacity less pool_host_used and its reservations. */
 json_int_t pool_host_free(json_t *h, json_t *live);
 /* Write ops[0..n) (records of host job's sandboxes: each put or delete that makes one live or
  * not) and, in the same transaction, the host record of job with its live count moved by delta

@@ -65,10 +65,10 @@ int store_del(store_t *s, const char *key, int64_t expect_rev)
 
 int store_txn(store_t *s, const store_op_t *ops, size_t n, int64_t *ret_rev, size_t *ret_failed)
 {
-    if (!s || (n > 0 && !ops) || n > STORE_TXN_MAX)
+    if (!s || !ops || n == 0 || n > STORE_TXN_MAX)
         return -EINVAL;
-    _cleanup_free_ const char **keys = n ? calloc(n, sizeof *keys) : NULL;
-    if (n && !keys)
+    _cleanup_free_ const char **keys = calloc(n, sizeof *keys);
+    if (!keys)
         return -ENOMEM;
     for (size_t i = 0; i < n; i++) {
         const store_op_t *o = &ops[i];

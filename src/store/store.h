@@ -78,7 +78,7 @@ int store_del(store_t *s, const char *key, int64_t expect_rev);
 /* All of ops or none, like etcd's Txn: every comparison is made first, then every write and
  * delete, all stamped with one new store revision (*ret_rev, may be NULL). -ESTALE when a
  * comparison failed (nothing written; *ret_failed, may be NULL: the first such op's index),
- * -EINVAL for a bad key or value, a key named twice, or more than STORE_TXN_MAX ops, -EIO for a
+ * -EINVAL for a bad key or value, a key named twice, no op or more than STORE_TXN_MAX, -EIO for a
  * backend failure. */
 int store_txn(store_t *s, const store_op_t *ops, size_t n, int64_t *ret_rev, size_t *ret_failed);
 
