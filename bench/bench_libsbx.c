@@ -11,10 +11,14 @@
  *      c. full path: libsbx -> sbx-control (TLS, edge) -> sbx-node -> the pool host's agent,
  *         one client per thread (sbx_pool_sandboxes_create, sbx_exec, sbx_sandbox_kill).
  *      Targets (issue 11): full within 2x of direct, direct within 1.5x of the spawn loop.
+ *      Beside each, the CPU time per trio of each kind of sbx process on the machine (all
+ *      their threads, from /proc/<pid>/task/<tid>/schedstat), so a change shows where it
+ *      saved or spent.
  *
  * Figures only: the exit status is 1 only on a functional failure (a refused call, an exit
  * code other than 0). Run through scripts/bench-libsbx.sh, which starts `sbx up` (SBX_HOME)
  * and the direct host (SBX_BENCH_DIRECT_PORT, SBX_BENCH_DIRECT_TOKEN). */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -23,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,6 +122,106 @@ static void cold_starts(bench_t *b)
         sbx_sandbox_list_free(list, n);
     }
     sbx_client_free(c);
+}
+
+/* ---- CPU per process kind ------------------------------------------------------------------ */
+
+/* The kinds of sbx process whose CPU a phase is charged, by comm; the pool host's agent is its
+ * server and its helpers (both pool hosts: the direct one idles while the full path runs, and
+ * the other is not started until then). */
+enum { CPU_CONTROL, CPU_NODE, CPU_SERVER, CPU_SPAWNER, CPU_JANITOR, CPU_BENCH, CPU__MAX };
+static const char *const cpu_names[CPU__MAX] = { "sbx-control",
+                                                 "sbx-node",
+                                                 "pool host: sbx-server",
+                                                 "pool host: sbx-spawner",
+                                                 "pool host: sbx-janitor",
+                                                 "this bench (its clients)" };
+
+static int cpu_kind(const char *comm)
+{
+    if (strcmp(comm, "sbx-control") == 0)
+        return CPU_CONTROL;
+    if (strcmp(comm, "sbx-node") == 0)
+        return CPU_NODE;
+    if (strcmp(comm, "sbx-server") == 0)
+        return CPU_SERVER;
+    if (strcmp(comm, "sbx-spawner") == 0)
+        return CPU_SPAWNER;
+    if (strcmp(comm, "sbx-janitor") == 0)
+        return CPU_JANITOR;
+    return -1;
+}
+
+/* ns on a CPU of every thread of pid (schedstat's first field), added to *sum. */
+static void task_cpu(const char *pid, uint64_t *sum)
+{
+    char path[64];
+    (void)snprintf(path, sizeof path, "/proc/%.16s/task", pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        (void)snprintf(path, sizeof path, "/proc/%.16s/task/%.16s/schedstat", pid, de->d_name);
+        FILE *f = fopen(path, "re");
+        unsigned long long ns;
+        if (f && fscanf(f, "%llu", &ns) == 1)
+            *sum += ns;
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+}
+
+static void cpu_snapshot(uint64_t out[CPU__MAX])
+{
+    memset(out, 0, sizeof(uint64_t) * CPU__MAX);
+    DIR *d = opendir("/proc");
+    if (!d)
+        return;
+    struct dirent *de;
+    char self[16];
+    (void)snprintf(self, sizeof self, "%d", (int)getpid());
+    while ((de = readdir(d))) {
+        if (de->d_name[0] < '1' || de->d_name[0] > '9')
+            continue;
+        if (strcmp(de->d_name, self) == 0)
+            continue;
+        char path[64], comm[32] = "";
+        (void)snprintf(path, sizeof path, "/proc/%.16s/comm", de->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        if (fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = 0;
+        fclose(f);
+        int k = cpu_kind(comm);
+        if (k >= 0)
+            task_cpu(de->d_name, &out[k]);
+    }
+    closedir(d);
+    /* this process's threads are gone when a phase ends: its usage counts them */
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        out[CPU_BENCH] =
+            ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000u +
+            ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000u;
+}
+
+/* CPU per trio of each kind between two snapshots (a process that exited meanwhile is not
+ * counted: none of these do during a phase). */
+static void print_cpu(bench_t *b, const char *who, const uint64_t a[CPU__MAX],
+                      const uint64_t z[CPU__MAX])
+{
+    for (int k = 0; k < CPU__MAX; k++) {
+        if (z[k] <= a[k])
+            continue;
+        char label[96];
+        (void)snprintf(label, sizeof label, "  %s: CPU per trio, %s", who, cpu_names[k]);
+        figure(label, (double)(z[k] - a[k]) / b->n / 1e3, "us", NULL);
+    }
 }
 
 /* ---- trios ---------------------------------------------------------------------------------- */
@@ -324,12 +429,19 @@ int main(int argc, char **argv)
     printf("\n== %u trios (create 1 sandbox, exec true, delete), %u threads\n", b.n, b.threads);
     double spawn = trios(&b, 0);
     figure("baseline: posix_spawn /bin/true + waitpid", spawn / b.n * 1e6, "us/op", NULL);
+    uint64_t c0[CPU__MAX], c1[CPU__MAX], c2[CPU__MAX];
+    cpu_snapshot(c0);
     double direct = trios(&b, 1);
+    cpu_snapshot(c1);
     figure("direct: pool host agent (HTTP, loopback)", direct / b.n * 1e6, "us/op", NULL);
     print_phases(&b, "direct");
+    print_cpu(&b, "direct", c0, c1);
+    cpu_snapshot(c1);
     double full = trios(&b, 2);
+    cpu_snapshot(c2);
     figure("full path: libsbx -> control -> node -> pool host", full / b.n * 1e6, "us/op", NULL);
     print_phases(&b, "full path");
+    print_cpu(&b, "full path", c1, c2);
     figure("full path throughput", b.n / full, "ops/s", NULL);
     char note[64];
     (void)snprintf(note, sizeof note, "target <= 2: %s", full / direct <= 2 ? "met" : "MISSED");
