@@ -43,20 +43,28 @@ typedef struct {
     char why[300];
 } alloc_t;
 
-/* Whether the pool still takes sandboxes (a drain may have begun since the request came). */
-static bool pool_active(alloc_t *a)
+/* Whether pool record p (r: how reading it went) is active; else a->status and a->why say why
+ * not. */
+static bool pool_state_active(alloc_t *a, json_t *p, int r)
 {
-    char key[160];
-    json_t *p;
-    pool_key(key, sizeof key, a->ns, jstr(a->pool, "name"));
-    int r = record_load(a->w->st, key, &p, NULL);
     bool active = r == 0 && streq(jstr(p, "state"), "active");
-    json_decref(p == NULL ? NULL : p);
     if (!active) {
         a->status = r == 0 || r == -ENOENT ? HTTP_CONFLICT : HTTP_UNAVAILABLE;
         (void)snprintf(a->why, sizeof a->why, "pool %s %s", jstr(a->pool, "name"),
                        r == 0 || r == -ENOENT ? "is being deleted" : "cannot be read");
     }
+    return active;
+}
+
+/* The pool read again: still active (not being deleted)? */
+static bool pool_active(alloc_t *a)
+{
+    char key[160];
+    json_t *p = NULL;
+    pool_key(key, sizeof key, a->ns, jstr(a->pool, "name"));
+    int r = record_load(a->w->st, key, &p, NULL);
+    bool active = pool_state_active(a, p, r);
+    json_decref(p);
     return active;
 }
 
@@ -286,9 +294,11 @@ static int record_sandboxes(alloc_t *a, const resv_t *rv, const runrec_t *rr, js
         pool_sbx_key(key, sizeof keys[0], a->ns, name, id);
         pool_token_key(tkey, sizeof keys[0], a->ns, name, id);
         /* deep copies: the agent's answer (its tokens) is wiped afterwards */
-        json_t *rec = json_pack("{s:s,s:s,s:s,s:s,s:I,s:o,s:o,s:o,s:o,s:I,s:s}", "id", id, "pool",
-                                name, "namespace", a->ns, "host", rv->job, "generation",
-                                (json_int_t)rr->run.generation, "uid",
+        /* host_key: a delete reads that one host record instead of finding the job's among
+         * all of the pool's (pool_host_txn checks it still holds the job) */
+        json_t *rec = json_pack("{s:s,s:s,s:s,s:s,s:s,s:I,s:o,s:o,s:o,s:o,s:I,s:s}", "id", id,
+                                "pool", name, "namespace", a->ns, "host", rv->job, "host_key",
+                                rv->key, "generation", (json_int_t)rr->run.generation, "uid",
                                 json_deep_copy(json_object_get(s, "uid")), "home",
                                 json_deep_copy(json_object_get(s, "home")), "confinement",
                                 json_deep_copy(json_object_get(s, "confinement")), "limits",
@@ -464,7 +474,7 @@ void pool_alloc_fn(worker_t *w, void *arg, work_result_t *res)
                   .rid = rid,
                   .deadline = monotonic_ms() + POOL_ALLOC_MAX_MS,
                   .left = count };
-    if (pool_active(&a))
+    if (pool_state_active(&a, pool, 0)) /* as just read */
         reserve(&a);
     if (a.nr == 0) {
         work_answer(res, a.status ? a.status : HTTP_UNAVAILABLE,
@@ -582,8 +592,8 @@ void pool_delete_fn(worker_t *w, void *arg, work_result_t *res)
                           { .key = tkey, .expect_rev = STORE_REV_ANY } };
     size_t failed = SIZE_MAX;
     r = gone ? store_txn(w->st, ops, 2, NULL, &failed)
-             : pool_host_txn(w->st, a->ns, a->pool, NULL, jstr(rec, "host"), -1, NULL, ops, 2,
-                             &failed);
+             : pool_host_txn(w->st, a->ns, a->pool, pool_sandbox_host_key(rec), jstr(rec, "host"),
+                             -1, NULL, ops, 2, &failed);
     json_decref(rec);
     if ((r == -ESTALE && failed == 0) || r == -ENOENT) {
         work_fail(res, HTTP_NOT_FOUND, 0, "no sandbox %s in pool %s (deleted meanwhile)", a->id,

@@ -365,11 +365,18 @@ int pool_job_cancel(store_t *st, const char *ns, const char *id)
     return -EBUSY;
 }
 
+const char *pool_sandbox_host_key(json_t *s)
+{
+    const char *k = jstr(s, "host_key");
+    return *k ? k : NULL;
+}
+
 json_t *pool_sandbox_view(json_t *s, const char *ns, const char *pool)
 {
     json_t *v = json_copy(s);
     if (!v)
         return NULL;
+    json_object_del(v, "host_key"); /* the control's own bookkeeping */
     char path[256];
     (void)snprintf(path, sizeof path, "/v1/pools/%s/%s/sandboxes/%s", ns, pool, jstr(s, "id"));
     json_object_set_new(v, "path", json_string(path));

@@ -98,6 +98,9 @@ int pool_host_job_create(store_t *st, const seal_keys_t *seal, const char *defau
 int pool_job_cancel(store_t *st, const char *ns, const char *id);
 /* What list and inspect show of a sandbox record (never its token). */
 json_t *pool_sandbox_view(json_t *s, const char *ns, const char *pool);
+/* The key of the host record a sandbox record was made on ("host_key"); NULL for a record from
+ * before it was kept (its host is then found by job among the pool's hosts). */
+const char *pool_sandbox_host_key(json_t *s);
 
 /* poolalloc.c: worker tasks */
 typedef struct {

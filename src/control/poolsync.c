@@ -54,7 +54,7 @@ static int sandboxes_gone(store_t *st, const char *ns, const char *pool, const c
         }
         json_object_set_new(s, "gone", json_string(reason));
         json_object_set_new(s, "gone_ms", json_integer(wall_ms()));
-        r = record_gone(st, ns, pool, NULL, job, kvs[i].key, kvs[i].rev, s);
+        r = record_gone(st, ns, pool, pool_sandbox_host_key(s), job, kvs[i].key, kvs[i].rev, s);
         if (r == 0) {
             k++;
             log_info("pool %s/%s: sandbox %s gone: %s", ns, pool, jstr(s, "id"), reason);

@@ -126,11 +126,15 @@ static size_t sockstat_own(char *b, size_t n)
 
 int netns_snapshot(char *buf, size_t cap)
 {
+    /* the directory once, each file relative to it: walking the path from /proc for each file
+     * (the thread-self link resolved every time) cost ~8 % more here (a C loop, 210 vs 229 µs
+     * per check) */
+    _cleanup_close_ int dir = open("/proc/thread-self/net", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        return negative_errno();
     size_t len = 0;
     for (size_t i = 0; i < ELEMENTSOF(snapshot_files); i++) {
-        char path[64];
-        (void)snprintf(path, sizeof path, "/proc/thread-self/net/%s", snapshot_files[i]);
-        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+        _cleanup_close_ int fd = openat(dir, snapshot_files[i], O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
             if (errno == ENOENT)
                 continue; /* a protocol this kernel lacks: absent in every snapshot */
