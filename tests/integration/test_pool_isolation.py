@@ -1424,6 +1424,53 @@ def test_an_unused_network_namespace_is_handed_on_clean(pool_host):
         b.delete()
 
 
+FLOW_LABEL = """
+import json, socket, struct, sys
+def labels():
+    return [l.split() for l in open("/proc/net/ip6_flowlabel").read().splitlines()[1:]]
+def udp6_inuse():
+    for l in open("/proc/net/sockstat6"):
+        if l.startswith("UDP6:"):
+            return int(l.split()[2])
+if sys.argv[1] == "leave":
+    # an IPv6 flow label with an address of our choosing, shared and lingering: a setsockopt
+    # that sends nothing and leaves no socket behind
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    # struct in6_flowlabel_req: dst, label, action (GET), share (ANY), flags (CREATE),
+    # expires, linger (seconds)
+    req = struct.pack("16sIBBHHHI", b"TENANT-A-SECRET!", socket.htonl(0x5EC12), 0, 255, 1,
+                      150, 150, 0)
+    s.setsockopt(socket.IPPROTO_IPV6, 32, req)  # IPV6_FLOWLABEL_MGR
+    s.close()
+print(json.dumps({"labels": labels(), "udp6": udp6_inuse(),
+                  "ns": __import__("os").readlink("/proc/self/ns/net")}))
+"""
+
+
+def test_an_ipv6_flow_label_left_behind_is_never_handed_on(pool_host):
+    """A flow label outlives its socket in the namespace (up to its linger), carrying an address
+    its tenant chose: a namespace that holds one is not fresh, so it is torn down, not handed
+    to the next sandbox (whatever its uid)."""
+    (a,) = pool_host.create(1)
+    res_a = py_attempts(a, FLOW_LABEL, "leave")
+    # positive control: the label is there after the socket closed, and nothing else shows it
+    secret = b"TENANT-A-SECRET!".hex()
+    assert [l[0] for l in res_a["labels"]] == ["5EC12"], res_a
+    assert res_a["labels"][0][6] == secret and res_a["udp6"] == 0, res_a
+    recycled, discarded = netns_counts(pool_host)
+    delete_and_wait_checked(pool_host, a)
+    after = netns_counts(pool_host)
+    assert after == (recycled, discarded + 1), (
+        "ATTACK: a namespace holding a flow label was handed on", (recycled, discarded), after)
+    (b,) = pool_host.create(1)
+    try:
+        res_b = py_attempts(b, FLOW_LABEL, "look")
+        assert res_b["ns"] != res_a["ns"] and res_b["labels"] == [], (
+            "ATTACK: the next tenant read the last one's flow label", res_a, res_b)
+    finally:
+        b.delete()
+
+
 # ---- recycled homes --------------------------------------------------------------------------
 # A deleted sandbox's home becomes the next sandbox's only when it is exactly what a fresh one
 # is (janitor.c: home_recycle): whatever the last tenant added, changed or set, the next one
