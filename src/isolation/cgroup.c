@@ -62,6 +62,16 @@ void cgroups_init(cgroups_t *cg, const char *tag)
     }
 }
 
+int cgroups_seal(const cgroups_t *cg)
+{
+    for (int i = 0; i < 3; i++)
+        if (cg->v1_root[i][0] && chmod(cg->v1_root[i], 0700) < 0)
+            return negative_errno();
+    if (cg->v2_root[0] && chmod(cg->v2_root, 0700) < 0)
+        return negative_errno();
+    return 0;
+}
+
 static void rmtree_cgroup(const char *dir, int depth);
 
 void cgroups_done(cgroups_t *cg)

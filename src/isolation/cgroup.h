@@ -24,6 +24,11 @@ typedef struct {
 
 /* Probe and create the parent cgroups for this host. Never fails hard: enabled=false. */
 void cgroups_init(cgroups_t *cg, const char *tag);
+/* This host's parent groups root's only (0700): no one else reaches a group under them, so a
+ * sandbox reads neither its own groups' counters (recycled with its uid: the last tenant's CPU
+ * time and peak memory are in them) nor a sibling's (its pids, memory use, when it runs a
+ * command). For pool hosts; a node delegates groups under its parents to runs. */
+int cgroups_seal(const cgroups_t *cg);
 void cgroups_done(cgroups_t *cg);
 /* Human-readable "memory,pids,cpu (v1)" or "none". */
 void cgroups_describe(const cgroups_t *cg, char *out, size_t cap);

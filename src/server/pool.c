@@ -540,6 +540,9 @@ int pool_new(server_t *srv, const pool_config_t *cfg, pool_t **ret, sbx_err_t *e
     char tag[48];
     (void)snprintf(tag, sizeof tag, "sbx-pool-%d", (int)getpid());
     cgroups_init(&p->cg, tag);
+    r = cgroups_seal(&p->cg);
+    if (r < 0)
+        return sbx_err(err, r, "cannot make the host's cgroups root's only: %s", strerror(-r));
     /* Fail closed: no host whose sandboxes would run without their filter, unless asked to
      * accept weaker isolation (then the spawn helpers start their children unfiltered). */
     r = seccomp_filter_build(&p->seccomp);

@@ -978,6 +978,73 @@ def test_first_and_later_commands_join_the_sandbox_cgroups(pool_host):
         b.delete()
 
 
+CG_LOOK = """
+import errno, json, os, sys
+def groups():
+    out = {}
+    for line in open("/proc/self/cgroup").read().splitlines():
+        n, ctrl, path = line.split(":", 2)
+        if ctrl in ("memory", "pids", "cpu,cpuacct", "cpu"):
+            out[ctrl.split(",")[0]] = "/sys/fs/cgroup/" + ctrl + path
+        elif n == "0":
+            out["unified"] = "/sys/fs/cgroup/unified" + path
+    return out
+def attempt(path, listing=False):
+    try:
+        return ("ok", sorted(os.listdir(path)) if listing else open(path).read().strip()[:200])
+    except OSError as e:
+        return (errno.errorcode[e.errno],)
+g = groups()
+names = {"memory": ["memory.max_usage_in_bytes", "memory.usage_in_bytes", "memory.limit_in_bytes",
+                    "tasks", "cgroup.procs"],
+         "pids": ["pids.current", "tasks"], "cpu": ["cpuacct.usage", "cpu.stat"],
+         "unified": ["cpu.stat", "cgroup.procs", "cgroup.events"]}
+res = {"groups": g, "own": {}, "sibling": {}, "parents": {},
+       "control": attempt("/sys/fs/cgroup/memory/memory.limit_in_bytes")}
+for ctrl, path in g.items():
+    for f in names.get(ctrl, []):
+        res["own"][ctrl + "/" + f] = attempt(path + "/" + f)
+    parent = os.path.dirname(path)
+    res["parents"][ctrl] = attempt(parent, listing=True)
+    if len(sys.argv) > 1 and ctrl == "memory":  # a sibling's group, named as ours are
+        res["sibling"]["memory"] = attempt(os.path.join(parent, sys.argv[1], "tasks"))
+print(json.dumps(res))
+"""
+
+
+def test_a_sandbox_reads_no_pool_cgroup_its_own_or_a_siblings(pool_host):
+    """A sandbox's cgroups are recycled with its uid, their counters never reset (the last
+    tenant's CPU time and peak memory are in them), and a sibling's hold its pids and memory
+    use: the host's parent groups are root's only, so a sandbox reads none of them, nor lists
+    them. Positive controls: the files exist and root reads the last tenant's peak there, and
+    the sandbox reads the rest of /sys/fs/cgroup."""
+    a = pool_host.sandbox()
+    if not a.info["limits"]["cgroup_memory_bytes"]:
+        a.delete()
+        pytest.skip("no cgroup v1 memory controller on this host")
+    b = pool_host.sandbox()
+    try:
+        assert a.py("b = bytearray(48 << 20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
+                    ).out == "ok\n"
+        slot_b = v1_groups(b)["memory"].rsplit("/", 1)[1]
+        res = py_attempts(a, CG_LOOK, slot_b)
+        mem = res["groups"]["memory"]
+        # positive control: root reads A's peak in A's group (what its uid's next tenant would
+        # inherit), and the sandbox reads a file of /sys/fs/cgroup outside the pool's groups
+        with open(mem + "/memory.max_usage_in_bytes") as f:
+            assert int(f.read()) >= 48 << 20
+        assert res["control"][0] == "ok", res
+        leaked = {k: v for k, v in res["own"].items() if v[0] != "EACCES"}
+        assert not leaked, ("ATTACK: a sandbox read its pool cgroups' files", leaked)
+        assert all(v == ["EACCES"] for v in res["parents"].values()), (
+            "ATTACK: a sandbox listed the pool's cgroups", res["parents"])
+        assert res["sibling"] == {"memory": ["EACCES"]}, (
+            "ATTACK: a sandbox read a sibling's cgroup", res["sibling"])
+    finally:
+        a.delete()
+        b.delete()
+
+
 HOLD_4X30 = ("for i in 1 2 3 4; do python3 -c 'import time; b = b\"x\" * (30 << 20); "
              "time.sleep(1); print(\"held\")' & done; wait")
 
