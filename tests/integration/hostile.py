@@ -554,6 +554,19 @@ add("add_key", ret("sc(248, b'user', b'sbx-hostile-probe', b'x', 1, -2)"), refus
     works=lambda c, E: c == "ok")
 add("request_key", ret("sc(249, b'user', b'sbx-hostile-none', None, 0)"), refused=denied,
     works=reached(DENIED))
+# POSIX message queues: a pooled sandbox shares the host's IPC namespace, where a queue would
+# outlive the sandbox (the next tenant of its uid could open it) and reach the host's; the
+# syscalls are not in the filter, Landlock refuses the mqueue mount (not in its rules). A
+# dedicated run has an IPC namespace of its own (its queues are its own), so pool only.
+add("mq_open-create", """
+def probe(C):
+    r = sc_val(240, b'sbx-hostile-mq', os.O_CREAT | os.O_RDWR, 0o600, None)
+    if isinstance(r, int):
+        os.close(r)
+        sc(241, b'sbx-hostile-mq')
+        return "ok"
+    return r
+""", where=("pool",), refused=denied, works=lambda c, E: c == "ok")
 add("bpf-map-create", """
 def probe(C):
     attr = ctypes.create_string_buffer(struct.pack("IIII", 2, 4, 4, 1), 128)
