@@ -5,6 +5,7 @@
  * paused, so a slow client makes the command block on write instead of growing the server. */
 #include "exec.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/ioctl.h>
@@ -50,6 +51,10 @@ ssize_t outpipe_read(outpipe_t *op, unsigned char *buf, size_t cap, bool keep_ca
     if (n == 0) {
         op->eof = true;
         return (ssize_t)held;
+    }
+    if (!op->grown && n >= OUTPIPE_DEFAULT_SIZE) {
+        op->grown = true; /* once, tried or not (a pty is no pipe: EBADF) */
+        (void)fcntl(op->w.fd, F_SETPIPE_SZ, OUTPIPE_BULK_SIZE);
     }
     size_t len = held + (size_t)n;
     if (!keep_carry)

@@ -211,9 +211,7 @@ static int make_pipe(int p[2], bool parent_reads)
         return negative_errno();
     int ours = parent_reads ? p[0] : p[1];
     (void)fcntl(ours, F_SETFL, O_NONBLOCK);
-    if (parent_reads)
-        (void)fcntl(p[1], F_SETPIPE_SZ, 1024 * 1024); /* fewer wakeups for bulk output */
-    return 0;
+    return 0; /* an output pipe is grown when bulk output fills it (outpipe_read) */
 }
 
 typedef struct {
