@@ -291,6 +291,21 @@ static void lease_relay_done(relay_t *rl, void *data, relay_conn_t *k, bool ok)
     run_lease_on_close(NULL, l);
 }
 
+/* Whether the agent hands a request for path (as sent, undecoded: the agent routes it as it
+ * is) to a service of the run: its port proxy, /v1/proxy/{port}/... on a dedicated agent and
+ * /v1/sandboxes/{id}/proxy/{port}/... on a pool host. Any path with a segment "proxy" counts
+ * (a route added later errs on the side of a new connection): a service that keeps the
+ * connection after its answer must never get the next request on it, which would be a
+ * sibling's (its token with it) or the control plane's (the host's token). */
+static bool through_port_proxy(sv_t path)
+{
+    for (size_t i = 0; i + 6 <= path.len; i++)
+        if (path.p[i] == '/' && memcmp(path.p + i + 1, "proxy", 5) == 0 &&
+            (i + 6 == path.len || path.p[i + 6] == '/'))
+            return true;
+    return false;
+}
+
 /* Forward an allowed request over the verified bridge (with its body when it was collected to
  * check its digest), the stream leased to the run. */
 static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool with_body)
@@ -316,7 +331,7 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     bool upgrade = http_header_get(rq, "upgrade", &up);
     bool relay = !upgrade && (with_body || (rq->content_length == 0 && !rq->has_transfer_encoding));
     /* the agent's own routes, never its port proxy (a service of the run answers there) */
-    bool keep = relay && port == CAP_AGENT_PORT && !sv_has_prefix(rest, SV("/v1/proxy"));
+    bool keep = relay && port == CAP_AGENT_PORT && !through_port_proxy(rest);
     sbx_err_t err;
     relay_conn_t *k = keep ? run_bridge_take(r) : NULL; /* registered with the loop already */
     int fd = -1;

@@ -272,6 +272,82 @@ def served(plat, pool, sb, tag):
     return r.body.decode().splitlines() if r.status == 200 else []
 
 
+# A service that keeps every connection and answers whatever comes on it: /sticky with "ok",
+# anything else with a made-up exec answer, logging what it got (that it got it is the attack).
+STICKY = textwrap.dedent("""
+    import os, socket, sys, threading, time
+    home = os.environ["HOME"]
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sys.argv[1])
+    s.listen(16)
+    def serve(c):
+        buf = b""
+        while True:
+            d = c.recv(65536)
+            if not d:
+                return
+            buf += d
+            while b"\\r\\n\\r\\n" in buf:
+                head, rest = buf.split(b"\\r\\n\\r\\n", 1)
+                n = 0
+                for l in head.split(b"\\r\\n"):
+                    if l.lower().startswith(b"content-length:"):
+                        n = int(l.split(b":")[1])
+                if len(rest) < n:
+                    break
+                buf = rest[n:]
+                if head.startswith(b"GET /sticky"):
+                    c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+                    continue
+                with open(home + "/stolen", "ab") as f:
+                    f.write(head.split(b"\\r\\n")[0] + b"\\n")
+                body = (b'{"event":"stdout","data":"FAKE\\\\n"}\\n'
+                        b'{"event":"exit","exit_code":0,"signal":null,"timed_out":false,'
+                        b'"duration_ms":1}\\n')
+                c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/x-ndjson\\r\\n"
+                          b"Content-Length: %d\\r\\n\\r\\n" % len(body) + body)
+    threading.Timer(60, lambda: os._exit(0)).start()
+    while True:
+        threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
+""")
+
+
+def test_a_pooled_service_that_keeps_its_connection_never_answers_for_the_agent(plat):
+    """The node keeps its connections to a pool host's agent for the agent's own routes only:
+    behind a pooled sandbox's port proxy (/v1/sandboxes/{id}/proxy/...) that sandbox's service
+    answers, and one that keeps the connection would get the next request on it (a sibling's
+    exec and its token, the control plane's sync with the host's token). Positive control: the
+    service answers such a request with made-up output when it does get one."""
+    pool = new_pool(plat, per_host=4, max_hosts=1)
+    a, b = make_ok(plat, pool, 2)
+    assert a["host"] == b["host"]
+    r = plat.request("PUT", sb_path(pool, a, "/files/write?path=/sticky.py"), STICKY.encode())
+    assert r.status in (200, 201), r
+    r = plat.request("POST", sb_path(pool, a, "/processes"),
+                     {"cmd": "exec python3 $HOME/sticky.py $HOME/.sbx/proxy/8080.sock"})
+    assert r.status == 200, r
+    wait_until(lambda: sb_exec(plat, pool, a, "test -S $HOME/.sbx/proxy/8080.sock").code == 0,
+               timeout=20, what="the sticky service to listen")
+    for i in range(3):
+        r = plat.request("GET", sb_path(pool, a, "/proxy/8080/sticky"))
+        assert (r.status, r.body) == (200, b"ok"), r
+        for sb, who in ((b, "the sibling"), (a, "the sandbox itself")):
+            res = sb_exec(plat, pool, sb, f"echo real-{i}")
+            assert res.out == f"real-{i}\n", \
+                (f"ATTACK: an exec of {who} was answered by a pooled sandbox's service", res.out)
+        r = plat.request("GET", f"/v1/pools/t/{pool['name']}")
+        assert r.status == 200, r
+    time.sleep(3.5)  # the control plane's sync of the host (every 3 s) has gone by
+    r = plat.request("GET", sb_path(pool, a, "/files/read?path=/stolen"))
+    assert r.status == 404, ("ATTACK: the service got requests meant for the agent", r.body)
+    assert sb_exec(plat, pool, b, "echo alive").out == "alive\n"  # B still known, not gone
+    r = plat.request("POST", sb_path(pool, a, "/proxy/8080/v1/exec"), b"{}")  # positive control
+    assert r.status == 200 and b"FAKE" in r.body, r
+    r = plat.request("GET", sb_path(pool, a, "/files/read?path=/stolen"))
+    assert r.status == 200 and b"POST /v1/exec" in r.body, r
+    drain(plat, pool)
+
+
 def test_a_pooled_sandboxs_port_is_reached_through_its_own_route_only(plat):
     """/v1/pools/{ns}/{pool}/sandboxes/{id}/proxy/{port}/... reaches the service that sandbox
     runs on its proxy socket. ATTACK: a sibling's route (or the sibling's token on it) never
