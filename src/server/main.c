@@ -140,7 +140,7 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
     cfg->host_mode = hm && streq(hm, "1");
     if (parse_pool_knobs(cfg) < 0 || (cfg->host_mode && parse_host_config(cfg) < 0))
         return -EINVAL;
-    const char *tok = getenv("SBX_TOKEN");
+    char *tok = getenv("SBX_TOKEN");
     if (tok && *tok) {
         cfg->token = strdup(tok);
         if (!cfg->token)
@@ -150,8 +150,12 @@ static int parse_config(int argc, char **argv, server_config_t *cfg)
                   "development only");
         return -EINVAL;
     }
-    /* Children must not inherit the token. (The initial environment block that
-     * /proc/<pid>/environ shows is not rewritten; see SECURITY.md.) */
+    /* Children must not inherit the token, and commands (of the same uid in a dedicated run)
+     * must not read it in /proc/<pid>/environ: that shows the initial environment block, which
+     * unsetenv leaves as it was, so the value is overwritten there first (getenv points into
+     * it). */
+    if (tok)
+        explicit_bzero(tok, strlen(tok));
     (void)unsetenv("SBX_TOKEN");
     return 0;
 }

@@ -206,6 +206,12 @@ def test_token_not_visible_to_commands(server):
     assert st == 200
     st, _, body = server.request("GET", f"/v1/processes/{j['id']}/output")
     assert st == 200 and b'"data":"0\\n"' in body
+    # nor in the server's initial environment block, which /proc/<pid>/environ shows to its
+    # uid (a command of a dedicated run is): the value is overwritten there
+    st, ev = server.exec({"cmd": f"tr '\\0' '\\n' < /proc/{server.proc.pid}/environ"})
+    out = output_of(ev)
+    assert b"SBX_PORT=" in out, out  # positive control: it is the server's environment
+    assert server.token.encode() not in out, "ATTACK: a command read the token in /proc"
 
 
 @pytest.mark.parametrize("var,value", [
