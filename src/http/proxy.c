@@ -8,8 +8,11 @@
  *
  * Backpressure: a direction holds at most PROXY_CHUNK bytes that its destination did not take
  * yet, and its source is not read while it holds any, so a slow reader slows the writer down
- * instead of growing the server. Established tunnels have no timeouts (long-lived
- * WebSockets). They count against max_connections through httpd_t.n_tunnels. */
+ * instead of growing the server. An established tunnel has no timeout while its client still
+ * sends (long-lived WebSockets); once the client has finished (EOF: it closed, or half-closed),
+ * the backend has PROXY_HALF_CLOSED_MS of silence at most before both sides are closed, so a
+ * backend that never answers nor closes cannot keep the tunnels of clients that are gone. They
+ * count against max_connections through httpd_t.n_tunnels. */
 #include "proxy.h"
 
 #include <arpa/inet.h>
@@ -49,6 +52,7 @@ struct tunnel {
     climit_hold_t lim;        /* the client connection's source and owner counters (connlimit.h) */
     tunnel_close_cb on_close; /* the owner's lease (sbx-node), told once when the tunnel ends */
     void *on_close_data;
+    timer_t_ half_t; /* armed while the client has finished and the backend is silent */
     tunnel_t *prev, *next;
 };
 
@@ -130,6 +134,7 @@ static void tunnel_close(tunnel_t *t)
     if (t->on_close)
         t->on_close(t, t->on_close_data);
     t->on_close = NULL;
+    timer_disarm(s->loop, &t->half_t);
     loop_unwatch(s->loop, &t->client.w);
     loop_unwatch(s->loop, &t->backend.w);
     if (t->prev)
@@ -255,14 +260,27 @@ static void tunnel_check_pending(tunnel_t *t)
     }
 }
 
+static void tunnel_half_closed_expired(loop_t *l, timer_t_ *tm)
+{
+    tunnel_t *t = tm->data;
+    (void)l;
+    log_debug("proxy tunnel closed: the client finished and the backend was silent for %d ms",
+              PROXY_HALF_CLOSED_MS);
+    tunnel_close(t);
+}
+
 static void tunnel_pump(tunnel_t *t)
 {
-    bool moved = false;
+    bool moved = false, answered = false;
     int r = tdir_pump(&t->up, &t->client, &t->backend, &moved);
     if (r >= 0)
-        r = tdir_pump(&t->down, &t->backend, &t->client, &moved);
-    if (r >= 0 && moved)
+        r = tdir_pump(&t->down, &t->backend, &t->client, &answered);
+    if (r >= 0 && (moved || answered))
         httpd_touch(t->srv);
+    /* the client has finished: the backend's silence is counted from then, or from the last
+     * bytes it sent */
+    if (r >= 0 && t->up.eof && !t->down.shut && (answered || !timer_armed(&t->half_t)))
+        timer_arm(t->srv->loop, &t->half_t, PROXY_HALF_CLOSED_MS);
     if (r >= 0 && !(t->up.shut && t->down.shut)) {
         r = tside_watch(t, &t->client, &t->up, &t->down);
         if (r >= 0)
@@ -348,6 +366,7 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
         buf_init(&t->down.pend, PROXY_CHUNK);
     watcher_init(&t->client.w, cfd, tunnel_on_event, t);
     watcher_init(&t->backend.w, TAKE_FD(fd), tunnel_on_event, t);
+    timer_init(&t->half_t, tunnel_half_closed_expired, t);
     t->client.io = cio;
     t->backend.io = TAKE_PTR(bio_owned);
     t->next = s->tunnels;

@@ -13,6 +13,9 @@ typedef struct httpd httpd_t;
 
 #define PROXY_CONNECT_TIMEOUT_MS 10000
 #define PROXY_CHUNK (64 * 1024) /* bytes buffered per direction, at most */
+/* A tunnel whose client has finished sending (EOF) is closed once its backend has sent nothing
+ * for this long. */
+#define PROXY_HALF_CLOSED_MS 10000
 
 /* Start a non-blocking connection to the dedicated-mode backend 127.0.0.1:port.
  * Returns 0 with *ret_fd set (connected or in progress: wait for EPOLLOUT), or -errno. */

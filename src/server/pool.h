@@ -75,6 +75,8 @@ struct sandbox {
     unsigned ops;      /* foreground operations in flight on this sandbox */
     unsigned running;  /* running processes (foreground and background) */
     unsigned spawning; /* spawn requests queued or in flight on a spawn helper */
+    unsigned tunnels;  /* its port proxy's open tunnels (portproxy.c: at most a quarter of the
+                        * server's connections) */
     int ruleset_fd;    /* -1 while closed or with uid-only confinement */
     bool landlocked;   /* confined by Landlock (a ruleset is made whenever it runs something) */
     bool cg_ready;     /* its cgroups exist with its limits (cgroup_prepare ran once) */

@@ -10,11 +10,14 @@
  * EOF, and a half-close is passed on with shutdown(SHUT_WR). Plain HTTP, chunked responses,
  * SSE and WebSocket upgrades all pass through unchanged.
  * The tunnel itself (backpressure, limits) is the HTTP core's (http/proxy.c); established
- * tunnels count against SBX_MAX_CONNECTIONS.
+ * tunnels count against SBX_MAX_CONNECTIONS, and on a pool host one sandbox holds at most a
+ * quarter of them (proxy_tunnels_max): its service's clients, or a service that never lets a
+ * connection go, cannot take the slots of its siblings and of the host's own calls.
  *
  * Known limitation, as in the reference: a tunnel is authenticated and routed once. Later
  * requests on the same client connection reach the same backend without another check. */
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/openat2.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -82,6 +85,21 @@ static int proxy_backend_open(conn_t *c, const route_params_t *p, int *ret_fd)
     if (sb)
         return proxy_open_sandbox(sb, p->port, ret_fd);
     return proxy_open_tcp(p->port, ret_fd);
+}
+
+/* The most tunnels one pooled sandbox holds at once: a quarter of the server's connections. */
+static unsigned proxy_tunnels_max(const server_t *s)
+{
+    uint64_t q = s->cfg.http.max_connections / 4;
+    return q > 0 ? (unsigned)MIN(q, (uint64_t)UINT_MAX) : 1;
+}
+
+static void sandbox_tunnel_closed(tunnel_t *t, void *data)
+{
+    sandbox_t *sb = data;
+    (void)t;
+    if (sb->tunnels > 0)
+        sb->tunnels--;
 }
 
 static void proxy_fail(conn_t *c, int err, uint16_t port)
@@ -187,7 +205,10 @@ static void pending_on_connect(loop_t *l, watcher_t *w, uint32_t ev)
             proxy_fail(c, -err, port);
         return;
     }
-    (void)proxy_tunnel_start(c, fd, NULL, &head, NULL, NULL, NULL);
+    /* the sandbox is held by the connection, and then by the tunnel, past the callback */
+    sandbox_t *sb = (sandbox_t *)conn_sandbox(c);
+    if (proxy_tunnel_start(c, fd, NULL, &head, NULL, sb ? sandbox_tunnel_closed : NULL, sb) && sb)
+        sb->tunnels++;
     buf_free(&head);
 }
 
@@ -208,6 +229,14 @@ void route_proxy(conn_t *c, const route_params_t *p)
     int fd = -EBADF;
     if (p->port == 0) {
         http_not_found(c, 0, "proxy: invalid port (expected 1..65535)");
+        return;
+    }
+    const sandbox_t *sb = conn_sandbox(c);
+    if (sb && sb->tunnels >= proxy_tunnels_max(server_of(c))) {
+        http_unavailable(c, 0,
+                         "proxy: this sandbox has %u connections open through its port proxy, "
+                         "the most one sandbox may hold; close some",
+                         sb->tunnels);
         return;
     }
     pending_t *pc = calloc(1, sizeof *pc);

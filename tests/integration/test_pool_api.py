@@ -559,6 +559,62 @@ def test_idle_eviction_waits_for_an_open_proxy_tunnel(make_host_server):
     assert uid_pids(a.uid) == []
 
 
+HOLD_UNIX = """
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(64)
+keep, end = [], time.time() + 40
+s.settimeout(1)
+while time.time() < end:  # takes every connection, never answers, never closes one
+    try:
+        keep.append(s.accept()[0])
+    except socket.timeout:
+        pass
+"""
+
+
+def test_one_sandboxs_port_proxy_holds_at_most_a_quarter_of_the_connections(make_host_server):
+    """A sandbox's service that takes connections and never lets one go (or clients that keep
+    theirs) hold tunnels, each a connection slot of the whole host: one sandbox holds at most a
+    quarter of SBX_MAX_CONNECTIONS, so its siblings and the host's own calls always get in.
+    Once its clients are gone the tunnels close and it may open others."""
+    s = make_host_server(env={"SBX_MAX_CONNECTIONS": "16"})  # a sandbox: 4 tunnels
+    a, b = s.create(2)
+    sock_path = a.home + "/.sbx/proxy/8080.sock"
+    a.start(["python3", "-c", HOLD_UNIX, sock_path])
+    assert wait_until(lambda: os.path.exists(sock_path), 5)
+
+    def open_tunnel(i):
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.settimeout(1)
+        c.sendall((f"GET {a.path('/proxy/8080/t' + str(i))} HTTP/1.1\r\nHost: x\r\n"
+                   f"X-Sandbox-Token: {a.token}\r\n\r\n").encode())
+        try:
+            return c, c.recv(4096)  # an answer: refused
+        except socket.timeout:
+            return c, b""  # a tunnel to the silent service
+
+    held = [open_tunnel(i) for i in range(4)]
+    assert [r for _, r in held] == [b""] * 4, held  # positive control: four tunnels are up
+    c, r = open_tunnel(4)
+    c.close()
+    assert r.startswith(b"HTTP/1.1 503") and b"the most one sandbox may hold" in r, \
+        ("ATTACK: one sandbox's port proxy took more than its share of connections", r)
+    # the rest of the host is unaffected: the host token's calls, the sibling's exec
+    assert a.id in ids_of(s.list())
+    assert b.run("echo sibling-ok").out == "sibling-ok\n"
+    for c, _ in held:
+        c.close()
+    # its clients gone, the silent service's tunnels close (http/proxy.c: 10 s), and A's
+    # proxy takes connections again
+    def reopened():
+        c, r = open_tunnel(9)
+        c.close()
+        return r == b""
+    assert wait_until(reopened, 20), "the tunnels of clients that left were never closed"
+
+
 def test_host_exits_when_idle(make_host_server):
     t0 = time.monotonic()
     s = make_host_server(env={"SBX_IDLE_TIMEOUT": "2"})

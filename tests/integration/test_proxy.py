@@ -660,6 +660,41 @@ def test_slow_client_backpressure_bounds_memory(server, backend):
     s.close()
 
 
+def test_a_silent_backend_cannot_keep_the_tunnels_of_clients_that_left(make_server, backend):
+    """A backend that takes requests and never answers nor closes would keep every tunnel whose
+    client has gone (each a connection slot) until the server answered 503 to everyone: once
+    the client has finished, the backend has PROXY_HALF_CLOSED_MS (10 s) of silence, then both
+    sides close. Positive control: right after the clients leave, the silent backend does hold
+    every slot."""
+    srv = make_server(env={"SBX_MAX_CONNECTIONS": "3"})
+    release = threading.Event()
+
+    def silent(c, b):
+        read_head(c)
+        release.wait(40)  # never answers, never closes (until the test ends)
+
+    b = backend(silent)
+    try:
+        for i in range(3):
+            s = raw_connect(srv)
+            s.sendall(f"GET /v1/proxy/{b.port}/{i} HTTP/1.1\r\nHost: x\r\n"
+                      f"X-Sandbox-Token: {srv.token}\r\n\r\n".encode())
+            time.sleep(0.2)  # the tunnel is up
+            s.close()
+        left = time.monotonic()
+        resp = srv.raw(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert status_of(resp) == 503, resp  # positive control: all slots held
+
+        def health_ok():
+            r = srv.raw(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return status_of(r) == 200
+
+        wait_for(health_ok, timeout=20, what="the tunnels of clients that left to close")
+        assert time.monotonic() - left >= 9, "closed before the backend's time was up"
+    finally:
+        release.set()
+
+
 def test_tunnels_count_against_max_connections(make_server, backend):
     srv = make_server(env={"SBX_MAX_CONNECTIONS": "2"})
     b = backend(ws_echo_handler)
