@@ -131,8 +131,12 @@ json_t *envd_entry_json(const char *name, const char *path, const struct stat *s
 /* Directory watches (inotify): WatchDir's stream, and the polled watchers, which the server
  * keeps (server_t.envd_watches) until removed, their sandbox deleted, or the server ends. */
 typedef struct envd_watch envd_watch_t;
+typedef struct sandbox sandbox_t;
 void envd_watch_dir(envd_call_t *call, json_t *req);
 void envd_create_watcher(envd_call_t *call, json_t *req);
 void envd_get_watcher_events(envd_call_t *call, json_t *req);
 void envd_remove_watcher(envd_call_t *call, json_t *req);
 void envd_watches_free(server_t *s);
+/* A deleted sandbox's watches: its polled watchers freed, its streams ended (their inotify
+ * instances closed now). */
+void envd_watches_drop(server_t *s, const sandbox_t *sb);

@@ -5,8 +5,10 @@
  * resolved through fsops.c against the request's root (in a pool sandbox: beneath its home,
  * following no symlink) and opened; the watch is put on that open directory through
  * /proc/self/fd, never on a path name a tenant could swap. */
+#include <limits.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 
@@ -14,9 +16,16 @@
 #include "pool.h"
 #include "server.h"
 
-#define WATCH_MAX_DIRS 4096   /* directories of one watch (recursive) */
-#define WATCH_MAX_POLLED 64   /* polled watchers per sandbox (or dedicated server) */
-#define WATCH_MAX_EVENTS 4096 /* events one GetWatcherEvents answers */
+/* The kernel counts inotify instances and watches per user (max_user_instances, 128, and
+ * max_user_watches, here 192,530), and this server's are root's: it takes half of each at
+ * most, and a pooled sandbox WATCH_MAX_SANDBOX instances and WATCH_MAX_SANDBOX_DIRS
+ * directories of that, so no tenant can use up inotify for the host's other users nor for
+ * its siblings. */
+#define WATCH_MAX_DIRS 4096         /* directories of one watch (recursive) */
+#define WATCH_MAX_POLLED 64         /* polled watchers of a dedicated server */
+#define WATCH_MAX_SANDBOX 8         /* watches (polled or streams) of one pooled sandbox */
+#define WATCH_MAX_SANDBOX_DIRS 4096 /* directories of one pooled sandbox's watches together */
+#define WATCH_MAX_EVENTS 4096       /* events one GetWatcherEvents answers */
 #define WATCH_READ (64 * 1024)
 #define WATCH_MASK                                                                                 \
     (IN_CREATE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | IN_ONLYDIR)
@@ -41,19 +50,63 @@ struct envd_watch {
     envd_watch_t *next; /* polled: the server's list */
 };
 
+/* A directory watch more, or fewer (delta), on the server's and the sandbox's counts. */
+static void dirs_count(envd_watch_t *w, int64_t delta)
+{
+    w->srv->watch_dirs = (uint64_t)((int64_t)w->srv->watch_dirs + delta);
+    if (w->sb)
+        w->sb->watch_dirs = (unsigned)((int64_t)w->sb->watch_dirs + delta);
+}
+
+/* Its inotify instance and directories given back (the watch itself may stay until its
+ * stream's connection goes). */
+static void watch_release_kernel(envd_watch_t *w)
+{
+    if (w->call)
+        loop_unwatch(w->srv->loop, &w->w);
+    if (w->ifd >= 0) {
+        w->ifd = safe_close(w->ifd);
+        w->srv->watch_instances--;
+        if (w->sb)
+            w->sb->watch_instances--;
+    }
+    dirs_count(w, -(int64_t)w->n_dirs);
+    for (size_t i = 0; i < w->n_dirs; i++)
+        free(w->dirs[i].rel);
+    free(w->dirs);
+    w->dirs = NULL;
+    w->n_dirs = 0;
+}
+
 static void watch_free(envd_watch_t *w)
 {
     if (!w)
         return;
-    if (w->call)
-        loop_unwatch(w->srv->loop, &w->w);
-    safe_close(w->ifd);
-    for (size_t i = 0; i < w->n_dirs; i++)
-        free(w->dirs[i].rel);
-    free(w->dirs);
+    watch_release_kernel(w);
     free(w->path);
     sandbox_unref(w->sb);
     free(w);
+}
+
+/* Half of what the kernel allows this server's uid, read once. */
+static void budget_read(server_t *s)
+{
+    if (s->watch_instances_max)
+        return;
+    uint64_t inst = 128, dirs = 8192;
+    char b[32];
+    FILE *f = fopen("/proc/sys/fs/inotify/max_user_instances", "re");
+    if (f && fgets(b, sizeof b, f))
+        inst = strtoull(b, NULL, 10);
+    if (f)
+        fclose(f);
+    f = fopen("/proc/sys/fs/inotify/max_user_watches", "re");
+    if (f && fgets(b, sizeof b, f))
+        dirs = strtoull(b, NULL, 10);
+    if (f)
+        fclose(f);
+    s->watch_instances_max = (unsigned)MIN(MAX(inst / 2, 1), (uint64_t)UINT_MAX);
+    s->watch_dirs_max = MAX(dirs / 2, 1);
 }
 
 /* path + "/" + rel (rel may be ""). */
@@ -73,7 +126,8 @@ static int watch_add_dir(envd_watch_t *w, const char *rel)
 {
     char full[FS_PATH_MAX], proc[64];
     int fd, r;
-    if (w->n_dirs >= WATCH_MAX_DIRS)
+    if (w->n_dirs >= WATCH_MAX_DIRS || w->srv->watch_dirs >= w->srv->watch_dirs_max ||
+        (w->sb && w->sb->watch_dirs >= WATCH_MAX_SANDBOX_DIRS))
         return -ENOSPC;
     if ((r = join(full, sizeof full, w->path, rel)) < 0)
         return r;
@@ -92,9 +146,12 @@ static int watch_add_dir(envd_watch_t *w, const char *rel)
     if (!nd)
         return -ENOMEM;
     w->dirs = nd;
-    if (!(nd[w->n_dirs].rel = strdup(rel)))
+    if (!(nd[w->n_dirs].rel = strdup(rel))) {
+        (void)inotify_rm_watch(w->ifd, wd);
         return -ENOMEM;
+    }
     nd[w->n_dirs++].wd = wd;
+    dirs_count(w, 1);
     return 0;
 }
 
@@ -136,15 +193,32 @@ static int watch_new(conn_t *c, json_t *req, envd_watch_t **ret, connect_code_t 
         json_string_length(p) >= FS_PATH_MAX || (rec && !json_is_boolean(rec)) ||
         (inc && !json_is_boolean(inc)))
         return -EINVAL;
+    server_t *s = server_of(c);
+    const sandbox_t *sb = conn_sandbox(c);
+    budget_read(s);
+    *code = CONNECT_RESOURCE_EXHAUSTED;
+    if (sb && sb->watch_instances >= WATCH_MAX_SANDBOX) {
+        *what = "too many watches in this sandbox (max 8)";
+        return -ENOSPC;
+    }
+    if (s->watch_instances >= s->watch_instances_max) {
+        *what = "the host's directory watches are all in use";
+        return -ENOSPC;
+    }
     envd_watch_t *w = calloc(1, sizeof *w);
     if (!w)
         return -ENOMEM;
-    w->srv = server_of(c);
+    w->srv = s;
     w->sb = sandbox_ref(conn_sandbox(c));
     w->root = files_root(c);
     w->recursive = json_is_true(rec);
     w->include_entry = json_is_true(inc);
     w->ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (w->ifd >= 0) {
+        s->watch_instances++;
+        if (w->sb)
+            w->sb->watch_instances++;
+    }
     w->path = strdup(json_string_value(p));
     int r = w->ifd < 0 ? negative_errno() : !w->path ? -ENOMEM : 0;
     if (r == 0) {
@@ -158,7 +232,9 @@ static int watch_new(conn_t *c, json_t *req, envd_watch_t **ret, connect_code_t 
     if (r < 0) {
         watch_free(w);
         *code = r == -ENOSPC ? CONNECT_RESOURCE_EXHAUSTED : connect_code_from_errno(r);
-        *what = strerror(-r);
+        *what = r == -ENOSPC ? "too many watched directories (4096 per watch and per sandbox, "
+                               "or the host's budget)"
+                             : strerror(-r);
         return r;
     }
     *ret = w;
@@ -200,6 +276,7 @@ static json_t *event_json(envd_watch_t *w, const struct inotify_event *ev)
             if (w->dirs[i].wd == ev->wd) {
                 free(w->dirs[i].rel);
                 w->dirs[i] = w->dirs[--w->n_dirs];
+                dirs_count(w, -1);
                 break;
             }
         return NULL;
@@ -284,7 +361,14 @@ static void watch_stream_drain(envd_call_t *call)
 
 static void watch_stream_close(envd_call_t *call)
 {
-    watch_free(call->state);
+    envd_watch_t *w = call->state;
+    if (w)
+        for (envd_watch_t **pp = &w->srv->envd_streams; *pp; pp = &(*pp)->next)
+            if (*pp == w) {
+                *pp = w->next;
+                break;
+            }
+    watch_free(w);
     call->state = NULL;
 }
 
@@ -299,6 +383,8 @@ void envd_watch_dir(envd_call_t *call, json_t *req)
     }
     w->call = call;
     call->state = w;
+    w->next = w->srv->envd_streams;
+    w->srv->envd_streams = w;
     call->on_drain = watch_stream_drain;
     call->on_close = watch_stream_close;
     watcher_init(&w->w, w->ifd, watch_on_inotify, w);
@@ -348,7 +434,7 @@ void envd_create_watcher(envd_call_t *call, json_t *req)
     polled_sweep(server_of(c));
     for (envd_watch_t *w = server_of(c)->envd_watches; w; w = w->next)
         mine += w->sb == conn_sandbox(c);
-    if (mine >= WATCH_MAX_POLLED) {
+    if (!conn_sandbox(c) && mine >= WATCH_MAX_POLLED) {
         envd_fail(call, CONNECT_RESOURCE_EXHAUSTED, "too many watchers (max %d)", WATCH_MAX_POLLED);
         return;
     }
@@ -402,6 +488,17 @@ void envd_remove_watcher(envd_call_t *call, json_t *req)
     *pp = w->next;
     watch_free(w);
     envd_reply(call, json_object());
+}
+
+void envd_watches_drop(server_t *s, const sandbox_t *sb)
+{
+    polled_sweep(s); /* sb is marked deleted already */
+    for (envd_watch_t *w = s->envd_streams; w; w = w->next)
+        if (w->sb == sb && w->call) {
+            if (!w->call->ended)
+                envd_fail(w->call, CONNECT_NOT_FOUND, "the sandbox was deleted");
+            watch_release_kernel(w); /* freed when its connection goes (watch_stream_close) */
+        }
 }
 
 void envd_watches_free(server_t *s)

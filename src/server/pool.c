@@ -14,6 +14,7 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "envd.h"
 #include "fsops.h"
 #include "isolation/confine.h"
 #include "isolation/netns.h"
@@ -1400,6 +1401,7 @@ int sandbox_delete(sandbox_t *sb, sbx_err_t *err)
     lru_unlink(p, sb); /* its descriptors are closed with its last reference */
     p->reserved--;
     procs_drop_sandbox(p->srv, sb);
+    envd_watches_drop(p->srv, sb);
     bool killed = teardown_processes(sb);
     if (killed)
         netns_return(p, sb);

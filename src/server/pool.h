@@ -77,9 +77,10 @@ struct sandbox {
     unsigned spawning; /* spawn requests queued or in flight on a spawn helper */
     unsigned tunnels;  /* its port proxy's open tunnels (portproxy.c: at most a quarter of the
                         * server's connections) */
-    int ruleset_fd;    /* -1 while closed or with uid-only confinement */
-    bool landlocked;   /* confined by Landlock (a ruleset is made whenever it runs something) */
-    bool cg_ready;     /* its cgroups exist with its limits (cgroup_prepare ran once) */
+    unsigned watch_instances, watch_dirs; /* its envd directory watches (envd_watch.c) */
+    int ruleset_fd;                       /* -1 while closed or with uid-only confinement */
+    bool landlocked; /* confined by Landlock (a ruleset is made whenever it runs something) */
+    bool cg_ready;   /* its cgroups exist with its limits (cgroup_prepare ran once) */
     sandbox_t *lru_prev, *lru_next; /* in the pool's handles list while its handles are open */
     bool deleted;
     bool spawned;  /* something ran as this uid */

@@ -50,6 +50,11 @@ struct server {
     spawner_t *spawner; /* process creation off the loop (spawner.h); started by server_init */
     uint64_t pool_empty_since_ms;
     struct envd_watch *envd_watches; /* envd's polled directory watchers (envd_watch.c) */
+    struct envd_watch *envd_streams; /* envd's WatchDir streams (envd_watch.c) */
+    /* inotify instances and watched directories this server holds, and the most it may hold
+     * (half of its uid's kernel limits; 0: not read yet): envd_watch.c */
+    unsigned watch_instances, watch_instances_max;
+    uint64_t watch_dirs, watch_dirs_max;
 };
 
 /* The agent a request came to. */

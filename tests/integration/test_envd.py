@@ -782,6 +782,61 @@ def test_pool_watchers_are_per_sandbox_and_confined(make_host_server):
     assert st == 200
 
 
+def server_inotify_fds(host):
+    n = 0
+    for fd in os.listdir(f"/proc/{host.proc.pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{host.proc.pid}/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            pass
+    return n
+
+
+def test_pool_watches_are_budgeted_and_freed_with_their_sandbox(make_host_server):
+    """Each watch is an inotify instance of the server's uid (root), whose kernel limits are
+    the host's: a sandbox holds at most 8 watches and 4096 watched directories (its siblings
+    and the host's other users keep theirs), and a deleted sandbox's watches, polled and
+    streams, are closed with it, not at some later call."""
+    host = make_host_server()
+    a, b = host.create(2)
+    ea, eb = sandbox_envd(a), sandbox_envd(b)
+    before = server_inotify_fds(host)
+    wids = []
+    for i in range(8):
+        st, j = fs(ea, "CreateWatcher", {"path": "/"})
+        assert st == 200, (i, st, j)  # positive control: eight are fine
+        wids.append(j["watcherId"])
+    st, j = fs(ea, "CreateWatcher", {"path": "/"})
+    assert st == 429 and j["code"] == "resource_exhausted", \
+        ("ATTACK: a sandbox took more than its share of inotify instances", st, j)
+    assert "max 8" in j["message"], j
+    assert server_inotify_fds(host) == before + 8
+    st, j = fs(eb, "CreateWatcher", {"path": "/"})  # the sibling's share is its own
+    assert st == 200, (st, j)
+    # directories: 3,000 of them, watched twice over is past a sandbox's 4,096
+    eb.run("/bin/sh", ["-c", "mkdir -p t && cd t && seq 3000 | xargs mkdir"])
+    st, j = fs(eb, "CreateWatcher", {"path": "/t", "recursive": True})
+    assert st == 200, (st, j)
+    st, j = fs(eb, "CreateWatcher", {"path": "/t", "recursive": True})
+    assert st == 429 and "watched directories" in j["message"], \
+        ("ATTACK: a sandbox watched more than its share of directories", st, j)
+    # one given back makes room for a stream of A's; then A goes, and every inotify instance
+    # of its with it at once
+    assert fs(ea, "RemoveWatcher", {"watcherId": wids.pop()}) == (200, {})
+    assert server_inotify_fds(host) == before + 7 + 2
+    done = {}
+    t = threading.Thread(target=lambda: done.update(
+        r=sandbox_envd(a).stream("filesystem.Filesystem/WatchDir", {"path": "/"}, timeout=20)))
+    t.start()
+    assert wait_until(lambda: server_inotify_fds(host) == before + 7 + 2 + 1, 5), \
+        server_inotify_fds(host)
+    assert a.delete()[0] == 200
+    assert server_inotify_fds(host) == before + 2, \
+        ("a deleted sandbox's watches were left open", server_inotify_fds(host))
+    t.join(20)
+    assert done["r"][2]["error"]["code"] == "not_found", done  # the stream ended, and says why
+
+
 # ---- E2B's own SDK against the agent ---------------------------------------------------------
 
 E2B_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2b")
