@@ -189,8 +189,11 @@ static void unauthorized(conn_t *c, const char *msg)
 static bool principal_allowed(conn_t *c, const principal_t *pr, const char *ns, role_t need,
                               principal_t *ret)
 {
-    /* "" is a global operation: only principals of every namespace ("*") may */
-    bool ns_ok = streq(pr->ns, "*") || (ns && *ns && streq(pr->ns, ns));
+    /* "" is a global operation: only principals of every namespace ("*") may; the reserved
+     * namespace (the E2B API's, for keys of every namespace) is theirs alone, even for a token
+     * of that name made before it was reserved */
+    bool ns_ok =
+        streq(pr->ns, "*") || (ns && *ns && streq(pr->ns, ns) && !streq(ns, CONTROL_RESERVED_NS));
     if (!ns_ok || pr->role < need) {
         http_forbidden(c, 0, "token of %s may not %s in namespace %s", pr->principal,
                        need == ROLE_ADMIN   ? "administer"
@@ -310,6 +313,14 @@ static void tokens_create_done(conn_t *c)
         http_bad_request(c, 0,
                          "expected {principal, namespace (or \"*\"), role: "
                          "read|write|admin} with names [a-z0-9][a-z0-9._-]*");
+        return;
+    }
+    if (streq(ns, CONTROL_RESERVED_NS)) {
+        json_decref(b);
+        http_bad_request(c, 0,
+                         "namespace %s is reserved: the E2B API's sandboxes of keys of every "
+                         "namespace live there, reached with such a key (\"*\") only",
+                         CONTROL_RESERVED_NS);
         return;
     }
     char tok[64];

@@ -24,6 +24,9 @@
 #include "tls/tls.h"
 
 #define CTL_KEYS_MAX 8
+/* The E2B API's namespace for keys of every namespace ("*"): no token may be made for it, and
+ * only principals of every namespace reach it (auth.c). */
+#define CONTROL_RESERVED_NS "e2b"
 #define CTL_NODE_LIVE_MS 5000        /* a node not heard from for this long gets no new runs */
 #define CTL_ROUTE_TTL_MS 30000       /* edge route cache entries live this long */
 #define CTL_RETRY_BODY_MAX (1 << 20) /* request bodies up to this size are replayable */

@@ -26,7 +26,7 @@
 #include "common/log.h"
 #include "e2b.h"
 
-#define E2B_NS "e2b"
+#define E2B_NS CONTROL_RESERVED_NS
 #define E2B_BODY_MAX (256 * 1024)
 #define E2B_START_WAIT_MS 120000
 #define E2B_LIST_MAX 1000
@@ -84,6 +84,13 @@ static bool e2b_auth(control_t *ctl, conn_t *c, role_t need, principal_t *ret)
     if (pr.role < need) {
         http_forbidden(c, HTTP_BODY_CODE, "the API key of %s may not %s sandboxes", pr.principal,
                        need >= ROLE_WRITE ? "change" : "read");
+        return false;
+    }
+    /* the namespace of keys of every namespace is theirs alone (a token of its name made before
+     * it was reserved reaches nothing: auth.c) */
+    if (streq(pr.ns, E2B_NS)) {
+        http_forbidden(c, HTTP_BODY_CODE, "namespace %s is reserved for keys of every namespace",
+                       E2B_NS);
         return false;
     }
     *ret = pr;

@@ -2,7 +2,10 @@
 """E2B's control API on sbx-control (src/control/e2b.c): driven by E2B's own SDK (the npm
 package `e2b`, unmodified, tests/e2b/control_api.mjs), and by hand for the error shapes, the
 keys and namespaces, and the chunked request bodies the JS SDK sends."""
+import hashlib
 import json
+import sqlite3
+import secrets
 import os
 import shutil
 import socket
@@ -175,6 +178,44 @@ def test_keys_roles_and_namespaces(plat):
     assert sid not in {x["sandboxID"] for x in e2b(plat, "GET", "/v2/sandboxes", key=b_write).json()}
     assert e2b(plat, "GET", f"/sandboxes/{sid}", key=a_write).json()["state"] == "running"
     assert e2b(plat, "DELETE", f"/sandboxes/{sid}", key=a_write).status == 204
+
+
+def test_the_namespace_of_keys_of_every_namespace_is_reserved(plat):
+    """A key of every namespace ("*") makes its E2B sandboxes in namespace e2b: no token may be
+    made for that namespace, or its holder would list them, connect to them for their envd
+    tokens, and put a pool named as a template there to take the next create's secrets.
+    Positive control: a token for a namespace of another name is made."""
+    r = plat.request("POST", "/v1/tokens", {"principal": "squatter", "namespace": "e2b",
+                                           "role": "admin"})
+    assert r.status == 400 and "reserved" in r.json()["error"], \
+        ("ATTACK: a token was made for the E2B namespace of keys of every namespace", r)
+    assert plat.token("squatter", "e2b-not", "admin")
+    s = create(plat)  # the admin's key: every namespace
+    sid = s["sandboxID"]
+    try:
+        assert plat.request("GET", f"/v1/jobs/e2b/{sid}").status == 200  # it is there
+        assert e2b(plat, "GET", f"/sandboxes/{sid}").status == 200
+        # a token for that namespace made before it was reserved (written into the store as
+        # the control plane writes tokens) reaches nothing there
+        old = "sbx_" + secrets.token_hex(20)
+        db = sqlite3.connect(os.path.join(plat.ctl_state, "store.db"), timeout=10)
+        try:
+            with db:
+                db.execute("BEGIN IMMEDIATE")
+                rev = db.execute("SELECT rev FROM meta").fetchone()[0] + 1
+                db.execute("UPDATE meta SET rev = ?", (rev,))
+                db.execute("INSERT INTO kv (key, value, rev) VALUES (?, ?, ?)",
+                           ("tokens/" + hashlib.sha256(old.encode()).hexdigest(),
+                            json.dumps({"principal": "old", "namespace": "e2b", "role": "admin",
+                                        "created_ms": 1}).encode(), rev))
+        finally:
+            db.close()
+        for r in (plat.request("GET", f"/v1/jobs/e2b/{sid}", token=old),
+                  e2b(plat, "GET", f"/sandboxes/{sid}", key=old),
+                  e2b(plat, "GET", "/v2/sandboxes", key=old)):
+            assert r.status == 403, ("ATTACK: an old token of the reserved namespace reached it", r)
+    finally:
+        assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204
 
 
 @pytest.mark.parametrize("body,words", [
