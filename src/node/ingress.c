@@ -208,6 +208,11 @@ static void manage_body_done(conn_t *c)
         node_refuse(c, CAP_DENY, CAP_E_REPLAY, "this capability was used already");
         return;
     }
+    /* ... and on disk before the call runs: a restart must not make it good again */
+    if (cap.has_nonce && node_used_ids_save(n) < 0) {
+        http_unavailable(c, 0, "cannot record the capability's use; nothing was done");
+        return;
+    }
     if (streq(op, "install")) {
         install_start(n, c, &cap.run);
         return;

@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 #include "node.h"
 
+#include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 
 run_t *node_find_run(node_t *n, const char *sandbox)
@@ -53,6 +57,56 @@ static int mkdir_p0700(const char *p)
     return chmod(p, 0700) < 0 ? negative_errno() : 0;
 }
 
+/* <state>/used-ids: the single-use ids of manage capabilities this node has taken and that
+ * have not expired, one "<hex id> <until>" a line, written before the call they authorize
+ * runs; loaded at start, so a restart does not make a used capability good again. */
+static void used_ids_path(const node_t *n, char *out, size_t cap)
+{
+    (void)snprintf(out, cap, "%s/used-ids", n->cfg.state_dir);
+}
+
+int node_used_ids_save(node_t *n)
+{
+    char path[PATH_MAX + 16];
+    used_ids_path(n, path, sizeof path);
+    size_t line = 2 * CAP_NONCE_BYTES + 24, len = 0;
+    _cleanup_free_ char *buf = malloc(n->replay.n * line + 1);
+    if (!buf)
+        return -ENOMEM;
+    for (size_t i = 0; i < n->replay.n; i++) {
+        char hex[2 * CAP_NONCE_BYTES + 1];
+        (void)sodium_bin2hex(hex, sizeof hex, n->replay.slots[i].nonce, CAP_NONCE_BYTES);
+        len += (size_t)snprintf(buf + len, line + 1, "%s %lld\n", hex,
+                                (long long)n->replay.slots[i].until);
+    }
+    return file_write_atomic(path, buf, len, 0600);
+}
+
+static int used_ids_load(node_t *n)
+{
+    char path[PATH_MAX + 16];
+    used_ids_path(n, path, sizeof path);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return errno == ENOENT ? 0 : negative_errno();
+    char l[160];
+    int64_t now = (int64_t)time(NULL);
+    while (fgets(l, sizeof l, f) && n->replay.n < CAP_REPLAY_SLOTS) {
+        char hex[2 * CAP_NONCE_BYTES + 2];
+        long long until;
+        cap_replay_slot_t *sl = &n->replay.slots[n->replay.n];
+        if (sscanf(l, "%64s %lld", hex, &until) != 2 ||
+            sodium_hex2bin(sl->nonce, CAP_NONCE_BYTES, hex, strlen(hex), NULL, NULL, NULL) != 0)
+            continue;
+        if (until > now) {
+            sl->until = until;
+            n->replay.n++;
+        }
+    }
+    fclose(f);
+    return 0;
+}
+
 int node_init(node_t *n, const node_config_t *cfg, const httpd_config_t *scfg)
 {
     *n = (node_t){ .cfg = *cfg };
@@ -74,6 +128,11 @@ int node_init(node_t *n, const node_config_t *cfg, const httpd_config_t *scfg)
         r = mkdir_p0700(runs);
     if (r < 0) {
         log_error("state directory %s: %s", cfg->state_dir, strerror(-r));
+        return r;
+    }
+    r = used_ids_load(n);
+    if (r < 0) {
+        log_error("%s/used-ids: %s", cfg->state_dir, strerror(-r));
         return r;
     }
     /* the node's parent cgroups: named after the node and its state directory (its path and

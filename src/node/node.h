@@ -137,7 +137,7 @@ typedef struct node {
     uint64_t keys_version; /* of the signed set held (0: none yet) */
     bool keys_current;     /* that set came from the control plane since this process started */
     char keyset_wire[CAP_KEYSET_WIRE_MAX]; /* that set as signed (kept in DIR/keyset) */
-    cap_replay_t replay;                   /* single-use ids seen (the loop's) */
+    cap_replay_t replay;                   /* single-use ids seen (the loop's; on disk too) */
     cap_verifycache_t verified;            /* capabilities whose signature held (keys_lock) */
     bool registered;
     pthread_t agent_thread;
@@ -166,6 +166,8 @@ void node_tls_done(node_t *n);
 
 /* node.c */
 int node_init(node_t *n, const node_config_t *cfg, const httpd_config_t *scfg);
+/* Write the unexpired single-use ids (node.replay) to the state directory (node.c). */
+int node_used_ids_save(node_t *n);
 int node_run(node_t *n);
 void node_done(node_t *n);
 run_t *node_find_run(node_t *n, const char *sandbox);
