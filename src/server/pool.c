@@ -677,9 +677,9 @@ static int make_home(pool_t *p, sandbox_t *sb)
     if (!warm) {
         int r = uidpool_take(&p->uids, &sb->uid);
         if (r < 0)
-            return r;
+            return r; /* -ENOSPC: no uid left */
         if (mkdirat(p->homes_fd, sb->home_name, 0700) < 0)
-            return negative_errno();
+            return errno == ENOSPC ? -EDQUOT : negative_errno(); /* the disk: not the uids */
     }
     /* O_PATH: only ever a base for *at() calls and a Landlock rule. Every confined child holds
      * a copy of each sandbox's home descriptor until its execve closes them, and closing an
@@ -799,7 +799,8 @@ static void netns_refill(loop_t *l, timer_t_ *t)
         (void)timer_arm(l, t, 1);
 }
 
-/* Create one sandbox; -ENOSPC when no uid is left (counted as rejected). */
+/* Create one sandbox; -ENOSPC when no uid is left, -EDQUOT when the homes filesystem has no
+ * room for its home (both counted as rejected, with the reason). */
 static int remove_home(sandbox_t *sb, bool killed);
 
 static int sandbox_create(pool_t *p, const create_opts_t *o, sandbox_t **ret)
@@ -972,6 +973,7 @@ struct create_req {
     uint64_t slots;     /* capacity reserved for the sandboxes still to make */
     uint64_t n;         /* made */
     creq_made_t *made;  /* each counted in its ops until the answer: not evicted while idle */
+    const char *why;    /* why the rest were rejected, when it was not capacity */
     create_req_t *next;
 };
 
@@ -1055,7 +1057,11 @@ static void creq_answer(create_req_t *q, int r)
             w = sandbox_put_json(&out, sb, true);
     }
     if (w >= 0)
-        w = buf_printf(&out, "],\"rejected\":%llu}", (unsigned long long)(q->count - made));
+        w = buf_printf(&out, "],\"rejected\":%llu", (unsigned long long)(q->count - made));
+    if (w >= 0 && q->why && made < q->count)
+        w = buf_printf(&out, ",\"reason\":\"%s\"", q->why);
+    if (w >= 0)
+        w = buf_append(&out, "}", 1);
     if (r < 0 || w < 0)
         creq_undo(q);
     if (r == -ESHUTDOWN)
@@ -1114,7 +1120,14 @@ static void creates_pump(pool_t *p)
         while (q->slots > 0 && create_ready(p, q->slots)) {
             sandbox_t *sb;
             r = sandbox_create(p, &q->opts, &sb);
-            if (r == -ENOSPC) { /* no uid left: the rest are rejected */
+            if (r == -ENOSPC || r == -EDQUOT) { /* no uid, or no disk, left: the rest are
+                                                 * rejected, and why is said */
+                if (r == -EDQUOT) {
+                    q->why = "no space left on the homes filesystem";
+                    log_warn("create: %s (%s): %llu sandboxes rejected", q->why, p->cfg.homes_dir,
+                             (unsigned long long)q->slots);
+                } else
+                    q->why = "no uid left";
                 r = 0;
                 creq_give_back(p, q);
                 break;

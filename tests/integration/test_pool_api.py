@@ -8,6 +8,7 @@ import secrets
 import shutil
 import socket
 import stat
+import subprocess
 import tempfile
 import threading
 import time
@@ -44,6 +45,44 @@ def test_create_count_and_capacity(make_host_server):
     assert (st, j) == (200, {"sandboxes": [], "rejected": 1})
     assert len(s.list()) == 4
     assert s.json("GET", "/health")[1]["sandboxes"] == 4
+
+
+def test_a_full_homes_filesystem_is_said_not_taken_for_a_full_host(make_host_server):
+    """Homes on a filesystem whose inodes a sandbox used up: the creates that need a new home
+    are rejected with the reason (and a log line), never as if the host had no uid left.
+    Positive control: the first creates, on homes made before, work."""
+    d = tempfile.mkdtemp(prefix="sbx-smallfs-")
+    os.chmod(d, 0o711)
+    img, mnt = d + "/fs.img", d + "/mnt"
+    os.mkdir(mnt)
+    subprocess.run(["truncate", "-s", "16M", img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-N", "768", img], check=True)
+    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
+    s = None
+    try:
+        os.chmod(mnt, 0o711)
+        os.mkdir(mnt + "/h", 0o711)  # sandboxes reach their homes through it
+        os.chmod(mnt + "/h", 0o711)
+        s = make_host_server(env={"SBX_HOMES_DIR": mnt + "/h", "SBX_CAPACITY": "64"})
+        a = s.sandbox()
+        r = a.run(["sh", "-c", "i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo $i"])
+        assert r.out.strip().isdigit() and int(r.out) > 0, (r, r.err)  # it filled the inodes left
+        reasons = set()
+        for _ in range(60):
+            st, j = s.create_raw({"count": 1})
+            assert st == 200, (st, j)
+            if j["rejected"]:
+                reasons.add(j.get("reason"))
+                break
+        assert reasons == {"no space left on the homes filesystem"}, \
+            ("a full homes filesystem was not said (or taken for no uid left)", reasons)
+        log, s = s.stop(), None
+        assert "no space left on the homes filesystem" in log, log[-2000:]
+    finally:
+        if s:
+            s.stop()
+        subprocess.run(["umount", "-l", mnt], check=False)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_batch_that_fails_part_way_is_undone(make_host_server):
