@@ -3,6 +3,7 @@
  * list (paginated), stat, delete, mkdir, rename. Handlers parse the request and answer; the
  * file system work is in fsops.c, against a root (dedicated mode: the whole filesystem). */
 #include <limits.h>
+#include <sodium.h>
 #include <stdio.h>
 
 #include "envd.h"
@@ -370,6 +371,42 @@ void route_files_write(conn_t *c, const route_params_t *p)
 
 /* ---- list and stat ----------------------------------------------------------------------- */
 
+/* A listing's cursor: the last name, or for a name that is not UTF-8 (which JSON would only
+ * carry with U+FFFD in place of its bytes: a cursor that names no entry, and paging would
+ * never end) LIST_CURSOR_RAW and its bytes in hex. No entry's name holds a '/', so the two
+ * cannot be confused (list_after). */
+#define LIST_CURSOR_RAW "/hex:"
+static json_t *list_cursor(const char *name)
+{
+    size_t len = strlen(name);
+    if (utf8_valid((const unsigned char *)name, len))
+        return json_stringn(name, len);
+    char out[sizeof LIST_CURSOR_RAW + 2 * NAME_MAX + 1];
+    if (len > NAME_MAX)
+        return NULL;
+    memcpy(out, LIST_CURSOR_RAW, sizeof LIST_CURSOR_RAW - 1);
+    (void)sodium_bin2hex(out + sizeof LIST_CURSOR_RAW - 1, 2 * len + 1, (const unsigned char *)name,
+                         len);
+    return json_string(out);
+}
+
+/* The name an `after` cursor stands for, in place: itself, or the bytes of a raw one. -EINVAL
+ * for a raw one that is not hex of a name. */
+static int list_after(char *after)
+{
+    size_t pl = sizeof LIST_CURSOR_RAW - 1, len = strlen(after), bin;
+    if (strncmp(after, LIST_CURSOR_RAW, pl) != 0)
+        return 0;
+    char name[NAME_MAX + 1];
+    if (sodium_hex2bin((unsigned char *)name, NAME_MAX, after + pl, len - pl, NULL, &bin, NULL) !=
+            0 ||
+        bin == 0 || 2 * bin != len - pl || memchr(name, '/', bin) || memchr(name, '\0', bin))
+        return -EINVAL;
+    memcpy(after, name, bin);
+    after[bin] = '\0';
+    return 0;
+}
+
 static json_t *listing_json(const char *dir, const fs_listing_t *l)
 {
     size_t dlen = path_trimmed_len(dir);
@@ -397,7 +434,7 @@ static json_t *listing_json(const char *dir, const fs_listing_t *l)
     free(full);
     json_t *next = json_null();
     if (l->truncated && l->n > 0)
-        next = json_string_lossy(l->entries[l->n - 1].name, strlen(l->entries[l->n - 1].name));
+        next = list_cursor(l->entries[l->n - 1].name);
     return json_pack("{s:o,s:b,s:o?}", "entries", arr, "truncated", l->truncated, "next", next);
 }
 
@@ -417,8 +454,8 @@ void route_files_list(conn_t *c, const route_params_t *p)
     if (!has_limit)
         limit = FILES_LIST_DEFAULT;
     int r = query_param(c, "after", after, sizeof after);
-    if (r < 0) {
-        http_bad_request(c, 0, "after must be an entry name");
+    if (r < 0 || (r > 0 && list_after(after) < 0)) {
+        http_bad_request(c, 0, "after must be an entry name, or the next of a listing");
         return;
     }
     fs_root_t root = files_root(c);

@@ -319,6 +319,34 @@ def test_list_pagination(server, tmp_path):
     assert len(j["entries"]) == 10 and j["truncated"] is False
 
 
+def test_list_pages_through_names_that_are_not_utf8(server, tmp_path):
+    """A name that is not UTF-8 reaches JSON with U+FFFD for its odd bytes, which names no entry:
+    as a cursor it would list the same entry again forever. Its cursor carries its bytes
+    (/hex:...), and paging one at a time visits every entry once."""
+    d = tmp_path / "raw"
+    d.mkdir()
+    raw = [b"a\xff1", b"a\xfe1", b"a\xff2", b"b-utf8-\xc3\xa9"]
+    for n in raw:
+        open(os.path.join(os.fsencode(str(d)), n), "wb").close()
+    seen, after = [], None
+    for _ in range(len(raw) + 2):  # bounded: one page per entry, and the last
+        params = {"path": str(d), "limit": 1}
+        if after is not None:
+            params["after"] = after
+        status, j = jget(server, "list", **params)
+        assert status == 200, j
+        seen += [e["name"] for e in j["entries"]]
+        if not j["truncated"]:
+            break
+        after = j["next"]
+    assert len(seen) == len(raw), ("paging did not visit each entry once", seen)
+    assert seen[-1] == "b-utf8-\u00e9" and sum("\ufffd" in n for n in seen) == 3, seen
+    # a cursor that is not hex of a name is refused, not taken for a name
+    for bad in ("/hex:zz", "/hex:", "/hex:2f"):
+        status, j = jget(server, "list", path=str(d), after=bad)
+        assert status == 400, (bad, j)
+
+
 def test_list_entry_fields(server, tmp_path):
     d = tmp_path / "fields"
     d.mkdir()
