@@ -528,6 +528,16 @@ static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pendin
         free(pp);
         return sbx_err(err, -EAGAIN, "too many running processes (max %d)", PROC_MAX_RUNNING);
     }
+    /* a pooled sandbox runs a quarter of them at most: the rest stay its siblings' */
+    size_t mine = 0;
+    for (const proc_t *q = s->procs; sb && q; q = q->next)
+        mine += q->sb == sb && !q->exited;
+    if (sb && mine >= PROC_MAX_RUNNING_SANDBOX) {
+        free(pp);
+        return sbx_err(err, -EAGAIN,
+                       "this sandbox runs %zu background processes, the most one sandbox may",
+                       mine);
+    }
     proc_t *p = calloc(1, sizeof *p);
     if (!p || !(pp->argv0 = strdup(spec->argv[0]))) {
         free(p);

@@ -9,6 +9,7 @@
 #define PROC_LOG_MAX (1024 * 1024) /* replay buffer per process */
 #define PROC_MAX_FINISHED 256
 #define PROC_MAX_RUNNING 1024
+#define PROC_MAX_RUNNING_SANDBOX (PROC_MAX_RUNNING / 4) /* of them, one pooled sandbox's */
 
 typedef struct server server_t;
 

@@ -654,6 +654,24 @@ def test_one_sandboxs_port_proxy_holds_at_most_a_quarter_of_the_connections(make
     assert wait_until(reopened, 20), "the tunnels of clients that left were never closed"
 
 
+def test_one_sandbox_runs_at_most_a_quarter_of_the_background_processes(make_host_server):
+    """The host runs 1,024 background processes at most: one sandbox (even with max_procs
+    above that share) runs 256 of them, so its siblings can still start theirs."""
+    s = make_host_server()
+    a = s.sandbox(max_procs=400)
+    b = s.sandbox()
+    try:
+        for i in range(256):
+            a.start(["sleep", "60"])  # positive control: its share starts
+        st, j = a.json("POST", "/processes", {"cmd": ["sleep", "60"]})
+        assert st == 503 and "the most one sandbox may" in j["error"], \
+            ("ATTACK: one sandbox took more than its share of background processes", st, j)
+        assert b.start(["true"])["id"]  # the sibling's own start
+    finally:
+        assert a.delete()[0] == 200
+        b.delete()
+
+
 def test_host_exits_when_idle(make_host_server):
     t0 = time.monotonic()
     s = make_host_server(env={"SBX_IDLE_TIMEOUT": "2"})
