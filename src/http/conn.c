@@ -144,9 +144,14 @@ static int conn_write_some(conn_t *c)
         buf_consume(&c->out, (size_t)n);
         c->last_progress_ms = loop_now_ms(c->srv->loop);
     }
-    while (c->file_left > 0) {
+    /* A file goes out CONN_FILE_TURN bytes per turn of the loop at most, the rest when the
+     * socket is writable again (at once, if it still is: the next epoll_wait says so after
+     * the other connections' events): a file that reads fast (a sparse one is free to make and
+     * reads as zeros) to a fast reader would otherwise hold the loop until its end. */
+    uint64_t turn = 0;
+    while (c->file_left > 0 && turn < CONN_FILE_TURN) {
         off_t off = (off_t)c->file_off;
-        size_t want = (size_t)MIN(c->file_left, (uint64_t)1 << 30);
+        size_t want = (size_t)MIN(c->file_left, CONN_FILE_TURN - turn);
         if (c->io) { /* a layer encrypts: the file's bytes pass through our memory */
             char chunk[16384];
             ssize_t k = pread(c->file_fd, chunk, MIN(want, sizeof chunk), off);
@@ -159,6 +164,7 @@ static int conn_write_some(conn_t *c)
                 return n == -EAGAIN ? 0 : (int)n;
             c->file_off += (uint64_t)n;
             c->file_left -= (uint64_t)n;
+            turn += (uint64_t)n;
             c->last_progress_ms = loop_now_ms(c->srv->loop);
             continue;
         }
@@ -174,6 +180,7 @@ static int conn_write_some(conn_t *c)
             return -EIO; /* the file shrank: fail the connection rather than send short */
         c->file_off += (uint64_t)n;
         c->file_left -= (uint64_t)n;
+        turn += (uint64_t)n;
         c->last_progress_ms = loop_now_ms(c->srv->loop);
     }
     if (c->file_fd >= 0 && c->file_left == 0)

@@ -22,6 +22,7 @@ typedef struct conn conn_t;
 #define CONN_OUT_HIGH (256 * 1024)
 #define CONN_OUT_LOW (64 * 1024)
 #define CONN_OUT_MAX (4 * 1024 * 1024)
+#define CONN_FILE_TURN (1024 * 1024) /* file bytes sent per turn of the loop, at most */
 #define CONN_DRAIN_MAX (1024 * 1024) /* unread body drained for keep-alive, at most */
 
 typedef struct {
