@@ -66,6 +66,7 @@ static void watch_release_kernel(envd_watch_t *w)
         loop_unwatch(w->srv->loop, &w->w);
     if (w->ifd >= 0) {
         w->ifd = safe_close(w->ifd);
+        w->w.fd = -EBADF; /* never watched again (watch_stream_drain) */
         w->srv->watch_instances--;
         if (w->sb)
             w->sb->watch_instances--;
@@ -356,7 +357,8 @@ static void watch_on_inotify(loop_t *l, watcher_t *wt, uint32_t events)
 static void watch_stream_drain(envd_call_t *call)
 {
     envd_watch_t *w = call->state;
-    (void)loop_watch(w->srv->loop, &w->w, EPOLLIN);
+    if (w && w->ifd >= 0) /* not once its sandbox was deleted (envd_watches_drop) */
+        (void)loop_watch(w->srv->loop, &w->w, EPOLLIN);
 }
 
 static void watch_stream_close(envd_call_t *call)
