@@ -92,14 +92,17 @@ static int used_ids_load(node_t *n)
     char l[160];
     int64_t now = (int64_t)time(NULL);
     while (fgets(l, sizeof l, f) && n->replay.n < CAP_REPLAY_SLOTS) {
-        char hex[2 * CAP_NONCE_BYTES + 2];
-        long long until;
+        /* "<2 * CAP_NONCE_BYTES hex> <until>\n"; a line that is not is skipped */
         cap_replay_slot_t *sl = &n->replay.slots[n->replay.n];
-        if (sscanf(l, "%64s %lld", hex, &until) != 2 ||
-            sodium_hex2bin(sl->nonce, CAP_NONCE_BYTES, hex, strlen(hex), NULL, NULL, NULL) != 0)
+        size_t hl = 2 * CAP_NONCE_BYTES, bin;
+        uint64_t until;
+        l[strcspn(l, "\n")] = '\0';
+        if (strlen(l) <= hl + 1 || l[hl] != ' ' ||
+            sodium_hex2bin(sl->nonce, CAP_NONCE_BYTES, l, hl, NULL, &bin, NULL) != 0 ||
+            bin != CAP_NONCE_BYTES || parse_u64_str(l + hl + 1, INT64_MAX, &until) < 0)
             continue;
-        if (until > now) {
-            sl->until = until;
+        if ((int64_t)until > now) {
+            sl->until = (int64_t)until;
             n->replay.n++;
         }
     }

@@ -8,7 +8,6 @@
 #include <limits.h>
 #include <sodium.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 
@@ -95,17 +94,19 @@ static void budget_read(server_t *s)
     if (s->watch_instances_max)
         return;
     uint64_t inst = 128, dirs = 8192;
-    char b[32];
-    FILE *f = fopen("/proc/sys/fs/inotify/max_user_instances", "re");
-    if (f && fgets(b, sizeof b, f))
-        inst = strtoull(b, NULL, 10);
-    if (f)
-        fclose(f);
-    f = fopen("/proc/sys/fs/inotify/max_user_watches", "re");
-    if (f && fgets(b, sizeof b, f))
-        dirs = strtoull(b, NULL, 10);
-    if (f)
-        fclose(f);
+    static const char *const files[2] = { "/proc/sys/fs/inotify/max_user_instances",
+                                          "/proc/sys/fs/inotify/max_user_watches" };
+    uint64_t *vals[2] = { &inst, &dirs };
+    for (int i = 0; i < 2; i++) {
+        char b[32];
+        FILE *f = fopen(files[i], "re");
+        if (f && fgets(b, sizeof b, f)) {
+            b[strcspn(b, "\n")] = '\0';
+            (void)parse_u64_str(b, UINT32_MAX, vals[i]); /* unchanged if it does not parse */
+        }
+        if (f)
+            fclose(f);
+    }
     s->watch_instances_max = (unsigned)MIN(MAX(inst / 2, 1), (uint64_t)UINT_MAX);
     s->watch_dirs_max = MAX(dirs / 2, 1);
 }
