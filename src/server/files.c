@@ -512,11 +512,19 @@ void route_files_delete(conn_t *c, const route_params_t *p)
         return;
     }
     fs_root_t root = files_root(c);
-    int r = fs_delete(&root, path, recursive);
+    /* a pooled sandbox's tree goes to the trash in one rename and the janitor empties it: a
+     * tree of 200,000 files emptied here held every request of the host for 3 s (longer while
+     * the sandbox's code kept adding files) */
+    sandbox_t *sb = (sandbox_t *)conn_sandbox(c);
+    char away[64];
+    int away_fd = sb && recursive ? pool_trash_name(sb, away, sizeof away) : -1;
+    int r = fs_delete_to(&root, path, recursive, away_fd, away_fd >= 0 ? away : NULL);
     if (r < 0) {
         files_fail(c, r, path);
         return;
     }
+    if (r == 1)
+        pool_trash_drop(sb->pool, away);
     files_respond_path(c, "deleted", path);
 }
 

@@ -525,7 +525,8 @@ void fs_listing_free(fs_listing_t *l)
 
 /* ---- delete and rename ------------------------------------------------------------------- */
 
-int fs_delete(const fs_root_t *r, const char *path, bool recursive)
+int fs_delete_to(const fs_root_t *r, const char *path, bool recursive, int away_fd,
+                 const char *away_name)
 {
     char buf[FS_PATH_MAX];
     _cleanup_close_ int pfd = -EBADF;
@@ -542,9 +543,18 @@ int fs_delete(const fs_root_t *r, const char *path, bool recursive)
         return negative_errno();
     if (!recursive)
         return unlinkat(pfd, name, AT_REMOVEDIR) < 0 ? negative_errno() : 0;
+    /* out of reach in one rename, emptied elsewhere (another filesystem, or none: here) */
+    if (away_fd >= 0 && away_name &&
+        renameat2(pfd, name, away_fd, away_name, RENAME_NOREPLACE) == 0)
+        return 1;
     if (fstat(pfd, &pst) < 0)
         return negative_errno();
     return rmtree_at(pfd, name, pst.st_dev);
+}
+
+int fs_delete(const fs_root_t *r, const char *path, bool recursive)
+{
+    return fs_delete_to(r, path, recursive, -1, NULL);
 }
 
 int fs_rename(const fs_root_t *r, const char *from, const char *to, bool overwrite)

@@ -95,6 +95,10 @@ void fs_listing_free(fs_listing_t *l);
  * empty (-ENOTEMPTY). The recursive walk goes by descriptor, follows no symlink and does not
  * cross into another filesystem (-EBUSY). The root itself, "." and ".." give -EINVAL. */
 int fs_delete(const fs_root_t *r, const char *path, bool recursive);
+/* fs_delete, but a directory deleted recursively is renamed to away_fd/away_name when it can
+ * be (returns 1: the caller empties it there) instead of emptied here. */
+int fs_delete_to(const fs_root_t *r, const char *path, bool recursive, int away_fd,
+                 const char *away_name);
 
 /* Create a directory and its missing parents; an existing directory is fine. */
 int fs_mkdir_all(const fs_root_t *r, const char *path, mode_t mode);

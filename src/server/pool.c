@@ -435,6 +435,22 @@ static void sweep_dir(int dir)
 
 /* At shutdown: the janitor is gone; what it had not removed goes now (and the warm homes never
  * taken), then the directories. */
+int pool_trash_name(sandbox_t *sb, char *name, size_t cap)
+{
+    pool_t *p = sb->pool;
+    if (p->trash_fd < 0 || !p->srv->janitor)
+        return -1;
+    (void)snprintf(name, cap, "%s-f%llu", sb->id, (unsigned long long)++p->trash_seq);
+    return p->trash_fd;
+}
+
+void pool_trash_drop(pool_t *p, const char *name)
+{
+    if (p->srv->janitor && janitor_remove(p->srv->janitor, name) >= 0)
+        return;
+    (void)pool_remove_tree_at(p->trash_fd, name); /* no janitor to take it: here */
+}
+
 static void trash_close(pool_t *p)
 {
     if (p->trash_fd >= 0)

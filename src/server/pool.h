@@ -207,6 +207,11 @@ void pool_health(pool_t *p, void *json_obj);
 int sandbox_delete(sandbox_t *sb, sbx_err_t *err);
 /* Remove parent_fd/name however deep (the janitor's removal; no symlink followed). */
 int pool_remove_tree_at(int parent_fd, const char *name);
+/* A files-API delete of a directory in sb: a new name in the trash (root 0700, beside the
+ * homes) and the trash's descriptor to rename it to, or -1 when there is no trash or no
+ * janitor (then it is removed in place); pool_trash_drop has the janitor remove it there. */
+int pool_trash_name(sandbox_t *sb, char *name, size_t cap);
+void pool_trash_drop(pool_t *p, const char *name);
 /* Evict sandboxes idle past their own timeout with nothing running or in flight. */
 void pool_evict_idle(pool_t *p, uint64_t now_ms);
 

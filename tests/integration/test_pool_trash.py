@@ -116,6 +116,39 @@ def test_a_delete_renames_the_home_away_and_the_janitor_empties_it(make_host_ser
     assert wait_until(lambda: os.listdir(trash_of(srv)) == [], 10), os.listdir(trash_of(srv))
 
 
+def test_a_files_api_delete_of_a_tree_renames_it_away_and_the_janitor_empties_it(
+        make_host_server):
+    """DELETE .../files/delete?recursive=true of a directory moves it into the trash with one
+    rename and the janitor empties it, off the loop (a tree emptied on the loop held every
+    request of the host for seconds): with the janitor stopped the delete still answers, the
+    tree is gone from the sandbox and waits whole in the trash; a symlink in it is removed, its
+    target outside is not touched."""
+    srv = make_host_server()
+    a = srv.sandbox()
+    assert a.py(MAKE_TREE + "\nos.symlink('/etc/hostname', 't/out')").out == "made\n"
+    j = janitor(srv)
+    os.kill(j, signal.SIGSTOP)
+    try:
+        st, _, body = a.request("DELETE", "/files/delete?path=/t&recursive=true")
+        assert st == 200, (st, body)
+        assert not os.path.lexists(a.home + "/t")
+        left = [n for n in os.listdir(trash_of(srv)) if n.startswith(a.id + "-f")]
+        assert len(left) == 1, ("the delete walked the tree on the loop",
+                                os.listdir(trash_of(srv)))
+        assert os.path.exists(os.path.join(trash_of(srv), left[0], "49/a/b/f")), \
+            "the delete walked the tree on the loop"
+        assert a.run("ls").code == 0  # the sandbox goes on
+    finally:
+        os.kill(j, signal.SIGCONT)
+    assert wait_until(lambda: not [n for n in os.listdir(trash_of(srv))
+                                   if n.startswith(a.id + "-f")], 10), os.listdir(trash_of(srv))
+    assert os.path.exists("/etc/hostname")  # the symlink's target
+    # a file (not a tree) and a directory without recursive are removed in place, as before
+    assert a.write("f", b"x")[0] == 200
+    assert a.request("DELETE", "/files/delete?path=/f")[0] == 200
+    assert not os.path.exists(a.home + "/f")
+
+
 @pytest.mark.skip_ok("needs network namespaces")
 def test_the_janitor_answers_before_a_long_removal(make_host_server):
     # The janitor holds its answers back while more requests wait, but sends them before it
