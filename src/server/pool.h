@@ -72,10 +72,12 @@ struct sandbox {
     uint64_t idle_timeout_ms;
     int64_t created_at_ms;
     uint64_t last_activity_ms;
-    unsigned ops;      /* foreground operations in flight on this sandbox */
-    unsigned running;  /* running processes (foreground and background) */
-    unsigned spawning; /* spawn requests queued or in flight on a spawn helper */
-    unsigned tunnels;  /* its port proxy's open tunnels (portproxy.c: at most a quarter of the
+    unsigned ops;         /* foreground operations in flight on this sandbox */
+    unsigned running;     /* running processes (foreground and background) */
+    unsigned spawning;    /* spawn requests queued or in flight on a spawn helper */
+    unsigned spawns_sent; /* of them, sent to a helper and not answered (spawner.c) */
+    bool spawn_slow;      /* its last spawn took long: fewer sent at once (spawner.c) */
+    unsigned tunnels;     /* its port proxy's open tunnels (portproxy.c: at most a quarter of the
                         * server's connections) */
     unsigned watch_instances, watch_dirs; /* its envd directory watches (envd_watch.c) */
     int ruleset_fd;                       /* -1 while closed or with uid-only confinement */

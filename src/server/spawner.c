@@ -23,6 +23,7 @@
 #define SPW_INLINE_MAX (32 * 1024) /* larger requests travel in a memfd */
 #define SPW_MAX_BLOB (64u << 20)
 #define SPW_PER_HELPER 16 /* requests sent to one helper and not answered yet */
+#define SPW_SLOW_MS 20    /* a spawn this long from sending to answer: its sandbox is capped */
 #define SPW_STASH_MAX 4096
 #define SPW_SETTLE_ROUND_MS 1000
 #define SPW_SETTLE_KILL_ROUNDS 10 /* a helper silent this long is killed (its requests fail) */
@@ -436,7 +437,9 @@ struct job {
     spawner_cb cb;
     void *data;
     sandbox_t *sb; /* a reference, counted in sb->spawning */
-    char *msg;     /* unsent: the request */
+    bool sent;     /* to a helper: counted in sb->spawns_sent too */
+    uint64_t sent_ms;
+    char *msg; /* unsent: the request */
     size_t msg_len;
     int fds[SPW_MAX_FDS], nfds;
     int owned[SPW_MAX_FDS], n_owned; /* closed once sent */
@@ -511,6 +514,10 @@ static void job_done(spawner_t *sp, job_t *j, int r, pid_t pid, int killfd, int 
     adopt_cgroups(sb, cgfds, n_cgfds);
     if (sb)
         sb->spawning--;
+    if (sb && j->sent && sb->spawns_sent > 0)
+        sb->spawns_sent--;
+    if (sb && j->sent) /* its children slow to start (its CPU share starved), or not now */
+        sb->spawn_slow = loop_now_ms(sp->srv->loop) - j->sent_ms >= SPW_SLOW_MS;
     j->cb(j->data, r, pid, killfd, eventsfd, err);
     sandbox_unref(sb);
     if (r >= 0)
@@ -632,7 +639,44 @@ static int job_send(helper_t *h, job_t *j)
         h->head = j;
     h->tail = j;
     h->inflight++;
+    j->sent = true;
+    j->sent_ms = loop_now_ms(h->sp->srv->loop);
+    if (j->sb)
+        j->sb->spawns_sent++;
     return 0;
+}
+
+/* A sandbox whose last spawn took SPW_SLOW_MS or more from its sending to its answer (its
+ * children slow to start, its own CPU share starved: each holds its helper until its execve)
+ * has this many sent and not answered at most: all helpers but one, so that it always leaves
+ * one to its siblings (whose execs waited 0.4-0.7 s behind its spawns). Others have no cap
+ * beyond the helpers' (one sandbox's parallel execs keep every helper busy). */
+static unsigned per_sandbox_max(const spawner_t *sp) { return sp->n > 1 ? (unsigned)sp->n - 1 : 1; }
+
+/* The first queued job that may be sent now (a slow sandbox under per_sandbox_max; each
+ * sandbox's own jobs keep their order), taken out of the queue; NULL if none. */
+static job_t *queue_take(spawner_t *sp)
+{
+    for (job_t **pp = &sp->queue_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+        job_t *j = *pp;
+        if (j->sb && j->sb->spawn_slow && j->sb->spawns_sent >= per_sandbox_max(sp))
+            continue;
+        *pp = j->next;
+        if (sp->queue_tail == j)
+            sp->queue_tail = prev;
+        j->next = NULL;
+        return j;
+    }
+    return NULL;
+}
+
+/* Put j back at the front of the queue (its helper's socket was full). */
+static void queue_put_back(spawner_t *sp, job_t *j)
+{
+    j->next = sp->queue_head;
+    sp->queue_head = j;
+    if (!sp->queue_tail)
+        sp->queue_tail = j;
 }
 
 /* Send what is queued to the helpers with room (starting a helper where a slot is empty). */
@@ -662,16 +706,12 @@ static void spawner_pump(spawner_t *sp)
         }
         if (!best)
             return; /* answers (or a restart) will make room */
-        job_t *j = sp->queue_head;
-        sp->queue_head = j->next;
-        if (!sp->queue_head)
-            sp->queue_tail = NULL;
+        job_t *j = queue_take(sp);
+        if (!j)
+            return; /* every queued job's sandbox has its share in flight: answers come */
         int r = job_send(best, j);
         if (r == -EAGAIN) { /* its socket is full: back to the front, wait for answers */
-            j->next = sp->queue_head;
-            sp->queue_head = j;
-            if (!sp->queue_tail)
-                sp->queue_tail = j;
+            queue_put_back(sp, j);
             return;
         }
         if (r < 0) {
