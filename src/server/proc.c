@@ -524,14 +524,17 @@ static void proc_started(void *data, int r, spawned_t *sp, const char *why)
 static int proc_begin(server_t *s, sandbox_t *sb, exec_spec_t *spec, proc_pending_t *pp,
                       sbx_err_t *err)
 {
-    if (server_running_procs(s) + s->procs_starting >= PROC_MAX_RUNNING) {
+    /* running ones, and of them this sandbox's: a pooled sandbox runs a quarter at most, the
+     * rest stay its siblings' */
+    size_t running = 0, mine = 0;
+    for (const proc_t *q = s->procs; q; q = q->next) {
+        running += !q->exited;
+        mine += sb && q->sb == sb && !q->exited;
+    }
+    if (running + s->procs_starting >= PROC_MAX_RUNNING) {
         free(pp);
         return sbx_err(err, -EAGAIN, "too many running processes (max %d)", PROC_MAX_RUNNING);
     }
-    /* a pooled sandbox runs a quarter of them at most: the rest stay its siblings' */
-    size_t mine = 0;
-    for (const proc_t *q = s->procs; sb && q; q = q->next)
-        mine += q->sb == sb && !q->exited;
     if (sb && mine >= PROC_MAX_RUNNING_SANDBOX) {
         free(pp);
         return sbx_err(err, -EAGAIN,
