@@ -129,12 +129,22 @@ static void cold_starts(bench_t *b)
 /* The kinds of sbx process whose CPU a phase is charged, by comm; the pool host's agent is its
  * server and its helpers (both pool hosts: the direct one idles while the full path runs, and
  * the other is not started until then). */
-enum { CPU_CONTROL, CPU_NODE, CPU_SERVER, CPU_SPAWNER, CPU_JANITOR, CPU_BENCH, CPU__MAX };
+enum {
+    CPU_CONTROL,
+    CPU_NODE,
+    CPU_SERVER,
+    CPU_SPAWNER,
+    CPU_JANITOR,
+    CPU_REMOVER,
+    CPU_BENCH,
+    CPU__MAX
+};
 static const char *const cpu_names[CPU__MAX] = { "sbx-control",
                                                  "sbx-node",
                                                  "pool host: sbx-server",
                                                  "pool host: sbx-spawner",
                                                  "pool host: sbx-janitor",
+                                                 "pool host: sbx-remover",
                                                  "this bench (its clients)" };
 
 static int cpu_kind(const char *comm)
@@ -149,6 +159,8 @@ static int cpu_kind(const char *comm)
         return CPU_SPAWNER;
     if (strcmp(comm, "sbx-janitor") == 0)
         return CPU_JANITOR;
+    if (strcmp(comm, "sbx-remover") == 0)
+        return CPU_REMOVER;
     return -1;
 }
 

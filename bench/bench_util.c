@@ -83,15 +83,15 @@ uint64_t server_cpu_ns(pid_t pid)
     return (v[0] + v[1]) * (1000000000u / (uint64_t)(hz > 0 ? hz : 100));
 }
 
-/* The server's CPU time and its helpers' (its children named sbx-spawner or sbx-janitor: the
- * spawns, cgroups and homes they do for it), not the sandboxes' commands (also its children). */
-uint64_t server_tree_cpu_ns(pid_t pid)
+/* CPU time of pid's children whose comm is one of names (each "name\n"), and of their own
+ * children of those names (the janitor's remover). */
+static uint64_t children_cpu_ns(pid_t pid, const char *const *names, size_t n, int depth)
 {
     char path[96], buf[4096], comm[32];
-    uint64_t ns = server_cpu_ns(pid);
+    uint64_t ns = 0;
     (void)snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
-    if (read_small_file(path, buf, sizeof buf) <= 0)
-        return ns;
+    if (depth > 1 || read_small_file(path, buf, sizeof buf) <= 0)
+        return 0;
     for (char *save = NULL, *t = strtok_r(buf, " \n", &save); t; t = strtok_r(NULL, " \n", &save)) {
         uint64_t child;
         if (parse_u64(sv_make(t, strlen(t)), INT32_MAX, &child) < 0)
@@ -99,10 +99,23 @@ uint64_t server_tree_cpu_ns(pid_t pid)
         (void)snprintf(path, sizeof path, "/proc/%d/comm", (int)child);
         if (read_small_file(path, comm, sizeof comm) <= 0)
             continue;
-        if (strcmp(comm, "sbx-spawner\n") == 0 || strcmp(comm, "sbx-janitor\n") == 0)
-            ns += server_cpu_ns((pid_t)child);
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(comm, names[i]) == 0) {
+                ns += server_cpu_ns((pid_t)child) +
+                      children_cpu_ns((pid_t)child, names, n, depth + 1);
+                break;
+            }
     }
     return ns;
+}
+
+/* The server's CPU time and its helpers' (its children named sbx-spawner or sbx-janitor, and
+ * the janitor's sbx-remover: the spawns, cgroups and homes they do for it), not the sandboxes'
+ * commands (also its children). */
+uint64_t server_tree_cpu_ns(pid_t pid)
+{
+    static const char *const names[] = { "sbx-spawner\n", "sbx-janitor\n", "sbx-remover\n" };
+    return server_cpu_ns(pid) + children_cpu_ns(pid, names, 3, 0);
 }
 
 int cmp_u64(const void *a, const void *b)

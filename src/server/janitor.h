@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* The janitor: one helper process, forked from the pool host with a file table of two
- * descriptors (its socket and the trash directory), that removes the trees handed to it, so a
- * sandbox delete costs the event loop one rename. Requests are names in the trash directory;
- * removal is the pool's own (no symlink followed, deep chains taken apart: pool.c). A janitor
- * that dies is started again at the next request and first empties what is left there. */
+/* The janitor: one helper process, forked from the pool host with a small file table (its
+ * socket, the trash and warm directories), that makes homes and network namespaces ahead and
+ * checks deleted sandboxes' namespaces, and removes the trees handed to it through its own
+ * child, the remover (which answers on the same socket), so a sandbox delete costs the event
+ * loop one rename. Requests are names in the trash directory; removal is the pool's own (no
+ * symlink followed, deep chains taken apart: pool.c). A janitor that dies (its remover with
+ * it) is started again at the next request and first empties what is left there. */
 #pragma once
 
 #include <stdint.h>
@@ -34,10 +36,10 @@ int janitor_remove(janitor_t *j, const char *name);
  * is root's 0700: nothing of the uid reaches it there). < 0: not queued. */
 int janitor_make_home(janitor_t *j, const char *name, uint32_t uid);
 /* Queue the removal of trash/name where a warm home named to, owned by uid (the deleted
- * sandbox's, its teardown verified), is wanted: the janitor takes the old home over as warm/to
- * when it is exactly as make_warm left it for uid (nothing added, changed or set on it), else
- * removes it and makes warm/to fresh. Answered through on_made(to): r 1 taken over, 0 made
- * fresh, < 0 none. < 0: not queued (remove it yourself). */
+ * sandbox's, its teardown verified), is wanted: the janitor removes the old home and makes
+ * warm/to fresh. Never the old directories handed on: a sibling may hold descriptors or inotify
+ * watches on them. Answered through on_made(to): r 0 made, < 0 none. < 0: not queued (remove it
+ * yourself). */
 int janitor_recycle_home(janitor_t *j, const char *name, const char *to, uint32_t uid);
 /* Queue making a network namespace (netns_make, off the loop). < 0: not queued. */
 int janitor_netns_make(janitor_t *j);

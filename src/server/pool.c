@@ -285,9 +285,8 @@ static bool uids_spare(const pool_t *p, bool held)
     return free_uids + (held ? 1 : 0) > creates;
 }
 
-/* Ask the janitor for a warm home for uid (taken, and spare: uids_spare), made fresh or, when
- * name is set, from that home in the trash; false when it is not asked (the uid stays the
- * caller's). */
+/* Ask the janitor for a warm home for uid (taken, and spare: uids_spare), made fresh (after
+ * removing trash/name, when set); false when it is not asked (the uid stays the caller's). */
 static bool warm_ask(pool_t *p, const char *name, uint32_t uid)
 {
     if (p->n_warm + p->n_warm_wait >= POOL_HOMES_WARM_MAX)
@@ -334,7 +333,6 @@ static void warm_made(void *data, const char *name, int r)
     p->warm_wait[i] = p->warm_wait[--p->n_warm_wait];
     p->warm_failing = r < 0; /* waiting creates then make homes themselves (create_ready) */
     if (r >= 0 && p->n_warm < POOL_HOMES_WARM_MAX) {
-        p->homes_recycled += r == 1;
         p->warm[p->n_warm++] = w;
         creates_pump(p);
         return;
@@ -1390,9 +1388,9 @@ int pool_remove_tree_at(int parent_fd, const char *name)
 /* Remove the home. Its processes verified gone, a pool with a trash directory (on the homes'
  * filesystem, root-only) moves it there with one rename and the janitor (janitor.h) empties it
  * off the loop: no path leads a later sandbox of this uid to it, and nothing of the old one
- * runs, so the uid may be recycled now. Where a warm home is wanted, the janitor turns it into
- * one for the same uid (taken over if untouched, else made fresh): then the uid goes with it
- * to the warm set (1). Otherwise (no trash, survivors) the home goes here. */
+ * runs, so the uid may be recycled now. Where a warm home is wanted, the janitor removes it
+ * and makes a fresh one for the same uid: then the uid goes with that to the warm set (1).
+ * Otherwise (no trash, survivors) the home goes here. */
 static int remove_home(sandbox_t *sb, bool killed)
 {
     pool_t *p = sb->pool;
@@ -1553,10 +1551,9 @@ void pool_health(pool_t *p, void *json_obj)
                       "recycled", (json_int_t)p->netns_recycled, "discarded",
                       (json_int_t)p->netns_discarded, "made", (json_int_t)p->netns_made));
     json_object_set_new(j, "homes",
-                        json_pack("{s:I,s:I,s:I,s:I}", "warm", (json_int_t)p->n_warm, "making",
+                        json_pack("{s:I,s:I,s:I}", "warm", (json_int_t)p->n_warm, "making",
                                   (json_int_t)p->n_warm_wait, "from_warm",
-                                  (json_int_t)p->homes_from_warm, "recycled",
-                                  (json_int_t)p->homes_recycled));
+                                  (json_int_t)p->homes_from_warm));
     json_int_t waiting = 0; /* create requests waiting for the janitor's homes or namespaces */
     for (const create_req_t *q = p->creq_first; q; q = q->next)
         waiting++;

@@ -42,8 +42,8 @@ typedef struct create_req create_req_t;
 #define POOL_HOME_SHARDS 256
 /* sandboxes that keep their handles open while idle (fewer where descriptors are scarce) */
 #define POOL_HANDLES_MAX 1024
-/* deleted homes taken over (janitor_recycle_home) may fill the warm set this far beyond what
- * it is refilled to, so that creates and deletes in turn reuse homes instead of making them */
+/* deleted sandboxes' uids, each given a fresh home (janitor_recycle_home), may fill the warm
+ * set this far beyond what it is refilled to, so that creates and deletes in turn find homes */
 #define POOL_HOMES_WARM_MAX (POOL_HOMES_WARM + 16)
 
 /* A home made ahead for a uid (pool_t's warm set). */
@@ -160,7 +160,7 @@ struct pool {
     char warm_path[220];
     pool_warm_t warm[POOL_HOMES_WARM_MAX], warm_wait[POOL_HOMES_WARM_MAX];
     size_t n_warm, n_warm_wait;
-    uint64_t warm_seq, homes_from_warm, homes_recycled;
+    uint64_t warm_seq, homes_from_warm;
     uint64_t created_total, deleted_total, teardown_failures;
     uint64_t cmd_seq; /* names of commands' cgroup2 groups */
     /* SBX_TEST_TEARDOWN_KILL_FAILS=1 (tests only): teardown never kills, so a sandbox whose

@@ -1538,10 +1538,10 @@ def test_an_ipv6_flow_label_left_behind_is_never_handed_on(pool_host):
         b.delete()
 
 
-# ---- recycled homes --------------------------------------------------------------------------
-# A deleted sandbox's home becomes the next sandbox's only when it is exactly what a fresh one
-# is (janitor.c: home_recycle): whatever the last tenant added, changed or set, the next one
-# gets a home made fresh.
+# ---- homes are never handed on -----------------------------------------------------------
+# A deleted sandbox's home is removed, never given to the next sandbox of its uid, even when
+# nothing in it changed (janitor.c, JAN_RECYCLE): the uid goes back to the warm set with a home
+# made fresh for it. A sibling may hold descriptors or inotify watches on the old directories.
 
 def homes_quiet(pool_host, timeout=5):
     """Wait until the janitor has answered every home asked of it; return homes' counts."""
@@ -1580,45 +1580,112 @@ def fresh_home(look, uid):
                     for v in look.values()))
 
 
-@pytest.mark.parametrize("attack", sorted(HOME_ATTACKS))
-def test_a_touched_home_is_never_handed_on(pool_host, attack):
+@pytest.mark.parametrize("attack", sorted(HOME_ATTACKS) + ["untouched"])
+def test_a_deleted_home_is_never_handed_on(pool_host, attack):
     (a,) = pool_host.create(1)
-    r = a.py("import os\n" + HOME_ATTACKS[attack])
-    assert r.code == 0, r
+    if attack != "untouched":
+        r = a.py("import os\n" + HOME_ATTACKS[attack])
+        assert r.code == 0, r
     look_a = py_attempts(a, HOME_LOOK)
-    assert not fresh_home(look_a, a.uid), look_a  # positive control: A's home is changed
+    # positive control: A's home is changed by the attack, or exactly as made
+    assert fresh_home(look_a, a.uid) == (attack == "untouched"), look_a
     # held open, A's home keeps its inode number: a fresh home cannot be given it again (ext4
     # hands a freed number straight back), so a different number means a different directory
     held = os.open(a.home, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        before = homes_quiet(pool_host)
+        homes_quiet(pool_host)
         a.delete()
-        after = homes_quiet(pool_host)
-        assert after["recycled"] == before["recycled"], (before, after)
-        assert os.fstat(held).st_nlink == 0, "A's home was not removed"
+        homes_quiet(pool_host)
         (b,) = pool_host.create(1)
         try:
+            assert b.uid == a.uid, (a.uid, b.uid)  # the uid came back (with a home for it)
             look_b = py_attempts(b, HOME_LOOK)
             assert look_b["."]["ino"] != look_a["."]["ino"], (look_a, look_b)
             assert fresh_home(look_b, b.uid), look_b
+            assert wait_until(lambda: os.fstat(held).st_nlink == 0, 10), "A's home stayed"
         finally:
             b.delete()
     finally:
         os.close(held)
 
 
-def test_an_untouched_home_is_handed_on_fresh(pool_host):
-    (a,) = pool_host.create(1)
-    look_a = py_attempts(a, HOME_LOOK)  # a command ran; nothing in the home changed
-    assert fresh_home(look_a, a.uid), look_a
-    before = homes_quiet(pool_host)
-    a.delete()
-    after = homes_quiet(pool_host)
-    assert after["recycled"] == before["recycled"] + 1, (before, after)
-    (b,) = pool_host.create(1)
+# A2 takes the descriptors A sends to a socket in its home, and lists them when told to (a file
+# "go" appears in its home), into seen.json; bounded to a minute.
+FD_KEEPER = r"""
+import array, json, os, socket, time
+home = os.environ["HOME"]
+os.chmod(home, 0o711)
+s = socket.socket(socket.AF_UNIX)
+s.bind(home + "/rx.sock")
+os.chmod(home + "/rx.sock", 0o777)
+s.listen(1)
+s.settimeout(60)
+c, _ = s.accept()
+_, anc, _, _ = c.recvmsg(16, socket.CMSG_SPACE(3 * 4))
+fds = []
+for lvl, typ, data in anc:
+    a = array.array("i")
+    a.frombytes(data[:len(data) - len(data) % 4])
+    fds += list(a)
+def listing():
+    return [sorted(e.name for e in os.scandir(fd)) for fd in fds]
+json.dump(listing(), open(home + "/first.json.tmp", "w"))
+os.rename(home + "/first.json.tmp", home + "/first.json")
+for _ in range(600):
+    if os.path.exists(home + "/go"):
+        json.dump(listing(), open(home + "/seen.json.tmp", "w"))
+        os.rename(home + "/seen.json.tmp", home + "/seen.json")
+        break
+    time.sleep(0.1)
+"""
+
+FD_SENDER = r"""
+import array, os, socket, sys
+fds = [os.open(os.path.expanduser(d), os.O_RDONLY | os.O_DIRECTORY)
+       for d in ("~", "~/.tmp", "~/.sbx/proxy")]
+c = socket.socket(socket.AF_UNIX)
+c.connect(sys.argv[1])
+c.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+print("sent")
+"""
+
+
+def test_descriptors_a_sibling_kept_on_a_deleted_home_show_nothing_of_the_next_tenant(
+        pool_host):
+    """A hands its sibling A2 descriptors on its own home, .tmp and .sbx/proxy (a pathname
+    unix socket in A2's home: Landlock ABI 7 leaves those to ordinary permissions) and leaves
+    its home exactly as made. After A is deleted, the next sandbox of A's uid (B) must not be
+    listed through them: its home is another directory."""
+    a2, a = pool_host.create(2)
     try:
-        look_b = py_attempts(b, HOME_LOOK)
-        assert look_b["."]["ino"] == look_a["."]["ino"], (look_a, look_b)  # the same one
-        assert fresh_home(look_b, b.uid), look_b
+        a2.start(["python3", "-c", FD_KEEPER])
+        sock = a2.home + "/rx.sock"
+        assert wait_until(lambda: os.path.exists(sock), 10)
+        r = a.py(FD_SENDER, sock)
+        assert r.code == 0 and "sent" in r.out, r
+        first = a2.home + "/first.json"
+        assert wait_until(lambda: os.path.exists(first), 10)
+        # positive control: the descriptors list A's home, .tmp and .sbx/proxy
+        assert json.load(open(first)) == [[".sbx", ".tmp"], [], []]
+        look_a = py_attempts(a, HOME_LOOK)
+        assert fresh_home(look_a, a.uid), look_a  # untouched, as made
+        homes_quiet(pool_host)
+        assert a.delete()[0] == 200
+        homes_quiet(pool_host)
+        (b,) = pool_host.create(1)
+        try:
+            assert b.uid == a.uid, (a.uid, b.uid)
+            r = b.run("echo s > victim-passwords.txt && mkdir .tmp/victim-dir && "
+                      "python3 -c 'import socket; socket.socket(socket.AF_UNIX)"
+                      ".bind(\".sbx/proxy/9000.sock\")' && ls -A . .tmp .sbx/proxy")
+            assert r.code == 0 and "victim-passwords.txt" in r.out, r  # B's entries are there
+            open(a2.home + "/go", "w").close()
+            seen = a2.home + "/seen.json"
+            assert wait_until(lambda: os.path.exists(seen), 10)
+            got = json.load(open(seen))
+            assert not any(n.startswith(("victim", "9000")) for names in got for n in names), (
+                "ATTACK: a sibling listed the next tenant's home through kept descriptors", got)
+        finally:
+            b.delete()
     finally:
-        b.delete()
+        a2.delete()
