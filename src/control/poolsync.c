@@ -162,7 +162,8 @@ static void delete_orphan(control_t *ctl, store_t *st, const keyring_t *kr, cons
 
 /* Compare the host's sandbox records with what its agent has: a record the agent no longer has
  * (its idle timeout, a delete on the host) is gone; a sandbox the agent has and no record names
- * for ORPHAN_GRACE_MS (an allocation that crashed before recording) is deleted there. Returns
+ * (an allocation that crashed before recording) is deleted there, at once when no reservation
+ * is pending on the host, else after ORPHAN_GRACE_MS. Returns
  * how many sandboxes the agent has, or -1 when it did not say. */
 static int host_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_syncs_t *ps,
                      const char *ns, const char *pool, json_t *h, const runrec_t *rr)
@@ -180,6 +181,15 @@ static int host_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_sync
         return -1;
     }
     int64_t now = wall_ms();
+    /* Read after the agent's list: with no reservation on the host then, no allocation that
+     * made one of the listed sandboxes is still on its way to record it (an allocation records
+     * its sandboxes before it drops its reservation), so one that no record names is an
+     * orphan now (a control killed mid-allocation) and goes at once instead of after the
+     * grace: until then the agent counts it against its capacity and creates are refused. */
+    json_t *hnow = NULL;
+    bool none_pending = record_load(st, jstr(h, "_key"), &hnow, NULL) == 0 &&
+                        json_array_size(json_object_get(hnow, "pending")) == 0;
+    json_decref(hnow);
     char prefix[160];
     pool_sbx_prefix(prefix, sizeof prefix, ns, pool);
     store_kv_t *kvs;
@@ -227,7 +237,7 @@ static int host_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_sync
             orphan_forget(ps, id);
             continue;
         }
-        if (now - orphan_since(ps, id, now) >= ORPHAN_GRACE_MS) {
+        if (none_pending || now - orphan_since(ps, id, now) >= ORPHAN_GRACE_MS) {
             delete_orphan(ctl, st, kr, rr, token, id);
             orphan_forget(ps, id);
         }

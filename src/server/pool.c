@@ -345,6 +345,44 @@ static void warm_made(void *data, const char *name, int r)
     creates_pump(p); /* a waiting create may now have to make its home itself */
 }
 
+/* At start no sandbox exists: a home in a shard is an earlier run's (a host killed, or a
+ * paused run resumed from its kept disk). Each goes into the trash (trash_fd >= 0: the janitor's
+ * sweep at its start empties it) or is removed here, so that its files never wait, owned by a
+ * uid this run hands out again, for Landlock alone to keep the next tenant of that uid out. */
+static void leftovers_drop(pool_t *p, int trash_fd)
+{
+    unsigned moved = 0, failed = 0;
+    for (unsigned i = 0; i < POOL_HOME_SHARDS; i++) {
+        char shard[4];
+        (void)snprintf(shard, sizeof shard, "%02x", i);
+        _cleanup_close_ int sfd =
+            openat(p->homes_fd, shard, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int dfd = sfd >= 0 ? fcntl(sfd, F_DUPFD_CLOEXEC, 3) : -1;
+        DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+        if (!d) {
+            safe_close(dfd);
+            continue;
+        }
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            char to[NAME_MAX + 16];
+            if (streq(de->d_name, ".") || streq(de->d_name, ".."))
+                continue;
+            (void)snprintf(to, sizeof to, "%.200s-old%u", de->d_name, moved + failed);
+            if ((trash_fd >= 0 &&
+                 renameat2(sfd, de->d_name, trash_fd, to, RENAME_NOREPLACE) == 0) ||
+                remove_tree(sfd, de->d_name, -1) >= 0)
+                moved++;
+            else
+                failed++;
+        }
+        closedir(d);
+    }
+    if (moved + failed > 0)
+        log_info("%u home(s) of an earlier run removed from %s%s", moved, p->cfg.homes_dir,
+                 failed ? " (some could not be)" : "");
+}
+
 /* The trash beside the homes: made (or taken over from an earlier run: the janitor empties it)
  * root-owned 0700, on the same filesystem so that a delete is one rename. Without it deletes
  * remove homes on the loop. */
@@ -362,8 +400,10 @@ static void trash_open(pool_t *p)
         log_warn("no trash directory %s beside the homes: deletes remove homes on the loop",
                  p->trash_path);
         p->trash_path[0] = '\0';
+        leftovers_drop(p, -1);
         return;
     }
+    leftovers_drop(p, fd);
     int warm = warm_open(p, &hs);
     int r = janitor_new(p->srv, fd, warm, warm_made, netns_back, p, &p->srv->janitor);
     if (r < 0) {

@@ -801,6 +801,40 @@ def test_a_reservation_of_a_control_that_died_is_released(plat):
     drain(plat, pool)
 
 
+def test_sandboxes_a_dead_control_made_but_never_recorded_do_not_fill_the_host(plat):
+    """The control process ends after the host's agent made a sandbox and before it recorded it
+    (SBX_TEST_CRASH_AT=control:pool:made). The agent counts that sandbox against its capacity
+    though no record names it: once no allocation is pending on the host, the reconciler
+    deletes it there at once (not after the minute's grace it gives an allocation in flight),
+    so the pool's creates are not refused as full while the control shows free slots."""
+    pool = new_pool(plat, per_host=2, max_hosts=1)
+    (a,) = make_ok(plat, pool, 1)
+    swap_control(plat, {"SBX_TEST_CRASH_AT": "control:pool:made"})
+    try:
+        make(plat, pool, 1)
+    except OSError:
+        pass  # the crash cuts the answer
+    assert _wait_until(lambda: not plat.control.proc.alive(), 20), plat.control.log()[-2000:]
+    assert plat.control.proc.proc.returncode == 137
+    swap_control(plat)
+    t0 = time.monotonic()
+
+    def made():
+        r = make(plat, pool, 1)
+        assert r.status in (200, 429), r
+        return r.json()["sandboxes"][0] if r.status == 200 else None
+    b = _wait_until(made, 30, 0.5)
+    assert b, ("the orphan still fills the host", time.monotonic() - t0,
+               plat.control.log()[-2000:])
+    assert b["host"] == a["host"]
+    assert "no record names it" in plat.control.log()
+    r = make(plat, pool, 1)
+    assert r.status == 429, ("LIE: the pool handed out more slots than it has", r)
+    assert sb_exec(plat, pool, a, "echo a").out == "a\n"  # the recorded one is untouched
+    assert sb_exec(plat, pool, b, "echo b").out == "b\n"
+    drain(plat, pool)
+
+
 def _sql(plat, query):
     out = subprocess.run(["sqlite3", "-cmd", ".timeout 5000",
                           os.path.join(plat.ctl_state, "store.db"), query],

@@ -5,13 +5,15 @@ made ahead in <homes>.warm for a uid, with that uid: the home is gone from the h
 the delete answers, the trash is root-only and out of every sandbox's reach, and a stopped or
 killed janitor only delays the removal (a new one sweeps what is left)."""
 import os
+import shutil
 import signal
 import stat
+import tempfile
 import time
 
 import pytest
 
-from conftest import SERVER_BIN, homes_in, uid_pids, wait_until
+from conftest import POOL_UID_BASE, SERVER_BIN, homes_in, uid_pids, wait_until
 from test_spawner import children_named, nfds
 
 MAKE_TREE = ("import os\nfor i in range(50):\n    os.makedirs(f't/{i}/a/b', exist_ok=True)\n"
@@ -214,6 +216,35 @@ def test_removals_wait_while_deletes_keep_coming(make_host_server):
     assert len(left) >= 12, left  # most still there right after the burst
     # positive control: all removed once the deletes stopped
     assert wait_until(lambda: trash_in(srv) == [], 10), trash_in(srv)
+
+
+def test_homes_an_earlier_run_left_are_removed_at_start(make_host_server):
+    # A host killed (or a paused pool-host run resumed from its kept disk) leaves its sandboxes'
+    # homes in the shards, owned by uids the next run hands out again: the next run removes
+    # them before it makes any sandbox.
+    base = tempfile.mkdtemp(prefix="sbx-left-")
+    try:
+        os.chmod(base, 0o711)
+        homes = os.path.join(base, "homes")
+        env = {"SBX_HOMES_DIR": homes, "SBX_POOL_UID_BASE": str(POOL_UID_BASE),
+               "SBX_POOL_UID_COUNT": "2", "SBX_CAPACITY": "2"}
+        s1 = make_host_server(env=env)
+        (a,) = s1.create(1)
+        assert a.write("secret", b"OLD-TENANT-SECRET")[0] == 200
+        s1.proc.kill()
+        s1.proc.wait()
+        assert wait_until(lambda: not uid_pids(a.uid), 5)
+        # positive control: the home and its file outlive the killed host
+        assert open(os.path.join(a.home, "secret"), "rb").read() == b"OLD-TENANT-SECRET"
+        s2 = make_host_server(env=env)
+        assert not os.path.exists(a.home), os.listdir(os.path.dirname(a.home))
+        b, c = s2.create(2)
+        assert a.uid in (b.uid, c.uid)  # the uid is handed out again, its old home gone
+        trash = homes + ".trash"
+        assert wait_until(lambda: set(os.listdir(trash)) <= {".removing"}, 10), os.listdir(trash)
+        s2.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_killed_janitor_is_replaced_and_its_leftovers_swept(make_host_server):
