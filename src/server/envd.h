@@ -115,6 +115,9 @@ void envd_end(envd_call_t *call);
 /* The root file operations of this request work against (files.c): the whole filesystem, or
  * the pool sandbox's home, resolved by descriptor beneath it. */
 fs_root_t files_root(const conn_t *c);
+/* Delete path as the files API does (files.c): a pooled sandbox's tree is renamed into the
+ * trash and emptied by the janitor, off the loop. */
+int files_delete(const conn_t *c, const char *path, bool recursive);
 
 /* Services. */
 void envd_process_call(envd_call_t *call, sv_t method, json_t *req);

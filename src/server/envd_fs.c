@@ -194,8 +194,7 @@ static void rpc_remove(envd_call_t *call, json_t *req)
     const char *path = path_member(call, req, "path");
     if (!path)
         return;
-    fs_root_t root = files_root(call->c);
-    int r = fs_delete(&root, path, true);
+    int r = files_delete(call->c, path, true);
     if (r < 0 && r != -ENOENT) { /* as os.RemoveAll: a missing path is removed already */
         fail_errno(call, r, "remove", path);
         return;

@@ -34,6 +34,21 @@ fs_root_t files_root(const conn_t *c)
                         .prefix = conn_sandbox(c)->home };
 }
 
+/* Delete path: a pooled sandbox's tree goes to the trash in one rename and the janitor empties
+ * it: a tree of 200,000 files emptied on the loop held every request of the host for 3 s
+ * (longer while the sandbox's code kept adding files). */
+int files_delete(const conn_t *c, const char *path, bool recursive)
+{
+    fs_root_t root = files_root(c);
+    sandbox_t *sb = (sandbox_t *)conn_sandbox(c);
+    char away[64];
+    int away_fd = sb && recursive ? pool_trash_name(sb, away, sizeof away) : -1;
+    int r = fs_delete_to(&root, path, recursive, away_fd, away_fd >= 0 ? away : NULL);
+    if (r == 1)
+        pool_trash_drop(sb->pool, away);
+    return r < 0 ? r : 0;
+}
+
 /* ---- strings ----------------------------------------------------------------------------- */
 
 /* Names on disk are bytes and JSON strings are Unicode: bytes that are not UTF-8 become
@@ -438,12 +453,69 @@ static json_t *listing_json(const char *dir, const fs_listing_t *l)
     return json_pack("{s:o,s:b,s:o?}", "entries", arr, "truncated", l->truncated, "next", next);
 }
 
+/* A listing read a batch per turn of the loop (a directory of 200,000 entries read at once held
+ * every other request of the host for ~0.5 s): the rest after the other connections' events. */
+#define FILES_LIST_TURN 4096
+
+typedef struct {
+    conn_t *c;
+    fs_lister_t *ls;
+    timer_t_ turn;
+    char path[FS_PATH_MAX];
+} list_job_t;
+
+static void list_job_free(conn_t *c, list_job_t *j)
+{
+    c->hdata = NULL;
+    timer_disarm(c->srv->loop, &j->turn);
+    fs_list_abort(j->ls);
+    server_op_end(server_of(c));
+    free(j);
+}
+
+static void list_on_close(conn_t *c, bool aborted)
+{
+    (void)aborted;
+    if (c->hdata)
+        list_job_free(c, c->hdata);
+}
+
+static const handler_ops_t list_ops = { .on_close = list_on_close };
+
+/* Read the next batch, then answer or come back (j is freed once answered). */
+static void list_go_on(conn_t *c, list_job_t *j)
+{
+    int k = fs_list_step(j->ls, FILES_LIST_TURN);
+    if (k == 0 && timer_arm(c->srv->loop, &j->turn, 0) >= 0)
+        return;
+    char path[FS_PATH_MAX];
+    fs_listing_t l;
+    memcpy(path, j->path, sizeof path);
+    if (k >= 0)
+        k = k == 0 ? -ENOMEM : fs_list_finish(TAKE_PTR(j->ls), &l);
+    conn_set_handler(c, NULL, NULL);
+    list_job_free(c, j);
+    if (k < 0) {
+        files_fail(c, k, path);
+        return;
+    }
+    json_t *jl = listing_json(path, &l);
+    fs_listing_free(&l);
+    files_respond_json(c, jl);
+}
+
+static void list_on_turn(loop_t *l, timer_t_ *t)
+{
+    list_job_t *j = t->data;
+    (void)l;
+    list_go_on(j->c, j);
+}
+
 void route_files_list(conn_t *c, const route_params_t *p)
 {
     char path[FS_PATH_MAX], after[FILES_CURSOR_MAX];
     bool has_limit;
     uint64_t limit = FILES_LIST_DEFAULT;
-    fs_listing_t l;
     (void)p;
     if (files_path_param(c, "path", path, sizeof path) < 0)
         return;
@@ -459,14 +531,19 @@ void route_files_list(conn_t *c, const route_params_t *p)
         return;
     }
     fs_root_t root = files_root(c);
-    int k = fs_list(&root, path, r > 0 ? after : NULL, (size_t)limit, &l);
+    list_job_t *j = calloc(1, sizeof *j);
+    int k = j ? fs_list_begin(&root, path, r > 0 ? after : NULL, (size_t)limit, &j->ls) : -ENOMEM;
     if (k < 0) {
+        free(j);
         files_fail(c, k, path);
         return;
     }
-    json_t *j = listing_json(path, &l);
-    fs_listing_free(&l);
-    files_respond_json(c, j);
+    j->c = c;
+    memcpy(j->path, path, sizeof path);
+    timer_init(&j->turn, list_on_turn, j);
+    server_op_begin(server_of(c));
+    conn_set_handler(c, &list_ops, j);
+    list_go_on(c, j);
 }
 
 void route_files_stat(conn_t *c, const route_params_t *p)
@@ -511,20 +588,11 @@ void route_files_delete(conn_t *c, const route_params_t *p)
         http_bad_request(c, 0, "recursive must be true or false");
         return;
     }
-    fs_root_t root = files_root(c);
-    /* a pooled sandbox's tree goes to the trash in one rename and the janitor empties it: a
-     * tree of 200,000 files emptied here held every request of the host for 3 s (longer while
-     * the sandbox's code kept adding files) */
-    sandbox_t *sb = (sandbox_t *)conn_sandbox(c);
-    char away[64];
-    int away_fd = sb && recursive ? pool_trash_name(sb, away, sizeof away) : -1;
-    int r = fs_delete_to(&root, path, recursive, away_fd, away_fd >= 0 ? away : NULL);
+    int r = files_delete(c, path, recursive);
     if (r < 0) {
         files_fail(c, r, path);
         return;
     }
-    if (r == 1)
-        pool_trash_drop(sb->pool, away);
     files_respond_path(c, "deleted", path);
 }
 

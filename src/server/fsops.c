@@ -440,79 +440,123 @@ static int cmp_names(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Read the directory, keeping the limit+1 smallest names after the cursor (the extra one only
- * tells whether the page is truncated). */
-static int fs_collect_names(DIR *d, const char *after, name_heap_t *h, size_t *ret_total)
+struct fs_lister {
+    DIR *d;
+    char *after; /* NULL: from the first */
+    name_heap_t h;
+    size_t limit, total;
+};
+
+void fs_list_abort(fs_lister_t *ls)
 {
-    size_t total = 0;
-    for (;;) {
+    if (!ls)
+        return;
+    if (ls->d)
+        closedir(ls->d);
+    heap_free(&ls->h);
+    free(ls->after);
+    free(ls);
+}
+
+int fs_list_begin(const fs_root_t *r, const char *path, const char *after, size_t limit,
+                  fs_lister_t **ret)
+{
+    _cleanup_close_ int fd = -EBADF;
+    if (limit == 0 || limit > FS_LIST_MAX)
+        return -EINVAL;
+    int k = fs_open(r, path, O_RDONLY | O_DIRECTORY | O_NONBLOCK, 0, &fd);
+    if (k < 0)
+        return k;
+    fs_lister_t *ls = calloc(1, sizeof *ls);
+    if (!ls)
+        return -ENOMEM;
+    ls->h.cap = limit + 1;
+    ls->limit = limit;
+    if (after && !(ls->after = strdup(after))) {
+        fs_list_abort(ls);
+        return -ENOMEM;
+    }
+    ls->d = fdopendir(fd);
+    if (!ls->d) {
+        k = negative_errno();
+        fs_list_abort(ls);
+        return k;
+    }
+    TAKE_FD(fd);
+    *ret = ls;
+    return 0;
+}
+
+/* Read up to batch more entries, keeping the limit+1 smallest names after the cursor (the
+ * extra one only tells whether the page is truncated). */
+int fs_list_step(fs_lister_t *ls, size_t batch)
+{
+    for (size_t i = 0; i < batch; i++) {
         errno = 0;
-        struct dirent *de = readdir(d);
-        if (!de) {
-            if (errno)
-                return negative_errno();
-            break;
-        }
-        if (is_dot_name(de->d_name) || (after && strcmp(de->d_name, after) <= 0))
+        struct dirent *de = readdir(ls->d);
+        if (!de)
+            return errno ? negative_errno() : 1;
+        if (is_dot_name(de->d_name) || (ls->after && strcmp(de->d_name, ls->after) <= 0))
             continue;
-        total++;
-        int k = heap_offer(h, de->d_name);
+        ls->total++;
+        int k = heap_offer(&ls->h, de->d_name);
         if (k < 0)
             return k;
     }
-    *ret_total = total;
+    return 0;
+}
+
+int fs_list_finish(fs_lister_t *ls, fs_listing_t *ret)
+{
+    name_heap_t *h = &ls->h;
+    fs_listing_t l = { 0 };
+    int k = 0;
+    if (h->n > ls->limit) {
+        /* drop the largest: it only proved that more entries follow */
+        free(h->v[0]);
+        h->v[0] = h->v[--h->n];
+        heap_sift_down(h, 0);
+    }
+    if (h->n > 0) {
+        qsort(h->v, h->n, sizeof *h->v, cmp_names);
+        l.entries = calloc(h->n, sizeof *l.entries);
+        if (!l.entries)
+            k = -ENOMEM;
+    }
+    for (size_t i = 0; k >= 0 && i < h->n; i++) {
+        fs_entry_t *e = &l.entries[l.n];
+        if (fstatat(dirfd(ls->d), h->v[i], &e->st, AT_SYMLINK_NOFOLLOW) < 0) {
+            if (errno == ENOENT)
+                continue; /* removed while we were listing */
+            k = negative_errno();
+            break;
+        }
+        e->name = TAKE_PTR(h->v[i]);
+        l.n++;
+    }
+    l.truncated = ls->total > ls->limit;
+    fs_list_abort(ls);
+    if (k < 0) {
+        fs_listing_free(&l);
+        return k;
+    }
+    *ret = l;
     return 0;
 }
 
 int fs_list(const fs_root_t *r, const char *path, const char *after, size_t limit,
             fs_listing_t *ret)
 {
-    _cleanup_close_ int fd = -EBADF;
-    _cleanup_(closedirp) DIR *d = NULL;
-    name_heap_t h = { .cap = limit + 1 };
-    fs_listing_t l = { 0 };
-    size_t total = 0;
-    if (limit == 0 || limit > FS_LIST_MAX)
-        return -EINVAL;
-    int k = fs_open(r, path, O_RDONLY | O_DIRECTORY | O_NONBLOCK, 0, &fd);
+    fs_lister_t *ls;
+    int k = fs_list_begin(r, path, after, limit, &ls);
     if (k < 0)
         return k;
-    d = fdopendir(fd);
-    if (!d)
-        return negative_errno();
-    TAKE_FD(fd);
-    k = fs_collect_names(d, after, &h, &total);
-    if (k >= 0 && h.n > limit) {
-        /* drop the largest: it only proved that more entries follow */
-        free(h.v[0]);
-        h.v[0] = h.v[--h.n];
-        heap_sift_down(&h, 0);
-    }
-    if (k >= 0 && h.n > 0) {
-        qsort(h.v, h.n, sizeof *h.v, cmp_names);
-        l.entries = calloc(h.n, sizeof *l.entries);
-        if (!l.entries)
-            k = -ENOMEM;
-    }
-    for (size_t i = 0; k >= 0 && i < h.n; i++) {
-        fs_entry_t *e = &l.entries[l.n];
-        if (fstatat(dirfd(d), h.v[i], &e->st, AT_SYMLINK_NOFOLLOW) < 0) {
-            if (errno == ENOENT)
-                continue; /* removed while we were listing */
-            k = negative_errno();
-            break;
-        }
-        e->name = TAKE_PTR(h.v[i]);
-        l.n++;
-    }
-    heap_free(&h);
+    k = fs_list_step(ls, SIZE_MAX);
     if (k < 0) {
-        fs_listing_free(&l);
+        fs_list_abort(ls);
         return k;
     }
-    l.truncated = total > limit;
-    *ret = l;
-    return 0;
+    return fs_list_finish(ls, ret);
 }
 
 void fs_listing_free(fs_listing_t *l)

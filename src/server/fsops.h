@@ -89,6 +89,15 @@ typedef struct {
  * Entries that vanish while listing are left out. */
 int fs_list(const fs_root_t *r, const char *path, const char *after, size_t limit,
             fs_listing_t *ret);
+/* The same in steps, so that a caller on an event loop reads a big directory a batch per turn:
+ * begin (the directory opened), step until it returns 1 (read through; 0: more to read; < 0:
+ * an error, then abort), finish (the listing; frees the lister either way). */
+typedef struct fs_lister fs_lister_t;
+int fs_list_begin(const fs_root_t *r, const char *path, const char *after, size_t limit,
+                  fs_lister_t **ret);
+int fs_list_step(fs_lister_t *ls, size_t batch);
+int fs_list_finish(fs_lister_t *ls, fs_listing_t *ret);
+void fs_list_abort(fs_lister_t *ls);
 void fs_listing_free(fs_listing_t *l);
 
 /* Remove a file, symlink (never its target) or directory. Without recursive a directory must be

@@ -4,7 +4,9 @@ binary: exact bytes in and out, ranged reads and writes, listing pages, lstat se
 recursive delete that never follows symlinks, rename, and the precise refusals."""
 import json
 import os
+import socket
 import stat
+import threading
 import time
 import urllib.parse
 
@@ -317,6 +319,46 @@ def test_list_pagination(server, tmp_path):
     # a page that ends exactly at the last entry is not truncated
     status, j = jget(server, "list", path=str(d), after="file14.txt", limit=10)
     assert len(j["entries"]) == 10 and j["truncated"] is False
+
+
+def test_a_huge_listing_lets_other_requests_through(server, tmp_path):
+    # 250,000 entries: read at once they held every other request for about half a second; a
+    # listing reads a batch per turn of the loop, so a request sent while it runs is answered
+    # first (the order is what is checked, not a time)
+    d = tmp_path / "huge"
+    d.mkdir()
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(250000):
+            os.close(os.open(f"f{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dfd))
+    finally:
+        os.close(dfd)
+    done = {}
+
+    def lister():
+        done["list"] = jget(server, "list", path=str(d), limit=5)
+        done["list_at"] = time.monotonic()
+    t = threading.Thread(target=lister)
+    t.start()
+    time.sleep(0.05)  # the listing has begun
+    status, _ = server.json("GET", "/health")
+    health_at = time.monotonic()
+    t.join(60)
+    assert status == 200
+    status, j = done["list"]
+    assert status == 200, j  # positive control: the listing itself is whole and right
+    assert [e["name"] for e in j["entries"]] == [f"f{i:06d}" for i in range(5)]
+    assert j["truncated"] is True and j["next"] == "f000004"
+    assert health_at < done["list_at"], "the listing held the loop until it ended"
+    # a client that goes away while its listing is read: the server drops it and goes on
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(f"GET /v1/files/list?{q(path=str(d), limit=5)} HTTP/1.1\r\nHost: x\r\n"
+                  f"X-Sandbox-Token: {server.token}\r\n\r\n".encode())
+        time.sleep(0.02)
+        s.close()
+    time.sleep(0.5)
+    assert server.json("GET", "/health")[0] == 200
 
 
 def test_list_pages_through_names_that_are_not_utf8(server, tmp_path):

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import POOL_UID_BASE, SERVER_BIN, homes_in, uid_pids, wait_until
+from test_envd import fs as envd_fs, sandbox_envd
 from test_spawner import children_named, nfds
 
 MAKE_TREE = ("import os\nfor i in range(50):\n    os.makedirs(f't/{i}/a/b', exist_ok=True)\n"
@@ -131,20 +132,24 @@ def test_a_delete_renames_the_home_away_and_the_janitor_empties_it(make_host_ser
     assert wait_until(lambda: trash_in(srv) == [], 10), trash_in(srv)
 
 
+@pytest.mark.parametrize("api", ["files", "envd"])
 def test_a_files_api_delete_of_a_tree_renames_it_away_and_the_janitor_empties_it(
-        make_host_server):
-    """DELETE .../files/delete?recursive=true of a directory moves it into the trash with one
-    rename and the janitor empties it, off the loop (a tree emptied on the loop held every
-    request of the host for seconds): with the janitor stopped the delete still answers, the
-    tree is gone from the sandbox and waits whole in the trash; a symlink in it is removed, its
-    target outside is not touched."""
+        make_host_server, api):
+    """DELETE .../files/delete?recursive=true of a directory (or envd's Remove) moves it into
+    the trash with one rename and the janitor empties it, off the loop (a tree emptied on the
+    loop held every request of the host for seconds): with the janitor stopped the delete still
+    answers, the tree is gone from the sandbox and waits whole in the trash; a symlink in it is
+    removed, its target outside is not touched."""
     srv = make_host_server()
     a = srv.sandbox()
     assert a.py(MAKE_TREE + "\nos.symlink('/etc/hostname', 't/out')").out == "made\n"
     j = janitor(srv)
     os.kill(j, signal.SIGSTOP)
     try:
-        st, _, body = a.request("DELETE", "/files/delete?path=/t&recursive=true")
+        if api == "files":
+            st, _, body = a.request("DELETE", "/files/delete?path=/t&recursive=true")
+        else:
+            st, body = envd_fs(sandbox_envd(a), "Remove", {"path": "/t"})
         assert st == 200, (st, body)
         assert not os.path.lexists(a.home + "/t")
         left = [n for n in trash_in(srv) if n.startswith(a.id + "-f")]
