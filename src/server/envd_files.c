@@ -263,7 +263,7 @@ static int write_file(conn_t *c, const char *path, const void *d, size_t n)
     int r = fs_open_write(&root, path, &o, &fd);
     if (r < 0)
         return r;
-    r = n ? fs_pwrite_all(fd, d, n, 0) : 0;
+    r = n ? fs_pwrite_all_as(fd, d, n, 0, root.uid) : 0;
     safe_close(fd);
     return r;
 }

@@ -266,6 +266,7 @@ void route_files_read(conn_t *c, const route_params_t *p)
 typedef struct {
     int fd;
     uint64_t pos;
+    uid_t uid; /* written as (fs_pwrite_all_as) */
     bool has_truncate;
     uint64_t truncate_to;
     char path[];
@@ -292,7 +293,7 @@ static void upload_finish(conn_t *c, upload_t *u)
 static int upload_on_body(conn_t *c, const char *d, size_t n)
 {
     upload_t *u = c->hdata;
-    int r = fs_pwrite_all(u->fd, d, n, u->pos);
+    int r = fs_pwrite_all_as(u->fd, d, n, u->pos, u->uid);
     if (r < 0) {
         /* Answer now and take nothing more: the connection drains or closes after it. */
         files_fail(c, r, u->path);
@@ -374,7 +375,9 @@ void route_files_write(conn_t *c, const route_params_t *p)
         http_unavailable(c, 0, "out of memory");
         return;
     }
-    *u = (upload_t){ .fd = fd, .pos = off, .has_truncate = has_trunc, .truncate_to = trunc };
+    *u = (upload_t){
+        .fd = fd, .pos = off, .uid = root.uid, .has_truncate = has_trunc, .truncate_to = trunc
+    };
     memcpy(u->path, path, plen + 1);
     conn_set_handler(c, &upload_ops, u);
     if (conn_body_left(c) == 0) {

@@ -67,6 +67,9 @@ typedef struct {
 int fs_open_write(const fs_root_t *r, const char *path, const fs_write_opts_t *o, int *ret_fd);
 /* Write all n bytes at off (one pwrite unless the kernel writes short). */
 int fs_pwrite_all(int fd, const void *p, size_t n, uint64_t off);
+/* The same as uid would write it (uid -1: as this process): with its fsuid, so that blocks a
+ * filesystem keeps for root are not spent for a sandbox. */
+int fs_pwrite_all_as(int fd, const void *p, size_t n, uint64_t off, uid_t uid);
 
 /* lstat semantics: a final symlink is reported, not followed. */
 int fs_stat(const fs_root_t *r, const char *path, struct stat *ret_st);

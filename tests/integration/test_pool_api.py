@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import POOL_UID_BASE, POOL_UID_COUNT, Sandbox, homes_in, uid_pids, wait_until
+from test_envd import files_request, sandbox_envd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
 
@@ -78,6 +79,54 @@ def test_a_full_homes_filesystem_is_said_not_taken_for_a_full_host(make_host_ser
             ("a full homes filesystem was not said (or taken for no uid left)", reasons)
         log, s = s.stop(), None
         assert "no space left on the homes filesystem" in log, log[-2000:]
+    finally:
+        if s:
+            s.stop()
+        subprocess.run(["umount", "-l", mnt], check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_uploads_never_spend_the_blocks_kept_for_root(make_host_server):
+    """The files API writes for a sandbox as its uid would: once the sandbox has filled the
+    homes filesystem to the blocks ext4 keeps for root, an upload is refused too (it used to
+    go on as root, into the reserve the host needs). Positive controls: the same upload works
+    before, and root on the host can still write into the reserve."""
+    d = tempfile.mkdtemp(prefix="sbx-smallfs-")
+    os.chmod(d, 0o711)
+    img, mnt = d + "/fs.img", d + "/mnt"
+    os.mkdir(mnt)
+    subprocess.run(["truncate", "-s", "16M", img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "10", img], check=True)
+    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
+    s = None
+    try:
+        os.chmod(mnt, 0o711)
+        os.mkdir(mnt + "/h", 0o711)
+        s = make_host_server(env={"SBX_HOMES_DIR": mnt + "/h", "SBX_CAPACITY": "4"})
+        a = s.sandbox()
+        blob = os.urandom(256 * 1024)
+        assert a.write("before", blob)[0] == 200  # positive control
+        r = a.run(["sh", "-c", "dd if=/dev/zero of=fill bs=64k 2>&1; sync; df -k ."])
+        assert "No space left" in r.out, r
+        st = os.statvfs(mnt)
+        assert st.f_bavail * st.f_frsize < 64 * 1024, st  # nothing left for the sandbox...
+        assert st.f_bfree * st.f_frsize > 512 * 1024, st  # ...and the reserve untouched
+        # positive control: root on the host writes into the reserve
+        with open(mnt + "/root-file", "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.unlink(mnt + "/root-file")
+        os.sync()
+        status, _, body = a.write("upload", blob)
+        assert status >= 400, ("ATTACK: an upload spent the blocks kept for root", status)
+        assert b"space" in body.lower(), body
+        # envd's file upload (the E2B SDK's) likewise
+        status, _, body = files_request(sandbox_envd(a), "POST", "?path=/envd-upload", blob,
+                                        {"Content-Type": "application/octet-stream"})
+        assert status >= 400, ("ATTACK: an envd upload spent the blocks kept for root", status)
+        st = os.statvfs(mnt)
+        assert st.f_bfree * st.f_frsize > 512 * 1024, ("the reserve was spent", st)
     finally:
         if s:
             s.stop()
