@@ -48,6 +48,11 @@ def test_the_trash_is_root_only_and_the_janitor_holds_few_descriptors(make_host_
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700
     assert os.stat(trash_of(srv)).st_dev == os.stat(srv.homes).st_dev
     j = janitor(srv)
+
+    def quiet():  # no home or namespace being made: none held to be sent
+        h = srv.json("GET", "/health")[1]
+        return h["homes"]["making"] == 0 and h.get("netns", {}).get("making", 0) == 0
+    assert wait_until(quiet, 10)
     # stdio, its socket, the trash and the warm directories, the remover's pipe (and one it
     # may be working in)
     assert nfds(j) <= 8, os.listdir(f"/proc/{j}/fd")
