@@ -176,6 +176,35 @@ static void envd_end_with(envd_call_t *call, json_t *end)
 
 void envd_end(envd_call_t *call) { envd_end_with(call, NULL); }
 
+/* A unary answer above this goes as a chunked stream under backpressure (a 50,000-entry
+ * ListDir is ~10 MB, past what a connection holds: it was cut without an answer). */
+#define ENVD_REPLY_INLINE_MAX (1024 * 1024)
+#define ENVD_REPLY_CHUNK (64 * 1024)
+
+/* Fill the output buffer and flush until the rest must wait for the peer (on_drain comes back
+ * once the buffer was above CONN_OUT_LOW, so stop only in that state). */
+static void envd_reply_pump(envd_call_t *call)
+{
+    conn_t *c = call->c;
+    while (!c->dead) {
+        while (call->reply_off < call->reply_len && !conn_out_full(c)) {
+            size_t n = MIN(call->reply_len - call->reply_off, (size_t)ENVD_REPLY_CHUNK);
+            if (conn_stream_chunk(c, call->reply + call->reply_off, n) < 0) {
+                conn_abort(c);
+                return;
+            }
+            call->reply_off += n;
+        }
+        if (call->reply_off == call->reply_len) {
+            conn_stream_end(c);
+            return;
+        }
+        conn_flush(c);
+        if (c->out.len >= CONN_OUT_LOW)
+            return;
+    }
+}
+
 void envd_reply(envd_call_t *call, json_t *j)
 {
     if (call->ended) {
@@ -195,7 +224,15 @@ void envd_reply(envd_call_t *call, json_t *j)
                      "{\"code\":\"internal\",\"message\":\"out of memory\"}", 46, NULL);
         return;
     }
-    conn_respond(call->c, 200, "application/json", s, strlen(s), NULL);
+    size_t len = strlen(s);
+    if (len > ENVD_REPLY_INLINE_MAX) {
+        call->reply = s; /* freed with the call */
+        call->reply_len = len;
+        if (conn_stream_begin(call->c, 200, "application/json", NULL) >= 0)
+            envd_reply_pump(call);
+        return;
+    }
+    conn_respond(call->c, 200, "application/json", s, len, NULL);
     free(s);
 }
 
@@ -230,7 +267,9 @@ void envd_fail(envd_call_t *call, connect_code_t code, const char *fmt, ...)
 static void envd_on_drain(conn_t *c)
 {
     envd_call_t *call = c->hdata;
-    if (call && call->on_drain && !call->ended)
+    if (call && call->reply)
+        envd_reply_pump(call);
+    else if (call && call->on_drain && !call->ended)
         call->on_drain(call);
 }
 
@@ -246,6 +285,7 @@ static void envd_on_close(conn_t *c, bool aborted)
         call->on_close(call);
     if (call->op_counted)
         server_op_end(server_of(c));
+    free(call->reply);
     free(call);
 }
 

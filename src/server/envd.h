@@ -99,6 +99,8 @@ struct envd_call {
     void (*on_drain)(envd_call_t *call);
     void (*on_deadline)(envd_call_t *call); /* default: end with deadline_exceeded */
     void (*on_close)(envd_call_t *call);    /* release state; the connection is going away */
+    char *reply;                            /* a unary answer too big to go at once: streamed */
+    size_t reply_len, reply_off;
 };
 
 /* Unary: answer j (stolen) with 200. */

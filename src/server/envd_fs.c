@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "envd.h"
+#include "server.h"
 
 #define LIST_MAX_DEPTH 64
 
@@ -202,39 +203,145 @@ static void rpc_remove(envd_call_t *call, json_t *req)
     envd_reply(call, json_object());
 }
 
-/* Entries of dir (its path as the client wrote it), depth levels deep, into arr; at most
- * FS_LIST_MAX in all. */
-static int list_into(const fs_root_t *root, const char *dir, unsigned depth, json_t *arr)
+/* ListDir: entries of a directory, depth levels deep (each directory's entries, then under
+ * each subdirectory its own, in order), at most FS_LIST_MAX in all. Read LIST_TURN entries per
+ * turn of the loop (a directory of 200,000 read at once held every other request of the host
+ * for ~0.5 s): a stack of the directories being read, the deepest on top. */
+#define LIST_TURN 4096
+
+typedef struct {
+    char path[FS_PATH_MAX]; /* as the client wrote it */
+    unsigned depth;         /* levels left, this one's included */
+    fs_lister_t *ls;        /* being read; NULL once read */
+    fs_listing_t l;         /* once read: its entries */
+    size_t i;               /* the next of them to answer */
+} list_frame_t;
+
+typedef struct {
+    envd_call_t *call;
+    fs_root_t root;
+    json_t *arr;
+    char first[FS_PATH_MAX]; /* the directory asked for */
+    list_frame_t frames[LIST_MAX_DEPTH];
+    size_t n;
+    timer_t_ turn;
+} list_job_t;
+
+static void list_pop(list_job_t *j)
 {
-    fs_listing_t l;
-    size_t room = FS_LIST_MAX - MIN(json_array_size(arr), (size_t)FS_LIST_MAX);
-    if (room == 0)
+    list_frame_t *f = &j->frames[--j->n];
+    fs_list_abort(f->ls);
+    fs_listing_free(&f->l);
+    *f = (list_frame_t){ 0 };
+}
+
+static void list_job_free(envd_call_t *call)
+{
+    list_job_t *j = call->state;
+    if (!j)
+        return;
+    call->state = NULL;
+    timer_disarm(server_of(call->c)->loop, &j->turn);
+    while (j->n > 0)
+        list_pop(j);
+    json_decref(j->arr);
+    free(j);
+}
+
+/* Begin reading dir above the others (depth levels); < 0 only for an error that ends the
+ * call: the first directory's errors are the call's; below, one gone or closed is left out. */
+static int list_push(list_job_t *j, const char *dir, unsigned depth)
+{
+    size_t room = FS_LIST_MAX - MIN(json_array_size(j->arr), (size_t)FS_LIST_MAX);
+    if (room == 0 || j->n >= LIST_MAX_DEPTH)
         return 0;
-    int r = fs_list(root, dir, NULL, room, &l);
+    list_frame_t *f = &j->frames[j->n];
+    int r = fs_list_begin(&j->root, dir, NULL, room, &f->ls);
     if (r < 0)
-        return r;
-    size_t dl = strlen(dir);
-    while (dl > 1 && dir[dl - 1] == '/')
-        dl--;
-    for (size_t i = 0; i < l.n && r >= 0; i++) {
+        return j->n == 0 || (r != -ENOENT && r != -EACCES) ? r : 0;
+    (void)snprintf(f->path, sizeof f->path, "%s", dir);
+    f->depth = depth;
+    j->n++;
+    return 0;
+}
+
+/* One turn's work: 1 when the listing is whole, 0 when more is left, < 0 an error. */
+static int list_work(list_job_t *j)
+{
+    for (size_t budget = LIST_TURN; j->n > 0;) {
+        list_frame_t *f = &j->frames[j->n - 1];
+        if (f->ls) {
+            if (budget == 0)
+                return 0;
+            int r = fs_list_step(f->ls, budget);
+            if (r == 0)
+                return 0; /* read a turn's worth */
+            budget--;
+            if (r > 0)
+                r = fs_list_finish(TAKE_PTR(f->ls), &f->l);
+            if (r < 0) {
+                if (j->n > 1 && (r == -ENOENT || r == -EACCES)) {
+                    list_pop(j);
+                    continue;
+                }
+                return r;
+            }
+            continue;
+        }
+        if (f->i >= f->l.n) {
+            list_pop(j);
+            continue;
+        }
+        if (budget == 0)
+            return 0;
+        budget--;
+        const fs_entry_t *e = &f->l.entries[f->i++];
+        size_t dl = strlen(f->path);
+        while (dl > 1 && f->path[dl - 1] == '/')
+            dl--;
         char path[FS_PATH_MAX];
-        int n = snprintf(path, sizeof path, "%.*s%s%s", (int)dl, dir,
-                         dl == 1 && dir[0] == '/' ? "" : "/", l.entries[i].name);
+        int n = snprintf(path, sizeof path, "%.*s%s%s", (int)dl, f->path,
+                         dl == 1 && f->path[0] == '/' ? "" : "/", e->name);
         if (n < 0 || (size_t)n >= sizeof path)
             continue;
-        json_t *e = with_target(envd_entry_json(l.entries[i].name, path, &l.entries[i].st), root,
-                                path, &l.entries[i].st);
-        if (!e)
+        json_t *je = with_target(envd_entry_json(e->name, path, &e->st), &j->root, path, &e->st);
+        if (!je)
             continue; /* a name that is not UTF-8: no JSON string can carry it */
-        json_array_append_new(arr, e);
-        if (depth > 1 && S_ISDIR(l.entries[i].st.st_mode)) {
-            int k = list_into(root, path, depth - 1, arr);
-            if (k < 0 && k != -ENOENT && k != -EACCES)
-                r = k;
+        json_array_append_new(j->arr, je);
+        if (f->depth > 1 && S_ISDIR(e->st.st_mode)) {
+            int r = list_push(j, path, f->depth - 1);
+            if (r < 0)
+                return r;
         }
     }
-    fs_listing_free(&l);
-    return r < 0 ? r : 0;
+    return 1;
+}
+
+/* Do a turn's work, then answer or come back (the call, and j with it, is freed once
+ * answered). */
+static void list_go_on(list_job_t *j)
+{
+    envd_call_t *call = j->call;
+    int r = list_work(j);
+    if (r == 0 && timer_arm(server_of(call->c)->loop, &j->turn, 0) >= 0)
+        return;
+    if (r == 0)
+        r = -ENOMEM;
+    json_t *arr = r == 1 ? json_incref(j->arr) : NULL;
+    char path[FS_PATH_MAX];
+    memcpy(path, j->first, sizeof path);
+    list_job_free(call);
+    if (r < 0) {
+        fail_errno(call, r, "list", path);
+        return;
+    }
+    envd_reply(call, json_pack("{s:o}", "entries", arr));
+}
+
+static void list_on_turn(loop_t *l, timer_t_ *t)
+{
+    (void)l;
+    list_go_on(t->data);
 }
 
 static void rpc_list_dir(envd_call_t *call, json_t *req)
@@ -261,17 +368,26 @@ static void rpc_list_dir(envd_call_t *call, json_t *req)
     int r = fs_stat(&root, path, &st);
     if (r == 0 && !S_ISDIR(st.st_mode))
         r = -ENOTDIR;
-    json_t *arr = r == 0 ? json_array() : NULL;
-    if (r == 0 && !arr)
+    list_job_t *j = r == 0 ? calloc(1, sizeof *j) : NULL;
+    if (r == 0 && (!j || !(j->arr = json_array())))
         r = -ENOMEM;
-    if (r == 0)
-        r = list_into(&root, path, (unsigned)depth, arr);
+    if (r == 0) {
+        j->call = call;
+        j->root = root;
+        (void)snprintf(j->first, sizeof j->first, "%s", path);
+        r = list_push(j, path, (unsigned)depth);
+    }
     if (r < 0) {
-        json_decref(arr);
+        if (j)
+            json_decref(j->arr);
+        free(j);
         fail_errno(call, r, "list", path);
         return;
     }
-    envd_reply(call, json_pack("{s:o}", "entries", arr));
+    timer_init(&j->turn, list_on_turn, j);
+    call->state = j;
+    call->on_close = list_job_free;
+    list_go_on(j);
 }
 
 void envd_fs_call(envd_call_t *call, sv_t method, json_t *req)

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import struct
+import subprocess
 import tempfile
 import threading
 import time
@@ -467,6 +468,62 @@ def multipart(parts, boundary="----sbxboundary"):
                 f"filename=\"{filename}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
                 ).encode() + data + b"\r\n"
     return out + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def test_list_dir_of_a_huge_directory_lets_other_requests_through(envd, server, tmp_path, request):
+    # 400,000 entries: read at once they held every other request for about half a second;
+    # ListDir reads a batch per turn of the loop, so a request sent while it runs is answered
+    # first (the order is checked, not a time), and it answers at most 50,000 entries
+    # on a tmpfs of its own: on ext4 without a journal, making 400,000 inodes soon after many
+    # were deleted (other tests) takes minutes
+    d = tmp_path / "huge"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,nr_inodes=500k", "tmpfs", str(d)],
+                   check=True)
+    request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(d)], check=False))
+    (d / "sub").mkdir()
+    (d / "sub" / "inner").touch()
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(400000):
+            os.close(os.open(f"f{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dfd))
+    finally:
+        os.close(dfd)
+    done = {}
+
+    def lister():
+        # the answer's head marks the end of the listing's work on the loop (its 10 MB body
+        # streams after it)
+        c = envd.conn()
+        try:
+            c.request("POST", "/filesystem.Filesystem/ListDir",
+                      body=json.dumps({"path": str(d), "depth": 2}).encode(),
+                      headers=envd.headers({"Content-Type": "application/json"}))
+            r = c.getresponse()
+            done["list_at"] = time.monotonic()
+            done["list"] = (r.status, json.loads(r.read()))
+        except OSError as e:  # a connection closed without an answer
+            done["list"] = (None, repr(e))
+            done["list_at"] = time.monotonic()
+        finally:
+            c.close()
+    t = threading.Thread(target=lister)
+    t.start()
+    time.sleep(0.02)  # the listing has begun
+    status, _ = server.json("GET", "/health")
+    health_at = time.monotonic()
+    t.join(60)
+    assert status == 200
+    st, j = done["list"]
+    assert st == 200, j  # positive control: the listing itself is whole and right
+    paths = [e["path"] for e in j["entries"]]
+    assert len(paths) == 50000, len(paths)
+    assert paths[:3] == [str(d / "f000000"), str(d / "f000001"), str(d / "f000002")]
+    assert paths[-1] == str(d / "f049999")
+    assert health_at < done["list_at"], "the listing held the loop until it ended"
+    # depth: a directory's entries, each followed by what is under it
+    st, j = fs(envd, "ListDir", {"path": str(d / "sub"), "depth": 2})
+    assert st == 200 and [e["path"] for e in j["entries"]] == [str(d / "sub" / "inner")]
 
 
 def files_request(envd, method, query, body=None, headers=None, chunked=False, prefix=None):
