@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -107,6 +108,38 @@ static int export_bpf(scmp_filter_ctx ctx, seccomp_filter_t *f)
     return 0;
 }
 
+/* Socket families a sandbox or a run may use: unix, IPv4, IPv6 and netlink (`ip`). Every other
+ * family (vsock above all: a VM's vsock space is not in any network namespace, so a sandbox
+ * would take the VM's ports and reach the hypervisor's services; also AF_ALG, AF_PACKET and the
+ * rest of the kernel's protocol code) is refused with EAFNOSUPPORT, as on a kernel without it.
+ * socketpair: unix only. The rules name every family up to SOCKET_FAMILIES_CHECKED, so no
+ * rule of theirs overlaps another. default_allows: the filter's default action is to allow
+ * (libseccomp refuses a rule with the default's action: only the refusals are added). */
+#define SOCKET_FAMILIES_CHECKED 64 /* AF_MAX is 46 here; anything above is refused too */
+static int socket_families(scmp_filter_ctx ctx, bool default_allows)
+{
+    static const int allowed[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
+    int r = 0;
+    for (int call = 0; call < 2 && r >= 0; call++) {
+        int nr = call == 0 ? SCMP_SYS(socket) : SCMP_SYS(socketpair);
+        for (uint64_t fam = 0; fam < SOCKET_FAMILIES_CHECKED && r >= 0; fam++) {
+            bool ok = false;
+            for (size_t i = 0; i < ELEMENTSOF(allowed); i++)
+                ok = ok || fam == (uint64_t)allowed[i];
+            if (call == 1)
+                ok = fam == AF_UNIX;
+            if (ok && default_allows)
+                continue;
+            r = seccomp_rule_add(ctx, ok ? SCMP_ACT_ALLOW : SCMP_ACT_ERRNO(EAFNOSUPPORT), nr, 1,
+                                 SCMP_A0(SCMP_CMP_EQ, fam));
+        }
+        if (r >= 0)
+            r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), nr, 1,
+                                 SCMP_A0(SCMP_CMP_GE, SOCKET_FAMILIES_CHECKED));
+    }
+    return r;
+}
+
 int seccomp_filter_build(seccomp_filter_t *f)
 {
     *f = (seccomp_filter_t){ 0 };
@@ -156,6 +189,8 @@ int seccomp_filter_build(seccomp_filter_t *f)
         r = seccomp_rule_add(
             ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 1,
             SCMP_A1(SCMP_CMP_MASKED_EQ, CLONE_NEWNS | CLONE_NEWNET, CLONE_NEWNS | CLONE_NEWNET));
+    if (r >= 0)
+        r = socket_families(ctx, true);
     if (r >= 0) /* faking terminal input into another session */
         r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xFFFFFFFFu, TIOCSTI));
@@ -440,8 +475,6 @@ static const char *const run_allowed[] = {
     "sigaltstack",
     "signalfd",
     "signalfd4",
-    "socket",
-    "socketpair",
     "splice",
     "stat",
     "statfs",
@@ -592,6 +625,8 @@ int seccomp_run_filter_build(seccomp_filter_t *f, bool pool_host)
         if (r >= 0)
             r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setns), 0);
     }
+    if (r >= 0)
+        r = socket_families(ctx, false);
     /* ioctl stays allowed whole: libseccomp drops a conditional refusal beside an unconditional
      * allow, and a run shares no terminal with the host (TIOCSTI reaches only its own ptys);
      * pooled sandboxes, which share a host, refuse TIOCSTI in their own filter. */

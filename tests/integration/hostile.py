@@ -965,6 +965,37 @@ def probe(C):
     works=lambda c, E: c[1] == ["lo"] and c[0] != E.host_netns)
 
 
+# -- socket families no network namespace covers: vsock is the VM's one space (a port bound in a
+# sandbox is the VM's; CID 2 is the hypervisor), so sandboxes and runs get unix, IPv4, IPv6 and
+# netlink only (filter.c: socket_families). Only where the host has vsock (the control). --
+def _host_has_vsock():
+    import socket as _s
+    try:
+        _s.socket(_s.AF_VSOCK, _s.SOCK_STREAM).close()
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+if _host_has_vsock():
+    add("socket-vsock-bind", """
+def probe(C):
+    try:
+        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    except OSError as e:
+        return en(e.errno)
+    try:
+        s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY))
+        return "ok"
+    except OSError as e:
+        return "socket-ok-bind-" + en(e.errno)
+    finally:
+        s.close()
+""", refused=lambda r, E: r == "EAFNOSUPPORT", works=lambda c, E: c == "ok")
+add("socketpair-inet", ret("attempt(lambda: socket.socketpair(socket.AF_INET) and None)"),
+    refused=lambda r, E: r == "EAFNOSUPPORT", works=lambda c, E: c in ("EOPNOTSUPP", "ENOTSUP"))
+
+
 # -- an egress run (network "egress", an allow-list asking for everything): still never the
 # host, its loopback, metadata, the platform or another run. Reused cases plus these two; the
 # outside server of the test (EXT_IP, reached over a veth) is the egress path's own control --

@@ -65,6 +65,43 @@ def py_attempts(sb, body, *args):
     return json.loads(r.out.strip().splitlines()[-1])
 
 
+# ---- socket families ---------------------------------------------------------------------------
+
+def _host_vsock_bind():
+    try:
+        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    except (OSError, AttributeError) as e:
+        return getattr(e, "errno", "none")
+    try:
+        s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY))
+        return "ok"
+    finally:
+        s.close()
+
+
+VSOCK_BIND = """
+import socket
+try:
+    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY))
+    print(json.dumps("ok"))
+except OSError as e:
+    print(json.dumps(errno.errorcode[e.errno]))
+"""
+
+
+@pytest.mark.skip_ok("a host without vsock has none to refuse")
+def test_a_sandbox_opens_no_vsock_socket(pair):
+    """vsock is the VM's one space, in no network namespace: a sandbox that bound a port there
+    would take it from the whole host (and could reach the hypervisor at CID 2). Sandboxes get
+    unix, IPv4, IPv6 and netlink sockets only (filter.c: socket_families)."""
+    a, _ = pair
+    if _host_vsock_bind() != "ok":
+        pytest.skip("this host has no vsock to refuse")  # the control: root on the host binds
+    assert py_attempts(a, VSOCK_BIND) == "EAFNOSUPPORT", "ATTACK: a sandbox bound a vsock port"
+    assert py_attempts(a, "print(json.dumps(attempt(lambda: socket.socket().close())))") == "ok"
+
+
 # ---- sibling homes ---------------------------------------------------------------------------
 
 def test_read_sibling_home_file(pair):
