@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 
 #include "common/buf.h"
@@ -191,6 +192,13 @@ int main(int argc, char **argv)
 {
     server_config_t cfg;
     server_t srv;
+    /* Before the token is read: the agent is not dumpable, so the code of its own run (same
+     * uid, no CAP_SYS_PTRACE in a dedicated run) cannot read its memory (/proc/<pid>/mem,
+     * process_vm_readv, ptrace) or take its descriptors (pidfd_getfd), which hold the token
+     * and every request; the spawn helpers forked from it inherit this, and each command is
+     * dumpable again after its execve. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        log_warn("cannot make the agent non-dumpable: %s", strerror(errno));
     if (log_level_from_env() < 0 || parse_config(argc, argv, &cfg) < 0)
         return 2;
     raise_nofile();

@@ -771,6 +771,41 @@ def probe(C):
 """, refused=lambda r, E: isinstance(r, list) and not any(E.secret in x for x in r),
     works=lambda c, E: any(E.secret in x for x in c))
 
+# -- the run's own agent (its pid 1): it holds the run's token (the bearer credential of the
+# sandbox at the edge: E2B's envdAccessToken) and every request; the tenant's code, same uid,
+# must not read its memory or take its descriptors (it is not dumpable). Control: root on the
+# host does both to the host's pid 1. --
+_AGENT_MEMORY = """
+def probe(C):
+    pid = PID
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            first = f.readline().split()[0]
+        start = int(first.split("-")[0], 16)
+        with open("/proc/%d/mem" % pid, "rb") as f:
+            f.seek(start)
+            f.read(16)
+        return "ok"
+    except OSError as e:
+        return en(e.errno)
+"""
+_AGENT_GETFD = """
+def probe(C):
+    pidfd = sc_val(434, PID, 0)
+    if not isinstance(pidfd, int):
+        return pidfd
+    try:
+        return sc(438, pidfd, 0, 0)
+    finally:
+        os.close(pidfd)
+"""
+add("run-agent-memory", _AGENT_MEMORY.replace("PID", "1"), where=("ded",),
+    refused=lambda r, E: r in ("EACCES", "EPERM"), works=lambda c, E: c == "ok",
+    host_src=_AGENT_MEMORY.replace("PID", "C['canary_pid']"))
+add("run-agent-pidfd-getfd", _AGENT_GETFD.replace("PID", "1"), where=("ded",),
+    refused=lambda r, E: r == "EPERM", works=lambda c, E: c == "ok",
+    host_src=_AGENT_GETFD.replace("PID", "C['canary_pid']"))
+
 # -- host processes: the node, the control plane, a canary process of the host --
 add("ptrace-node", ret("sc(101, 0x4206, C['node_pid'], 0, 0)"),
     refused=lambda r, E: r in ("ESRCH", "EPERM"), works=lambda c, E: c == "ok",
