@@ -220,17 +220,20 @@ static jan_rep_t remove_now(int dir, const char *name)
  * ~0.1 ms to make them), and every inode freed makes the next minutes' new inodes dearer (ext4
  * without a journal skips recently deleted inodes one by one: perf showed `recently_deleted`
  * and the buffer lookups it does as most of the janitor's CPU). Homes and namespaces are what
- * creates wait for. So a tree waits until no delete came for REMOVER_QUIET_MS, and is removed
- * at once only while more than REMOVER_BACKLOG wait (one per delete then) or the filesystem
- * is nine tenths full. */
+ * creates wait for. So a tree waits until no delete came for REMOVER_QUIET_MS, but never more
+ * than REMOVER_WAIT_MAX_MS (a tenant deleting an empty directory every 50 ms kept every
+ * sibling's home waiting), and is removed at once while more than REMOVER_BACKLOG wait or the
+ * filesystem's blocks or inodes are nine tenths used (one per delete then). */
 #define REMOVER_QUIET_MS 100
+#define REMOVER_WAIT_MAX_MS 5000
 #define REMOVER_BACKLOG 1024
 #define REMOVER_DIR ".removing"
 
 static bool space_low(int dir)
 {
     struct statfs fs;
-    return fstatfs(dir, &fs) == 0 && fs.f_blocks > 0 && fs.f_bavail < fs.f_blocks / 10;
+    return fstatfs(dir, &fs) == 0 && ((fs.f_blocks > 0 && fs.f_bavail < fs.f_blocks / 10) ||
+                                      (fs.f_files > 0 && fs.f_ffree < fs.f_files / 10));
 }
 
 /* trash/name moved into the remover's own directory and removed there: an rmdir holds its
@@ -251,9 +254,10 @@ static jan_rep_t remove_apart(int dir, int own, const char *name)
 static _Noreturn void remover_main(int sock, int dir, int names)
 {
     char(*q)[JAN_NAME_MAX] = malloc(JAN_INFLIGHT_MAX * sizeof *q);
+    uint64_t *at = malloc(JAN_INFLIGHT_MAX * sizeof *at); /* when each was named */
     size_t head = 0, n = 0;
     bool quiet = false, eager = false;
-    if (!q)
+    if (!q || !at)
         _exit(1);
     /* its own directory in the trash (a name no trash entry has: each is a sandbox's id and
      * more); the janitor's sweep at start removes it with what it holds */
@@ -261,7 +265,13 @@ static _Noreturn void remover_main(int sock, int dir, int names)
     int own = openat(dir, REMOVER_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     for (;;) {
         struct pollfd pfd = { .fd = names, .events = POLLIN };
-        int timeout = n == 0 ? -1 : quiet || eager ? 0 : REMOVER_QUIET_MS;
+        uint64_t now = monotonic_ms();
+        uint64_t waited = n > 0 ? now - at[head] : 0;
+        bool overdue = n > 0 && waited >= REMOVER_WAIT_MAX_MS;
+        int timeout = n == 0 ? -1
+                      : quiet || eager || overdue
+                          ? 0
+                          : (int)MIN((uint64_t)REMOVER_QUIET_MS, REMOVER_WAIT_MAX_MS - waited);
         int r = poll(&pfd, 1, timeout);
         if (r < 0 && errno == EINTR)
             continue;
@@ -275,13 +285,15 @@ static _Noreturn void remover_main(int sock, int dir, int names)
             if (got != (ssize_t)sizeof name || n >= JAN_INFLIGHT_MAX)
                 _exit(got == 0 ? 0 : 1); /* the janitor is gone (or broke the bound) */
             name[JAN_NAME_MAX - 1] = '\0';
+            at[(head + n) % JAN_INFLIGHT_MAX] = now;
             memcpy(q[(head + n++) % JAN_INFLIGHT_MAX], name, sizeof name);
             quiet = false;
             eager = n > REMOVER_BACKLOG || space_low(dir);
-            if (!eager)
+            if (!eager && !overdue)
                 continue;
         } else
-            quiet = true; /* no delete for a while (or eager): one removal, then look again */
+            quiet = true; /* no delete for a while (or one overdue, or eager): one removal, then
+                           * look again */
         const char *name = q[head];
         jan_rep_t rep = name_ok(name) ? remove_apart(dir, own, name)
                                       : (jan_rep_t){ .op = JAN_REMOVE, .r = -EINVAL };

@@ -1365,10 +1365,19 @@ static int flatten_deep(int top, unsigned *serial)
         if (next < 0)
             return negative_errno();
         if (depth % FLATTEN_DEPTH == 0) {
-            (void)snprintf(to, sizeof to, ".sbx-teardown-%u", (*serial)++);
-            if (renameat2(cur, name, top, to, RENAME_NOREPLACE) < 0 && errno != EEXIST) {
+            /* a name the tenant cannot have made ahead (it chose every name in this tree: with
+             * names it could guess, each move "succeeded" without moving, and the tree was
+             * never removed), tried again only if it exists all the same */
+            int k = -EEXIST;
+            for (int tries = 0; tries < 4 && k == -EEXIST; tries++) {
+                char rnd[17];
+                hex_random(rnd, 8);
+                (void)snprintf(to, sizeof to, ".sbx-teardown-%u-%s", (*serial)++, rnd);
+                k = renameat2(cur, name, top, to, RENAME_NOREPLACE) < 0 ? negative_errno() : 0;
+            }
+            if (k < 0) {
                 safe_close(next);
-                return negative_errno();
+                return k;
             }
             moved++;
         }

@@ -9,6 +9,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 import time
 
 import pytest
@@ -174,6 +175,52 @@ def test_a_files_api_delete_of_a_tree_renames_it_away_and_the_janitor_empties_it
     assert not os.path.exists(a.home + "/f")
 
 
+# In the sandbox: atk/ holds the remover's old teardown names (files), a payload, and a chain
+# of 300 directories (deeper than a removal walks) whose first name comes first in atk's readdir
+# order, so that a removal gives up before anything else (names tried until one does).
+DEEP_WITH_BLOCKERS = """
+import os
+X = os.path.abspath("atk")
+os.mkdir(X)
+for i in range(2048):
+    open(os.path.join(X, ".sbx-teardown-%d" % i), "w").close()
+open(os.path.join(X, "payload"), "w").write("x" * 100000)
+win = None
+for batch in range(40):
+    names = ["k%d" % (batch * 500 + i) for i in range(500)]
+    for n in names:
+        open(os.path.join(X, n), "w").close()
+    first = next(iter(os.listdir(X)))
+    for n in names:
+        if n != first:
+            os.unlink(os.path.join(X, n))
+    if first.startswith("k"):
+        win = first
+        break
+assert win, "no name came first"
+os.unlink(os.path.join(X, win))
+os.makedirs(os.path.join(X, win, *(["d"] * 299)))
+assert next(iter(os.listdir(X))) == win
+print("made")
+"""
+
+
+def test_a_tree_with_the_teardown_names_made_ahead_is_still_removed(make_host_server):
+    """A chain deeper than a removal walks is taken apart by moving every 128th level to the
+    top of the tree under a name of the remover's; a tenant that made those names ahead (as
+    files) made every move "succeed" without moving, and the tree was never removed (found by a
+    red-team pass). Positive control: the delete answers and the tree leaves the sandbox."""
+    srv = make_host_server()
+    a = srv.sandbox()
+    r = a.py(DEEP_WITH_BLOCKERS)
+    assert r.out == "made\n", r
+    st, _, body = a.request("DELETE", "/files/delete?path=/atk&recursive=true")
+    assert st == 200, (st, body)
+    assert not os.path.lexists(a.home + "/atk")
+    assert wait_until(lambda: trash_in(srv) == [], 60), ("the tree was never removed",
+                                                         trash_in(srv))
+
+
 @pytest.mark.skip_ok("needs network namespaces")
 def test_the_janitor_answers_before_a_long_removal(make_host_server):
     # Removals run in the janitor's own child (the remover), so that a long one (a tree may take
@@ -223,9 +270,41 @@ def test_removals_wait_while_deletes_keep_coming(make_host_server):
     for sb in sbs:
         assert sb.delete()[0] == 200
     left = trash_in(srv)
-    assert len(left) >= 12, left  # most still there right after the burst
+    assert len(left) >= 18, left  # most still there right after the burst
     # positive control: all removed once the deletes stopped
     assert wait_until(lambda: trash_in(srv) == [], 10), trash_in(srv)
+
+
+def test_a_tenant_deleting_all_the_time_cannot_hold_a_siblings_removal(make_host_server):
+    """The remover waits for a pause in deletes, but no tree waits more than 5 s: a tenant that
+    deletes an empty directory every 40 ms (never a pause) kept every sibling's deleted home
+    waiting as long as it went on (a red-team pass). B's home must be gone while A still goes
+    on (the churn runs 20 s)."""
+    srv = make_host_server()
+    a, b = srv.create(2)
+    assert b.write("data", b"x" * 100000)[0] == 200
+    stop = threading.Event()
+    churned = []
+
+    def churn():
+        deadline = time.monotonic() + 20
+        while not stop.is_set() and time.monotonic() < deadline:
+            a.request("POST", "/files/mkdir?path=/e")
+            st, _, _ = a.request("DELETE", "/files/delete?path=/e&recursive=true")
+            churned.append(st)
+            time.sleep(0.04)
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        time.sleep(0.5)
+        assert b.delete()[0] == 200
+        gone = wait_until(lambda: not [n for n in trash_in(srv) if n.startswith(b.id)]
+                          or not t.is_alive(), 25, 0.1)
+        assert gone and t.is_alive(), ("a sibling's churn held B's removal", trash_in(srv))
+        assert churned and all(st == 200 for st in churned), churned  # the churn went on
+    finally:
+        stop.set()
+        t.join()
 
 
 def test_homes_an_earlier_run_left_are_removed_at_start(make_host_server):
