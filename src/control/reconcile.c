@@ -522,6 +522,11 @@ static void reconcile_job(rec_t *rc, json_t *job)
     if (desired == DESIRED_CANCELED) {
         if (holds && !retire(rc, rr.host, rr.port, &rr.run))
             return;
+        /* A failed install may have left the run's record and directory on its node (kept for
+         * a retry and its log): retired too, where the node is live; one that is not keeps
+         * nothing mounted and does not hold the cancel up. */
+        if (have && rr.state == RR_FAILED && node_live(rc, rr.run.node))
+            (void)retire(rc, rr.host, rr.port, &rr.run);
         crash_point("cancel:retired");
         if (have && rr.has_prev)
             (void)retire(rc, rr.prev_host, rr.prev_port, &rr.prev);

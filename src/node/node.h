@@ -195,7 +195,7 @@ int run_save(const run_t *r);
 void node_load_runs(node_t *n);
 int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */
 void run_free(run_t *r);
-void run_unmount_disk(const run_t *r); /* the node is going down */
+void run_unmount_disk(const run_t *r); /* nothing of the run uses its disk any more */
 
 /* bridge.c: connect to the run's agent and verify who answers */
 int bridge_connect(const run_t *r, int *ret_fd, sbx_err_t *err);

@@ -446,6 +446,9 @@ static void run_on_exit(child_t *ch, int wstatus)
         r->state = RUN_EXITED;
         run_cut_leases(r);
         (void)run_save(r);
+        /* nothing of the run uses its disk any more: its mount and loop device go now, not
+         * when the run is retired (whatever needs the root again mounts it again) */
+        run_unmount_disk(r);
         log_info("run %s generation %llu exited (status 0x%x)", r->id.sandbox,
                  (unsigned long long)r->id.generation, wstatus);
     }
@@ -992,14 +995,17 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, sbx_err_t 
     return 0;
 }
 
-/* The install ended (rc): a failed run is kept as exited (its directory is found again; it
- * serves nothing); either way it becomes the sandbox's record. */
+/* The install ended (rc): a failed run is kept as exited (its directory and log are found
+ * again; it serves nothing), its disk unmounted and its loop device released at once (a retry
+ * from the same root mounts it again; a retire removes the directory); either way it becomes
+ * the sandbox's record. */
 void run_install_finish(node_t *n, run_t *r, int rc)
 {
     if (rc < 0) {
         if (r->pid > 0 || r->pasta_pid > 0 || r->holder_pid > 0)
             run_stop(n, r);
         r->state = RUN_EXITED;
+        run_unmount_disk(r); /* failed install: nothing may hold the node's mounts */
     }
     r->installing = false;
     r->next = n->runs;
@@ -1136,6 +1142,7 @@ static void load_kill_half_installed(node_t *n, run_t *r)
     r->state = RUN_EXITED;
     r->exit_status = -1;
     (void)run_save(r);
+    run_unmount_disk(r); /* a killed node left it mounted: nothing runs on it any more */
 }
 
 /* Reload run records after a node restart. A run whose process is still the one recorded
@@ -1225,6 +1232,8 @@ void node_load_runs(node_t *n)
             if (streq(state, "running"))
                 r->exit_status = -1; /* ended while the node was down: status unknown */
             r->pid = 0;
+            if (r->state == RUN_EXITED) /* a killed node left it mounted: nothing runs on it */
+                run_unmount_disk(r);
         }
         json_decref(j);
         r->next = n->runs;

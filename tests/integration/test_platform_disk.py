@@ -1,11 +1,16 @@
 # SPDX-License-Identifier: MIT
 """A run's disk: its root is a file system of the flavor's size (a sparse image on the node), so
 a run that fills it gets ENOSPC and the node's disk is untouched; sparse files stay sparse
-across pause, resume and a move to another node. Each refusal has a positive control."""
+across pause, resume and a move to another node; a run that failed to start lets go of its
+disk (loop device and mount) at once and of its directory when cancelled. Each refusal has a
+positive control."""
+import glob
 import os
+import signal
 
 import pytest
 
+from conftest import wait_until
 from sbxplatform import Platform
 
 
@@ -71,3 +76,110 @@ def test_sparse_files_stay_sparse_across_pause_and_move(plat):
     img = os.path.join(job.node().run_dir(job.id), "disk.img")
     assert du_bytes(img) < 256 << 20, du_bytes(img)  # the move did not write the hole out
     job.cancel()
+
+
+# ---- a run that failed to start keeps nothing of the node's ----------------------------------
+
+# A command that listens on the bridge itself (fd 3) but is not the agent: the node refuses it
+# while its process is alive (the install stops it), unlike a command that exits at once.
+NOT_THE_AGENT = ("import socket, time\n"
+                 "s = socket.socket(fileno=3)\n"
+                 "s.listen(16)\n"
+                 "time.sleep(60)\n")
+
+
+def disk_holds(under, ids):
+    """(loop devices, mounts) of the host's mount namespace under `under` (the platform's
+    directory), in all and for the runs of the job ids `ids` (their directories or trash)."""
+    loops, mounts = [], []
+    for f in glob.glob("/sys/block/loop*/loop/backing_file"):
+        try:
+            with open(f) as fh:
+                back = fh.read().strip()
+        except OSError:
+            continue  # detached meanwhile
+        if back.startswith(under + "/"):
+            loops.append(back)
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            mp = line.split()[4]
+            if mp.startswith(under + "/"):
+                mounts.append(mp)
+
+    def mine(paths):
+        return [p for p in paths if any(f"/{i}/" in p or f"-{i}-" in p for i in ids)]
+    return len(loops), len(mounts), len(mine(loops)), len(mine(mounts))
+
+
+def test_runs_that_fail_to_start_or_exit_let_go_of_their_disks(plat):
+    """Jobs whose command exits at once (or is refused by the bridge while it runs) end in
+    ERROR; their runs' disks are unmounted and their loop devices released at once, and
+    cancelling the jobs removes their run directories. A job that runs holds its disk until it
+    is cancelled (the positive control)."""
+    under = plat.dir
+    base = disk_holds(under, [])
+    ok = plat.create("dk", flavor="cpu-small")
+    node = ok.node()
+    root = os.path.join(node.run_dir(ok.id), "root")
+    # positive control: a running job's disk is loop-attached and mounted on its root
+    held = wait_until(lambda: disk_holds(under, [ok.id])[2:] == (1, 1), 10)
+    assert held, f"the running job's disk is not mounted: {disk_holds(under, [ok.id])}"
+    assert os.path.ismount(root)
+    running = disk_holds(under, [ok.id])
+    failed = [plat.create("dk", wait=False, flavor="cpu-small", command=["/bin/true"])
+              for _ in range(5)]
+    failed += [plat.create("dk", wait=False, flavor="cpu-small",
+                           command=["/usr/bin/python3", "-c", NOT_THE_AGENT])
+               for _ in range(2)]
+    ids = [j.id for j in failed]
+    for j in failed:
+        st = j.wait_stage("ERROR", timeout=30)
+        assert "install failed" in st["message"], st
+    for j in failed[:5]:
+        assert "exited during start" in j.inspect()["message"]
+    for j in failed[5:]:
+        assert "another executable" in j.inspect()["message"]
+    # the node keeps each failed run's record and log, but none of its mounts
+    dirs = [n.run_dir(i) for i in ids for n in plat.nodes if os.path.isdir(n.run_dir(i))]
+    assert len(dirs) == len(ids), (dirs, ids)
+    for d in dirs:
+        assert os.path.exists(os.path.join(d, "log")), d
+    now = wait_until(lambda: (lambda h: h if h[2:] == (0, 0) else None)(disk_holds(under, ids)),
+                     10, 0.1)
+    holds = disk_holds(under, ids)
+    assert now, (f"LEAK: runs that failed to start keep {holds[2]} loop devices and {holds[3]} "
+                 f"mounts of the node after ERROR")
+    assert wait_until(lambda: disk_holds(under, [ok.id]) == running, 10), \
+        (disk_holds(under, [ok.id]), running)
+    # cancelling them removes their directories (trashed, then removed) and holds nothing
+    for j in failed:
+        assert j.action("cancel").status == 202
+    for j in failed:
+        j.wait_stage("CANCELED", timeout=30)
+    gone = wait_until(lambda: not any(os.path.exists(n.run_dir(i)) for i in ids
+                                      for n in plat.nodes) and
+                      not any(f"-{i}-" in e for n in plat.nodes
+                              for e in os.listdir(os.path.join(n.state, "runs")) for i in ids),
+                      15, 0.1)
+    assert gone, ("LEAK: cancelled failed runs keep their directories: " +
+                  repr([os.listdir(os.path.join(n.state, "runs")) for n in plat.nodes]))
+    assert disk_holds(under, ids)[2:] == (0, 0), disk_holds(under, ids)
+    # a run that ran and then exited (its pid 1 killed from the host) lets go of its disk
+    # too, before anyone cancels its job
+    ended = plat.create("dk", flavor="cpu-small")
+    enode = ended.node()
+    assert disk_holds(under, [ended.id])[2:] == (1, 1), disk_holds(under, [ended.id])
+    os.kill(enode.run_record(ended.id)["pid"], signal.SIGKILL)
+    assert wait_until(lambda: (enode.run_record(ended.id) or {}).get("state") == "exited", 10)
+    now = wait_until(lambda: disk_holds(under, [ended.id])[2:] == (0, 0), 10, 0.1)
+    assert now, (f"LEAK: a run that exited keeps its disk mounted: "
+                 f"{disk_holds(under, [ended.id])}")
+    r = ended.action("cancel")
+    assert r.status == 202, r
+    ended.wait_stage("CANCELED")
+    # the positive control still holds its disk, and lets go of it when cancelled
+    assert os.path.ismount(root)
+    ok.cancel()
+    back = wait_until(lambda: disk_holds(under, [])[:2] == base[:2], 15, 0.1)
+    assert back, (f"the node's loop devices and mounts did not return to what they were: "
+                  f"{disk_holds(under, [])[:2]} != {base[:2]}")
