@@ -136,7 +136,8 @@ def test_runs_that_fail_to_start_or_exit_let_go_of_their_disks(plat):
         st = j.wait_stage("ERROR", timeout=30)
         assert "install failed" in st["message"], st
     for j in failed[:5]:
-        assert "exited during start" in j.inspect()["message"]
+        msg = j.inspect()["message"]  # the exit is seen before or after the install began
+        assert "exited during start" in msg or "exited at once" in msg, msg
     for j in failed[5:]:
         assert "another executable" in j.inspect()["message"]
     # the node keeps each failed run's record and log, but none of its mounts
