@@ -286,6 +286,7 @@ static void envd_on_close(conn_t *c, bool aborted)
     if (call->op_counted)
         server_op_end(server_of(c));
     free(call->reply);
+    listing_slot_give(&call->listing);
     free(call);
 }
 

@@ -80,6 +80,20 @@ void envd_dispatch(conn_t *c, sv_t path);
 /* The answer to a wrong or missing X-Access-Token: 401, as envd answers it. */
 void envd_refuse(conn_t *c, sv_t path);
 
+/* Listings in flight (the files API's, envd's ListDir), each from when it starts reading until
+ * its answer is sent: it holds the names it keeps and up to several megabytes of answer. A
+ * pooled sandbox has at most LISTINGS_PER_SANDBOX, the server LISTINGS_MAX (files.c). */
+#define LISTINGS_PER_SANDBOX 2
+#define LISTINGS_MAX 8
+typedef struct {
+    struct sandbox *sb; /* NULL: dedicated */
+    struct server *srv;
+    bool held;
+} listing_slot_t;
+/* false: none free (the caller answers 429) */
+bool listing_slot_take(const conn_t *c, listing_slot_t *slot);
+void listing_slot_give(listing_slot_t *slot);
+
 /* ---- one RPC (shared by envd_process.c and envd_fs.c) ----------------------------------- */
 
 typedef struct envd_call envd_call_t;
@@ -101,6 +115,7 @@ struct envd_call {
     void (*on_close)(envd_call_t *call);    /* release state; the connection is going away */
     char *reply;                            /* a unary answer too big to go at once: streamed */
     size_t reply_len, reply_off;
+    listing_slot_t listing; /* a ListDir's, until its answer is sent */
 };
 
 /* Unary: answer j (stolen) with 200. */

@@ -208,6 +208,11 @@ static void rpc_remove(envd_call_t *call, json_t *req)
  * turn of the loop (a directory of 200,000 read at once held every other request of the host
  * for ~0.5 s): a stack of the directories being read, the deepest on top. */
 #define LIST_TURN 4096
+/* and answers at most this many bytes (each entry counted as its path, its name and
+ * LIST_ENTRY_BYTES of fields; a listing of long names or deep paths could be hundreds of MB):
+ * beyond, resource_exhausted (ListDir has no pages: ask for fewer levels) */
+#define LIST_BYTES_MAX (24u * 1024 * 1024)
+#define LIST_ENTRY_BYTES 200
 
 typedef struct {
     char path[FS_PATH_MAX]; /* as the client wrote it */
@@ -221,6 +226,7 @@ typedef struct {
     envd_call_t *call;
     fs_root_t root;
     json_t *arr;
+    size_t bytes;            /* the answer's, as counted (LIST_BYTES_MAX) */
     char first[FS_PATH_MAX]; /* the directory asked for */
     list_frame_t frames[LIST_MAX_DEPTH];
     size_t n;
@@ -308,6 +314,9 @@ static int list_work(list_job_t *j)
         if (!je)
             continue; /* a name that is not UTF-8: no JSON string can carry it */
         json_array_append_new(j->arr, je);
+        j->bytes += 2 * (size_t)n + LIST_ENTRY_BYTES; /* path, and name within it */
+        if (j->bytes > LIST_BYTES_MAX)
+            return -E2BIG;
         if (f->depth > 1 && S_ISDIR(e->st.st_mode)) {
             int r = list_push(j, path, f->depth - 1);
             if (r < 0)
@@ -331,11 +340,19 @@ static void list_go_on(list_job_t *j)
     char path[FS_PATH_MAX];
     memcpy(path, j->first, sizeof path);
     list_job_free(call);
+    if (r == -E2BIG) {
+        listing_slot_give(&call->listing);
+        envd_fail(call, CONNECT_RESOURCE_EXHAUSTED,
+                  "the listing of %.200s is larger than %u MB: list fewer levels", path,
+                  LIST_BYTES_MAX >> 20);
+        return;
+    }
     if (r < 0) {
+        listing_slot_give(&call->listing);
         fail_errno(call, r, "list", path);
         return;
     }
-    envd_reply(call, json_pack("{s:o}", "entries", arr));
+    envd_reply(call, json_pack("{s:o}", "entries", arr)); /* its slot goes with the call */
 }
 
 static void list_on_turn(loop_t *l, timer_t_ *t)
@@ -364,6 +381,12 @@ static void rpc_list_dir(envd_call_t *call, json_t *req)
         return;
     }
     fs_root_t root = files_root(call->c);
+    if (!listing_slot_take(call->c, &call->listing)) {
+        envd_fail(call, CONNECT_RESOURCE_EXHAUSTED,
+                  "too many listings in flight (%d per sandbox, %d per host)", LISTINGS_PER_SANDBOX,
+                  LISTINGS_MAX);
+        return;
+    }
     struct stat st;
     int r = fs_stat(&root, path, &st);
     if (r == 0 && !S_ISDIR(st.st_mode))
@@ -374,13 +397,23 @@ static void rpc_list_dir(envd_call_t *call, json_t *req)
     if (r == 0) {
         j->call = call;
         j->root = root;
-        (void)snprintf(j->first, sizeof j->first, "%s", path);
-        r = list_push(j, path, (unsigned)depth);
+        /* each entry's path is this one's and its name: tidied, so that a path written long
+         * does not make every entry long (path_normalize; absolute if written so) */
+        size_t abs = path[0] == '/';
+        int n = path_normalize(path, strlen(path), j->first + abs, sizeof j->first - abs);
+        if (n < 0)
+            (void)snprintf(j->first, sizeof j->first, "%s", path);
+        else if (abs)
+            j->first[0] = '/';
+        else if (n == 0)
+            (void)snprintf(j->first, sizeof j->first, ".");
+        r = list_push(j, j->first, (unsigned)depth);
     }
     if (r < 0) {
         if (j)
             json_decref(j->arr);
         free(j);
+        listing_slot_give(&call->listing);
         fail_errno(call, r, "list", path);
         return;
     }

@@ -34,6 +34,31 @@ fs_root_t files_root(const conn_t *c)
                         .prefix = conn_sandbox(c)->home };
 }
 
+bool listing_slot_take(const conn_t *c, listing_slot_t *slot)
+{
+    sandbox_t *sb = (sandbox_t *)conn_sandbox(c);
+    server_t *srv = server_of(c);
+    *slot = (listing_slot_t){ .sb = sb, .srv = srv };
+    if (srv->listings >= LISTINGS_MAX || (sb && sb->listings >= LISTINGS_PER_SANDBOX))
+        return false;
+    srv->listings++;
+    if (sb)
+        sb->listings++;
+    slot->held = true;
+    return true;
+}
+
+void listing_slot_give(listing_slot_t *slot)
+{
+    if (!slot->held)
+        return;
+    slot->held = false;
+    if (slot->srv->listings > 0)
+        slot->srv->listings--;
+    if (slot->sb && slot->sb->listings > 0)
+        slot->sb->listings--;
+}
+
 /* Delete path: a pooled sandbox's tree goes to the trash in one rename and the janitor empties
  * it: a tree of 200,000 files emptied on the loop held every request of the host for 3 s
  * (longer while the sandbox's code kept adding files). */
@@ -125,6 +150,7 @@ static int files_path_param(conn_t *c, const char *name, char *out, size_t cap)
 typedef struct {
     char *s;
     size_t len, off;
+    listing_slot_t slot; /* a listing's, given back once sent */
 } json_stream_t;
 
 /* Fill the output buffer and flush, until the rest must wait for the peer: on_drain comes back
@@ -156,45 +182,58 @@ static void json_stream_close(conn_t *c, bool aborted)
     json_stream_t *js = c->hdata;
     (void)aborted;
     c->hdata = NULL;
-    if (js)
+    if (js) {
         free(js->s);
+        listing_slot_give(&js->slot);
+    }
     free(js);
 }
 
 static const handler_ops_t json_stream_ops = { .on_drain = json_stream_pump,
                                                .on_close = json_stream_close };
 
-/* Answer 200 with j (stolen): inline when small, else streamed in chunks under backpressure. */
-static void files_respond_json(conn_t *c, json_t *j)
+/* Answer 200 with j (stolen): inline when small, else streamed in chunks under backpressure;
+ * slot (may be NULL): a listing's, taken over and given back once the answer is out. */
+static void files_respond_json_slot(conn_t *c, json_t *j, listing_slot_t *slot)
 {
+    listing_slot_t none = { .held = false };
+    listing_slot_t held = slot ? *slot : none;
+    if (slot)
+        slot->held = false;
     if (!j) {
+        listing_slot_give(&held);
         http_unavailable(c, 0, "out of memory");
         return;
     }
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!s) {
+        listing_slot_give(&held);
         http_unavailable(c, 0, "out of memory");
         return;
     }
     size_t len = strlen(s);
     if (len <= FILES_JSON_INLINE_MAX) {
+        listing_slot_give(&held); /* the answer is in the connection's buffer now */
         conn_respond(c, 200, "application/json", s, len, NULL);
         free(s);
         return;
     }
     json_stream_t *js = calloc(1, sizeof *js);
     if (!js) {
+        listing_slot_give(&held);
         free(s);
         http_unavailable(c, 0, "out of memory");
         return;
     }
-    *js = (json_stream_t){ .s = s, .len = len };
+    *js = (json_stream_t){ .s = s, .len = len, .slot = held };
     conn_set_handler(c, &json_stream_ops, js);
     if (conn_stream_begin(c, 200, "application/json", NULL) < 0)
         return;
     json_stream_pump(c);
 }
+
+static void files_respond_json(conn_t *c, json_t *j) { files_respond_json_slot(c, j, NULL); }
 
 static const char *entry_type(mode_t m)
 {
@@ -425,6 +464,12 @@ static int list_after(char *after)
     return 0;
 }
 
+/* A listing's answer stops near this many bytes (each entry counted as its path, its name and
+ * FILES_ENTRY_BYTES of fields): truncated, with its cursor, so that one with long names (or a
+ * path written long: 3.8 KB x 50,000 entries made 219 MB) stays small. */
+#define FILES_LIST_BYTES_MAX (8u * 1024 * 1024)
+#define FILES_ENTRY_BYTES 200
+
 static json_t *listing_json(const char *dir, const fs_listing_t *l)
 {
     size_t dlen = path_trimmed_len(dir);
@@ -439,8 +484,9 @@ static json_t *listing_json(const char *dir, const fs_listing_t *l)
     memcpy(full, dir, dlen);
     size_t base = root ? 1 : dlen + 1;
     full[base - 1] = '/';
-    for (size_t i = 0; i < l->n; i++) {
-        const fs_entry_t *e = &l->entries[i];
+    size_t n = 0, bytes = 0;
+    for (; n < l->n && bytes < FILES_LIST_BYTES_MAX; n++) {
+        const fs_entry_t *e = &l->entries[n];
         size_t nlen = strlen(e->name);
         memcpy(full + base, e->name, nlen);
         if (json_array_append_new(arr, entry_json(e->name, nlen, full, base + nlen, &e->st)) < 0) {
@@ -448,12 +494,31 @@ static json_t *listing_json(const char *dir, const fs_listing_t *l)
             free(full);
             return NULL;
         }
+        bytes += base + 2 * nlen + FILES_ENTRY_BYTES;
     }
     free(full);
+    bool truncated = l->truncated || n < l->n;
     json_t *next = json_null();
-    if (l->truncated && l->n > 0)
-        next = list_cursor(l->entries[l->n - 1].name);
-    return json_pack("{s:o,s:b,s:o?}", "entries", arr, "truncated", l->truncated, "next", next);
+    if (truncated && n > 0)
+        next = list_cursor(l->entries[n - 1].name);
+    return json_pack("{s:o,s:b,s:o?}", "entries", arr, "truncated", truncated, "next", next);
+}
+
+/* path as a listing shows it (and each entry's under it): tidied (path_normalize: no empty or
+ * "." component, "name/.." folded), absolute if it was written so, so that a path written long
+ * does not make every entry long. */
+static void shown_path(const char *path, char *out, size_t cap)
+{
+    size_t abs = path[0] == '/';
+    int n = cap > 1 ? path_normalize(path, strlen(path), out + abs, cap - abs) : -ENAMETOOLONG;
+    if (n < 0) {
+        (void)snprintf(out, cap, "%s", path);
+        return;
+    }
+    if (abs)
+        out[0] = '/';
+    else if (n == 0)
+        (void)snprintf(out, cap, ".");
 }
 
 /* A listing read a batch per turn of the loop (a directory of 200,000 entries read at once held
@@ -464,6 +529,7 @@ typedef struct {
     conn_t *c;
     fs_lister_t *ls;
     timer_t_ turn;
+    listing_slot_t slot;
     char path[FS_PATH_MAX];
 } list_job_t;
 
@@ -472,6 +538,7 @@ static void list_job_free(conn_t *c, list_job_t *j)
     c->hdata = NULL;
     timer_disarm(c->srv->loop, &j->turn);
     fs_list_abort(j->ls);
+    listing_slot_give(&j->slot);
     server_op_end(server_of(c));
     free(j);
 }
@@ -493,18 +560,21 @@ static void list_go_on(conn_t *c, list_job_t *j)
         return;
     char path[FS_PATH_MAX];
     fs_listing_t l;
+    listing_slot_t slot = j->slot;
+    j->slot.held = false; /* goes with the answer */
     memcpy(path, j->path, sizeof path);
     if (k >= 0)
         k = k == 0 ? -ENOMEM : fs_list_finish(TAKE_PTR(j->ls), &l);
     conn_set_handler(c, NULL, NULL);
     list_job_free(c, j);
     if (k < 0) {
+        listing_slot_give(&slot);
         files_fail(c, k, path);
         return;
     }
     json_t *jl = listing_json(path, &l);
     fs_listing_free(&l);
-    files_respond_json(c, jl);
+    files_respond_json_slot(c, jl, &slot);
 }
 
 static void list_on_turn(loop_t *l, timer_t_ *t)
@@ -534,15 +604,23 @@ void route_files_list(conn_t *c, const route_params_t *p)
         return;
     }
     fs_root_t root = files_root(c);
+    listing_slot_t slot;
+    if (!listing_slot_take(c, &slot)) {
+        http_too_many(c, 0, "too many listings in flight (%d per sandbox, %d per host)",
+                      LISTINGS_PER_SANDBOX, LISTINGS_MAX);
+        return;
+    }
     list_job_t *j = calloc(1, sizeof *j);
     int k = j ? fs_list_begin(&root, path, r > 0 ? after : NULL, (size_t)limit, &j->ls) : -ENOMEM;
     if (k < 0) {
+        listing_slot_give(&slot);
         free(j);
         files_fail(c, k, path);
         return;
     }
+    j->slot = slot;
     j->c = c;
-    memcpy(j->path, path, sizeof path);
+    shown_path(path, j->path, sizeof j->path);
     timer_init(&j->turn, list_on_turn, j);
     server_op_begin(server_of(c));
     conn_set_handler(c, &list_ops, j);

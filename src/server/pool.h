@@ -80,6 +80,7 @@ struct sandbox {
     unsigned tunnels;     /* its port proxy's open tunnels (portproxy.c: at most a quarter of the
                         * server's connections) */
     unsigned watch_instances, watch_dirs; /* its envd directory watches (envd_watch.c) */
+    unsigned listings;                    /* listings in flight (files.c: listing_slot_take) */
     int ruleset_fd;                       /* -1 while closed or with uid-only confinement */
     bool landlocked; /* confined by Landlock (a ruleset is made whenever it runs something) */
     bool cg_ready;   /* its cgroups exist with its limits (cgroup_prepare ran once) */

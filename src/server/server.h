@@ -40,6 +40,7 @@ struct server {
     server_config_t cfg;
     timer_t_ idle_t;
     unsigned active_ops; /* foreground operations in flight */
+    unsigned listings;   /* listings in flight (files.c: listing_slot_take) */
     proc_t *procs;
     size_t n_procs;
     unsigned procs_starting; /* background processes handed to a spawn helper, not answered */

@@ -12,11 +12,13 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 
 import pytest
 
 from conftest import POOL_UID_BASE, POOL_UID_COUNT, Sandbox, homes_in, uid_pids, wait_until
 from test_envd import files_request, sandbox_envd
+from test_envd import fs as envd_fs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pool host mode needs root")
 
@@ -132,6 +134,61 @@ def test_uploads_never_spend_the_blocks_kept_for_root(make_host_server):
             s.stop()
         subprocess.run(["umount", "-l", mnt], check=False)
         shutil.rmtree(d, ignore_errors=True)
+
+
+BIG_LISTING = """
+import os
+os.mkdir("big")
+open("big/f", "w").close()
+for i in range(50000):
+    os.link("big/f", "big/%06d" % i + "n" * 200)
+print("made")
+"""
+
+
+def test_listings_are_bounded_in_size_and_in_flight(make_host_server):
+    """A listing's answer stops near 8 MB (truncated, with its cursor) and shows the path tidied
+    (a path written long made every entry long: 219 MB from one request); a sandbox has at most
+    two listings in flight, the host eight, a third of the sandbox's is 429 (clients that never
+    read held 1.3 GB). Positive controls: a sibling lists meanwhile; the sandbox lists again once
+    its two are done (a red-team pass)."""
+    s = make_host_server()
+    a, b = s.create(2)
+    assert a.py(BIG_LISTING, timeout=120).out == "made\n"
+    q = "/files/list?path=" + urllib.parse.quote("/" + "./" * 500 + "big") + "&limit=50000"
+    st, _, body = a.request("GET", q, timeout=60)
+    assert st == 200, (st, body[:300])
+    j = json.loads(body)
+    assert j["truncated"] and 0 < len(j["entries"]) < 50001 and j["next"], len(j["entries"])
+    assert len(body) < 10 * 1024 * 1024, len(body)
+    assert all(e["path"] == "/big/" + e["name"] for e in j["entries"]), j["entries"][0]
+    # envd's ListDir has no pages: past 24 MB it says so; a small one shows tidy paths
+    e = sandbox_envd(a)
+    st, j = envd_fs(e, "ListDir", {"path": "/big"})
+    assert st == 429 and j["code"] == "resource_exhausted", (st, str(j)[:300])
+    assert a.run("mkdir -p small && touch small/x").code == 0
+    st, j = envd_fs(e, "ListDir", {"path": "/" + "./" * 500 + "small"})
+    assert st == 200 and [x["path"] for x in j["entries"]] == ["/small/x"], (st, str(j)[:300])
+    # two clients that never read hold the sandbox's two listings
+    held = []
+    for _ in range(2):
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.connect(("127.0.0.1", s.port))
+        c.sendall(f"GET {a.path(q)} HTTP/1.1\r\nHost: x\r\nX-Sandbox-Token: {a.token}\r\n\r\n"
+                  .encode())
+        held.append(c)
+    try:
+        def third():
+            st, _, body = a.request("GET", "/files/list?path=/big&limit=5")
+            return (st, body) if st == 429 else None
+        got = wait_until(third, 10, 0.2)
+        assert got and b"too many listings" in got[1], got
+        assert b.request("GET", "/files/list?path=/")[0] == 200  # a sibling lists meanwhile
+    finally:
+        for c in held:
+            c.close()
+    assert wait_until(lambda: a.request("GET", "/files/list?path=/big&limit=5")[0] == 200, 10)
 
 
 def test_a_batch_that_fails_part_way_is_undone(make_host_server):
