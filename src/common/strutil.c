@@ -30,6 +30,12 @@ bool sv_has_prefix(sv_t a, sv_t prefix)
     return a.len >= prefix.len && memcmp(a.p, prefix.p, prefix.len) == 0;
 }
 
+bool sv_has_prefix_lit_nocase(sv_t a, const char *lit)
+{
+    size_t n = strlen(lit);
+    return a.len >= n && sv_eq_lit_nocase(sv_make(a.p, n), lit);
+}
+
 int parse_u64(sv_t s, uint64_t max, uint64_t *ret)
 {
     uint64_t v = 0;

@@ -19,6 +19,8 @@ static inline sv_t sv_make(const char *p, size_t len) { return (sv_t){ p, len };
 bool sv_eq(sv_t a, sv_t b);
 bool sv_eq_lit_nocase(sv_t a, const char *lit);
 bool sv_has_prefix(sv_t a, sv_t prefix);
+/* Whether a begins with lit, ASCII letters in any case. */
+bool sv_has_prefix_lit_nocase(sv_t a, const char *lit);
 
 /* Digits only, no sign, no whitespace, no leading '+'; max is inclusive.
  * Return 0 or -EINVAL (not a number) / -ERANGE (above max). */

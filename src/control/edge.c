@@ -441,13 +441,13 @@ static void commit(edge_t *e)
         *k = (kept_t){ .ctl = e->ctl, .route = e->route };
     edge_release(e); /* detaches from c */
     if (k) {         /* the relay takes the connection as it is registered */
-        (void)proxy_relay_start(c, conn, &up, &down, edge_relay_done, k);
+        (void)proxy_relay_start(c, conn, &up, &down, NULL, edge_relay_done, k);
         return;
     }
     int fd;
     sockio_t *io;
     relay_conn_detach(conn, &fd, &io);
-    (void)proxy_tunnel_start(c, fd, io, &up, &down, NULL, NULL);
+    (void)proxy_tunnel_start(c, fd, io, &up, &down, NULL, NULL, NULL);
     buf_free(&up);
     buf_free(&down);
 }
@@ -540,7 +540,8 @@ static void answered(edge_t *e)
     const char *p = buf_head(&e->in);
     relay_head_t h;
     ssize_t hl = relay_parse_head(p, e->in.len, &h);
-    /* a node's route verdict: 409 with X-Sbx-Verdict: RefreshRoute (docs/capabilities.md) */
+    /* a node's route verdict: 409 with X-Sbx-Verdict: RefreshRoute (docs/capabilities.md);
+     * never the run's: the node drops X-Sbx-* headers from what the run answers */
     bool refresh_route = hl > 0 && h.status == HTTP_CONFLICT &&
                          head_has(p, (size_t)hl, "x-sbx-verdict", "RefreshRoute");
     if (refresh_route && !e->retried) {

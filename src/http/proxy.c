@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "http/conn.h"
 #include "http/httpd.h"
+#include "http/relay.h"
 
 #define TUNNEL_ROUNDS 16 /* copies per event and direction before yielding to the loop */
 
@@ -30,6 +31,11 @@ typedef struct {
     buf_t pend; /* read from the source, not yet taken by the destination */
     bool eof;   /* the source reached EOF (or the direction was dropped) */
     bool shut;  /* the destination was shut down for writing: this direction is done */
+    /* backend -> client with an answer filter: headers whose name begins with drop (any case)
+     * are taken out of the answer's heads (1xx ones, then the first other one) while head
+     * collects them; NULL once those have passed, and then bytes pass unchanged */
+    const char *drop;
+    buf_t head;
 } tdir_t;
 
 typedef struct {
@@ -120,6 +126,7 @@ static void tunnel_free(void *p)
     sock_close(t->backend.w.fd, t->backend.io);
     buf_free(&t->up.pend);
     buf_free(&t->down.pend);
+    buf_free(&t->down.head);
     if (t->owner_ops && t->owner_ops->release)
         t->owner_ops->release(t->owner);
     free(t);
@@ -163,6 +170,54 @@ static ssize_t send_some(const tside_t *x, const char *p, size_t n)
     return w == -EAGAIN ? 0 : w;
 }
 
+/* Bytes of the backend's answer while its heads are filtered (d->drop): collected until a
+ * head is complete, checked as the relay checks one (relay_parse_head: a malformed or
+ * oversized head ends the tunnel, nothing of it passed on), and queued on d->pend without
+ * the dropped headers. A 1xx head other than 101 is followed by another head, filtered too;
+ * after the first other head the filter ends and the rest passes unchanged. */
+static int tdir_filter(tdir_t *d, const char *p, size_t n)
+{
+    d->head.max = RELAY_HEAD_MAX + PROXY_CHUNK;
+    int r = buf_append(&d->head, p, n);
+    while (r >= 0 && d->drop && d->head.len > 0) {
+        relay_head_t h;
+        const char *hp = buf_head(&d->head);
+        ssize_t hl = relay_parse_head(hp, d->head.len, &h);
+        if (hl < 0)
+            return (int)hl;
+        if (hl == 0)
+            return 0; /* more to come */
+        size_t need;
+        if (!size_add_ok(d->pend.len, (size_t)hl, &need))
+            return -ENOMEM;
+        d->pend.max = MAX(d->pend.max, need);
+        const char *eol = memmem(hp, (size_t)hl, "\r\n", 2);
+        r = buf_append(&d->pend, hp, (size_t)(eol - hp) + 2);
+        for (const char *l = eol + 2; r >= 0 && l < hp + hl - 2;) {
+            const char *le = memmem(l, (size_t)(hp + hl - l), "\r\n", 2);
+            const char *colon = memchr(l, ':', (size_t)(le - l));
+            if (!sv_has_prefix_lit_nocase(sv_make(l, (size_t)(colon - l)), d->drop))
+                r = buf_append(&d->pend, l, (size_t)(le - l) + 2);
+            l = le + 2;
+        }
+        if (r >= 0)
+            r = buf_append(&d->pend, "\r\n", 2);
+        buf_consume(&d->head, (size_t)hl);
+        if (h.status >= 200 || h.status == 101)
+            d->drop = NULL; /* the answer itself (or the switch): what follows is its body */
+    }
+    if (r >= 0 && !d->drop && d->head.len > 0) {
+        size_t need;
+        if (!size_add_ok(d->pend.len, d->head.len, &need))
+            return -ENOMEM;
+        d->pend.max = MAX(d->pend.max, need);
+        r = buf_append(&d->pend, buf_head(&d->head), d->head.len);
+    }
+    if (!d->drop)
+        buf_free(&d->head);
+    return r < 0 ? r : 0;
+}
+
 /* Copy one direction until a side would block. Returns 0, or -errno when the tunnel must
  * close; *moved is set when bytes moved. */
 static int tdir_pump(tdir_t *d, const tside_t *src, const tside_t *dst, bool *moved)
@@ -194,6 +249,12 @@ static int tdir_pump(tdir_t *d, const tside_t *src, const tside_t *dst, bool *mo
             break;
         }
         *moved = true;
+        if (d->drop) { /* an answer head being filtered: queued on pend, sent next round */
+            int r = tdir_filter(d, chunk, (size_t)n);
+            if (r < 0)
+                return r;
+            continue;
+        }
         ssize_t w = send_some(dst, chunk, (size_t)n);
         if (w < 0)
             return (int)w;
@@ -311,7 +372,7 @@ void proxy_tunnel_close(tunnel_t *t) { tunnel_close(t); }
 /* The backend accepted: take the client socket away from HTTP and start copying. Takes bfd
  * and the contents of head (and of down_pre). */
 tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf_t *down_pre,
-                             tunnel_close_cb cb, void *cb_data)
+                             const char *answer_drop, tunnel_close_cb cb, void *cb_data)
 {
     httpd_t *s = c->srv;
     _cleanup_close_ int fd = bfd;
@@ -358,7 +419,15 @@ tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf
                      .on_close = cb,
                      .on_close_data = cb_data };
     buf_init(head, 0);
-    if (down_pre && down_pre->len > 0) {
+    t->down.drop = answer_drop;
+    buf_init(&t->down.head, 0);
+    if (answer_drop && down_pre && down_pre->len > 0) { /* filtered like the bytes after it */
+        buf_init(&t->down.pend, PROXY_CHUNK);
+        int fr = tdir_filter(&t->down, buf_head(down_pre), down_pre->len);
+        buf_free(down_pre);
+        if (fr < 0)
+            t->down.eof = true; /* nothing of a malformed head goes out: the client sees EOF */
+    } else if (down_pre && down_pre->len > 0) {
         t->down.pend = *down_pre; /* what the backend already answered goes first */
         t->down.pend.max = MAX(t->down.pend.max, (size_t)PROXY_CHUNK);
         buf_init(down_pre, 0);

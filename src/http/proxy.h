@@ -28,12 +28,16 @@ typedef void (*tunnel_close_cb)(tunnel_t *t, void *data);
 /* Take c's socket away from HTTP and splice it with the connected backend socket bfd (taken,
  * with bio, its transport layer or NULL).
  * head: bytes for the backend first (taken; bytes the client sent past its head follow);
- * down_pre: bytes for the client first (taken; may be NULL). cb(t, data) runs exactly once when
- * the tunnel ends, whoever ends it, never before this returns. Returns the tunnel (valid until
- * cb runs), or NULL when it could not start (the client has then been answered or dropped, and
- * cb never runs). */
+ * down_pre: bytes for the client first (taken; may be NULL).
+ * answer_drop (may be NULL): the backend's answer heads (1xx ones and the first other one,
+ * down_pre included) are checked as a relay checks them (a malformed one ends the tunnel, none
+ * of it passed on) and lose the headers whose name begins with it (any case); the bytes after
+ * them pass unchanged.
+ * cb(t, data) runs exactly once when the tunnel ends, whoever ends it, never before this
+ * returns. Returns the tunnel (valid until cb runs), or NULL when it could not start (the
+ * client has then been answered or dropped, and cb never runs). */
 tunnel_t *proxy_tunnel_start(conn_t *c, int bfd, sockio_t *bio, buf_t *head, buf_t *down_pre,
-                             tunnel_close_cb cb, void *cb_data);
+                             const char *answer_drop, tunnel_close_cb cb, void *cb_data);
 /* A request head for a forwarding hop: "METHOD target HTTP/1.1", the client's headers except
  * those named in drop (case-insensitive, NULL-terminated list) and the hop-by-hop Connection,
  * Keep-Alive and Proxy-Connection, then extra ("Name: value\r\n" lines, may be NULL), then

@@ -16,7 +16,6 @@
 #include "http.h"
 #include "http/httpd.h"
 
-#define RELAY_HEAD_MAX (64 * 1024)
 #define RELAY_READ 16384
 #define RELAY_ROUNDS 16
 
@@ -36,6 +35,7 @@ struct relay {
     http_chunks_t ck;
     relay_done_cb cb;
     void *data;
+    const char *answer_drop; /* header name prefix dropped from the answer's head, or NULL */
 };
 
 /* ---- parsing what the backend says ---------------------------------------------------------- */
@@ -278,7 +278,8 @@ static int pass_head(relay_t *r, const relay_head_t *h, size_t hl)
         const char *colon = memchr(l, ':', (size_t)(le - l));
         sv_t name = sv_make(l, (size_t)(colon - l));
         if (!sv_eq_lit_nocase(name, "connection") && !sv_eq_lit_nocase(name, "keep-alive") &&
-            !sv_eq_lit_nocase(name, "proxy-connection"))
+            !sv_eq_lit_nocase(name, "proxy-connection") &&
+            !(r->answer_drop && sv_has_prefix_lit_nocase(name, r->answer_drop)))
             rc = conn_raw_queue(c, l, (size_t)(le - l) + 2);
         l = le + 2;
     }
@@ -481,8 +482,8 @@ static void relay_on_drain(conn_t *c)
 
 static const handler_ops_t relay_ops = { .on_close = relay_on_close, .on_drain = relay_on_drain };
 
-relay_t *proxy_relay_start(conn_t *c, relay_conn_t *k, buf_t *out, buf_t *in, relay_done_cb cb,
-                           void *data)
+relay_t *proxy_relay_start(conn_t *c, relay_conn_t *k, buf_t *out, buf_t *in,
+                           const char *answer_drop, relay_done_cb cb, void *data)
 {
     relay_t *r = calloc(1, sizeof *r);
     if (!r) {
@@ -493,7 +494,13 @@ relay_t *proxy_relay_start(conn_t *c, relay_conn_t *k, buf_t *out, buf_t *in, re
         http_errno(c, 0, -ENOMEM, "relay");
         return NULL;
     }
-    *r = (relay_t){ .srv = c->srv, .c = c, .k = k, .out = *out, .cb = cb, .data = data };
+    *r = (relay_t){ .srv = c->srv,
+                    .c = c,
+                    .k = k,
+                    .out = *out,
+                    .cb = cb,
+                    .data = data,
+                    .answer_drop = answer_drop };
     buf_init(out, 0);
     if (in) {
         r->in = *in;

@@ -15,6 +15,9 @@
 #include "common/loop.h"
 #include "common/sock.h"
 
+/* The largest answer head a relay (or a tunnel filtering answers) takes. */
+#define RELAY_HEAD_MAX (64 * 1024)
+
 typedef struct conn conn_t;
 typedef struct relay relay_t;
 
@@ -50,13 +53,14 @@ typedef void (*relay_done_cb)(relay_t *r, void *data, relay_conn_t *k, bool ok);
 
 /* Send out (taken) to the connected backend k (taken), read the answer (in: bytes of it
  * already read, taken, may be NULL) and answer c's request with it: its head (hop-by-hop
- * headers dropped, "Connection: close" added when c will close) and its body as framed
+ * headers dropped, and those whose name begins with answer_drop in any case when it is not
+ * NULL; "Connection: close" added when c will close) and its body as framed
  * (Content-Length, chunked passed through, or until the backend closes, and then c closes
  * too). 1xx answers other than 101 are dropped. A malformed or cut answer: 502 when nothing was
  * passed on yet, else c is aborted. Returns the relay (valid until cb), or NULL when it could
  * not start (c has been answered; cb does not run). */
-relay_t *proxy_relay_start(conn_t *c, relay_conn_t *k, buf_t *out, buf_t *in, relay_done_cb cb,
-                           void *data);
+relay_t *proxy_relay_start(conn_t *c, relay_conn_t *k, buf_t *out, buf_t *in,
+                           const char *answer_drop, relay_done_cb cb, void *data);
 
 /* End it now (the run it serves went away): c is aborted, cb runs. */
 void proxy_relay_cut(relay_t *r);

@@ -30,6 +30,13 @@
 
 #define VERDICT_BODY_MAX 512
 
+/* Headers of the platform's own (X-Sbx-Verdict, X-Sbx-Outcome, ...): they tell a client what the
+ * node and the edge did with its request (docs/platform.md: a verdict means "not forwarded"), so
+ * an answer that comes from the run (its agent, or a service behind its port proxy) never
+ * carries one the run set. Dropped from every answer head relayed or tunneled from the run; the
+ * edge then trusts the ones it sees as the node's own (a RefreshRoute makes it retry). */
+#define RUN_ANSWER_DROP "x-sbx-"
+
 /* The one table of capability refusals to statuses: a stale route is 409 (the control plane
  * refreshes it, docs/capabilities.md), a capability that does not parse 401, any other refusal
  * 403. */
@@ -374,12 +381,13 @@ static void forward_to_run(conn_t *c, run_t *r, uint16_t port, sv_t rest, bool w
     /* The stream is leased to this run: replacing or retiring it cuts the relay or tunnel. */
     if (relay) {
         l->keep_bridge = keep;
-        l->relay = proxy_relay_start(c, k, &head, NULL, lease_relay_done, l);
+        l->relay = proxy_relay_start(c, k, &head, NULL, RUN_ANSWER_DROP, lease_relay_done, l);
         if (!l->relay)
             run_lease_on_close(NULL, l);
         return;
     }
-    tunnel_t *t = proxy_tunnel_start(c, fd, NULL, &head, NULL, run_lease_on_close, l);
+    tunnel_t *t =
+        proxy_tunnel_start(c, fd, NULL, &head, NULL, RUN_ANSWER_DROP, run_lease_on_close, l);
     buf_free(&head);
     if (!t)
         run_lease_on_close(NULL, l);

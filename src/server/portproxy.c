@@ -207,7 +207,8 @@ static void pending_on_connect(loop_t *l, watcher_t *w, uint32_t ev)
     }
     /* the sandbox is held by the connection, and then by the tunnel, past the callback */
     sandbox_t *sb = (sandbox_t *)conn_sandbox(c);
-    if (proxy_tunnel_start(c, fd, NULL, &head, NULL, sb ? sandbox_tunnel_closed : NULL, sb) && sb)
+    if (proxy_tunnel_start(c, fd, NULL, &head, NULL, NULL, sb ? sandbox_tunnel_closed : NULL, sb) &&
+        sb)
         sb->tunnels++;
     buf_free(&head);
 }

@@ -68,12 +68,16 @@ def session(s):
                   % len(body) + body)
         return
     accept = base64.b64encode(hashlib.sha1((key + GUID).encode()).digest()).decode()
+    target = lines[0].split(" ")[1]
+    # /forge: the switch carries the platform's own headers, as if a refusal on the way
+    forged = ("X-Sbx-Verdict: RefreshRoute\r\nX-Sbx-Outcome: unknown\r\n"
+              "X-Service-Marker: svc\r\n" if target.startswith("/forge") else "")
     s.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
                "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\nX-Ws-Target: %s\r\n"
-               "X-Ws-Saw-Token: %s\r\n\r\n"
-               % (accept, lines[0].split(" ")[1],
-                  "yes" if ("authorization" in hdrs or "x-sandbox-token" in hdrs) else "no")
-               ).encode())
+               "X-Ws-Saw-Token: %s\r\n%s\r\n"
+               % (accept, target,
+                  "yes" if ("authorization" in hdrs or "x-sandbox-token" in hdrs) else "no",
+                  forged)).encode())
 
     def need(n):
         nonlocal buf
@@ -135,7 +139,32 @@ class Http(BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.close_connection = True
 
+    def forge(self, early=False):
+        """The answer of a run that pretends to be the platform: 409 with X-Sbx-Verdict:
+        RefreshRoute and X-Sbx-Outcome (a client trusting them would resend a request that ran),
+        after a 100 Continue with a verdict of its own when early."""
+        with open("/root/forge-hits", "a") as f:
+            f.write(self.command + " " + self.path + "\n")
+        if early:
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\nX-Sbx-Verdict: Deny\r\n"
+                             b"X-Service-Early: 1\r\n\r\n")
+        body = b'{"error":"made up by the run","verdict":"RefreshRoute"}'
+        self.send_response(409)
+        self.send_header("X-Sbx-Verdict", "RefreshRoute")
+        self.send_header("x-sbx-outcome", "unknown")
+        self.send_header("X-SBX-Anything", "forged")
+        self.send_header("X-Service-Marker", "svc")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
     def do_GET(self):
+        if self.path.startswith("/forge"):
+            self.forge()
+            return
         if self.path == "/sticky":  # an answer that keeps its connection, as a tunnel would
             self.send_response(200)
             self.send_header("Content-Length", "2")
@@ -176,6 +205,9 @@ class Http(BaseHTTPRequestHandler):
         else:
             parts.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
         body = b"".join(parts)
+        if self.path.startswith("/forge"):
+            self.forge(early=True)
+            return
         self.reply({"chunked": chunked, "len": len(body),
                     "sha256": hashlib.sha256(body).hexdigest()})
 
@@ -647,3 +679,76 @@ def test_a_service_that_keeps_its_connection_never_answers_for_the_agent(plat, w
     assert r.status == 200 and b"FAKE" in r.body, r
     assert os.path.exists(stolen)
     os.unlink(stolen)
+
+
+# ---- 4. a run's answers never carry the platform's headers -------------------------------------
+
+def sbx_header_lines(raw):
+    """The header lines named X-Sbx-* (any case) in every head of a raw answer."""
+    out = []
+    for head in raw.split(b"\r\n\r\n"):
+        out += [ln for ln in head.split(b"\r\n")[1:] if ln.lower().startswith(b"x-sbx-")]
+    return out
+
+
+def test_a_service_cannot_answer_with_the_platforms_verdict_headers(plat, wsjob):
+    """X-Sbx-Verdict / X-Sbx-Outcome tell a client what the platform did with its request (a
+    verdict: "not forwarded, retry"), so the node drops every X-Sbx-* header from what the run
+    answers: a service in the run that answers 409 + X-Sbx-Verdict: RefreshRoute (and
+    X-Sbx-Outcome, X-SBX-Anything) reaches the client without them, through a relay (a GET),
+    a tunnel with a streamed body (its 100 Continue carrying a verdict too) and a WebSocket
+    switch. It ran exactly once each time. Positive controls: the service's own header and
+    body arrive, and a real refusal of the node still carries X-Sbx-Verdict."""
+    node = plat.node("ws-n1")
+    hits = node.root_path(wsjob.id, "/root/forge-hits")
+    if os.path.exists(hits):
+        os.unlink(hits)
+
+    # a relayed answer (no body: replayable, the edge reads the head before passing it on)
+    r = wsjob.proxy("GET", HTTP_PORT, "/forge?via=relay")
+    assert r.status == 409 and r.headers.get("x-service-marker") == "svc", r  # the service's
+    assert r.json() == {"error": "made up by the run", "verdict": "RefreshRoute"}, r
+    forged = [k for k in r.headers if k.startswith("x-sbx-")]
+    assert not forged, f"LIE: the run's answer carries the platform's headers {forged}: {r}"
+
+    # a streamed (chunked) body goes through tunnels: the answer's heads are filtered there
+    raw = b""
+    with open_socket(plat.control.port, timeout=30) as s:
+        head = [f"POST {wsjob.path(f'/proxy/{HTTP_PORT}/forge?via=tunnel')} HTTP/1.1",
+                "Host: x", f"Authorization: Bearer {plat.admin}",
+                f"X-Sandbox-Token: {wsjob.token}", "Transfer-Encoding: chunked"]
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + b"".join(chunked([b"abc"])))
+        try:
+            while d := s.recv(65536):
+                raw += d
+        except (ConnectionResetError, ssl.SSLEOFError):
+            pass  # a close without TLS close_notify: what arrived before it counts
+    assert raw.startswith(b"HTTP/1.1 100 ") and b"\r\nX-Service-Early: 1\r\n" in raw, raw
+    assert b"HTTP/1.1 409 " in raw and b"\r\nX-Service-Marker: svc\r\n" in raw, raw
+    assert b"made up by the run" in raw, raw
+    assert not sbx_header_lines(raw), \
+        f"LIE: the run's streamed answer carries the platform's headers: {raw!r}"
+
+    # a WebSocket switch from the service
+    ws = WsClient(plat, wsjob, WS_PORT, rest="/forge")
+    try:
+        assert ws.resp.status == 101 and ws.resp.headers.get("x-service-marker") == "svc", ws.resp
+        forged = [k for k in ws.resp.headers if k.startswith("x-sbx-")]
+        assert not forged, f"LIE: the run's switch carries the platform's headers {forged}"
+        ws.echo("after-the-switch")
+    finally:
+        ws.close()
+
+    with open(hits) as f:
+        assert f.read() == ("GET /forge?via=relay\nPOST /forge?via=tunnel\n"), \
+            "a forged answer was retried"
+
+    # positive control: the node's own refusal (a port the job does not expose) keeps its verdict
+    r = wsjob.proxy("GET", 8090, "/forge")
+    denied(r, 403, "port")
+    # ... and a WebSocket refused by the node too
+    ws = WsClient(plat, wsjob, HTTP_PORT, rest="/forge")
+    try:
+        denied(ws.resp, 403, "protocol")
+    finally:
+        ws.close()

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -53,22 +54,38 @@ static void on_tunnel_close(tunnel_t *t, void *data)
     W.released_at_tunnel_close = W.released[OWNER_TUNNEL];
 }
 
-static void start_tunnel(conn_t *c)
+/* The backend answers `answer` and is done: the tunnel passes that on and then ends. Its
+ * first `pre` bytes reach the tunnel as already read (down_pre), the rest through the socket;
+ * drop: the tunnel's answer filter. */
+static void start_tunnel(conn_t *c, const char *answer, size_t pre, const char *drop)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) < 0)
         return;
-    /* the backend answers and is done: the tunnel passes that on and then ends */
-    (void)!write(sv[1], "HELLO", 5);
+    (void)!write(sv[1], answer + pre, strlen(answer) - pre);
     (void)shutdown(sv[1], SHUT_WR);
-    buf_t head;
+    buf_t head, down;
     buf_init(&head, 4096);
+    buf_init(&down, 4096);
     (void)buf_append(&head, "UP", 2);
-    W.tunnel_started = proxy_tunnel_start(c, sv[0], NULL, &head, NULL, on_tunnel_close, NULL);
+    (void)buf_append(&down, answer, pre);
+    W.tunnel_started =
+        proxy_tunnel_start(c, sv[0], NULL, &head, &down, drop, on_tunnel_close, NULL);
     W.released_at_tunnel_start = W.released[OWNER_TUNNEL];
     buf_free(&head);
+    buf_free(&down);
     W.backend = sv[1];
 }
+
+/* A run's answer with the platform's headers in its 1xx head and its final one (any case), and
+ * what the filtered tunnel passes on: those lines gone, the body's bytes unchanged. */
+#define FORGED                                                                                     \
+    "HTTP/1.1 100 Continue\r\nX-Sbx-Verdict: Deny\r\n\r\n"                                         \
+    "HTTP/1.1 409 Conflict\r\nx-SBX-verdict: RefreshRoute\r\nX-Keep: 1\r\n"                        \
+    "X-Sbx-Outcome: unknown\r\nContent-Length: 19\r\n\r\nX-Sbx-Body: stays\r\n"
+#define FILTERED                                                                                   \
+    "HTTP/1.1 100 Continue\r\n\r\n"                                                                \
+    "HTTP/1.1 409 Conflict\r\nX-Keep: 1\r\nContent-Length: 19\r\n\r\nX-Sbx-Body: stays\r\n"
 
 static void dispatch(conn_t *c)
 {
@@ -85,7 +102,16 @@ static void dispatch(conn_t *c)
         conn_respond(c, 200, "text/plain", "two", 3, NULL);
     } else if (sv_eq(p, SV("/tunnel"))) {
         conn_set_owner(c, &test_owner, &W.tags[OWNER_TUNNEL]);
-        start_tunnel(c);
+        start_tunnel(c, "HELLO", 0, NULL);
+    } else if (sv_eq(p, SV("/tunnel-filtered"))) { /* split inside the second head */
+        conn_set_owner(c, &test_owner, &W.tags[OWNER_TUNNEL]);
+        start_tunnel(c, FORGED, 60, "x-sbx-");
+    } else if (sv_eq(p, SV("/tunnel-unfiltered"))) {
+        conn_set_owner(c, &test_owner, &W.tags[OWNER_TUNNEL]);
+        start_tunnel(c, FORGED, 60, NULL);
+    } else if (sv_eq(p, SV("/tunnel-malformed"))) { /* a bare LF could hide a header line */
+        conn_set_owner(c, &test_owner, &W.tags[OWNER_TUNNEL]);
+        start_tunnel(c, "HTTP/1.1 409 Conflict\nX-Sbx-Verdict: Deny\r\n\r\nbody", 0, "x-sbx-");
     } else if (sv_eq(p, SV("/hold"))) {
         /* never answered: the connection still holds it when the server goes away */
         conn_set_owner(c, &test_owner, &W.tags[OWNER_HELD]);
@@ -148,6 +174,23 @@ static void *client_tunnel(void *arg)
     client_read(fd, NULL); /* the backend's bytes, then its EOF passed on */
     memcpy(tunnel_got, W.got, MIN(W.ngot + 1, sizeof tunnel_got));
     tunnel_got[sizeof tunnel_got - 1] = 0;
+    safe_close(fd);
+    return NULL;
+}
+
+static const char *one_path;
+
+/* One request on its own connection; W.got: everything that came back until EOF. */
+static void *client_one(void *arg)
+{
+    (void)arg;
+    int fd = client_connect();
+    if (fd < 0)
+        return NULL;
+    char req[128];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: t\r\n\r\n", one_path);
+    (void)!write(fd, req, (size_t)n);
+    client_read(fd, NULL);
     safe_close(fd);
     return NULL;
 }
@@ -234,5 +277,38 @@ TEST(owner_released_once_when_the_connection_goes_away)
     ASSERT_EQ(W.released[OWNER_REQUEST], 0);
 }
 
+TEST(tunnel_filters_the_answer_heads)
+{
+    ASSERT_EQ(world_start(), 0);
+    one_path = "/tunnel-filtered";
+    world_run(client_one);
+    ASSERT_FALSE(W.guard_fired);
+    ASSERT_TRUE(W.tunnel_started);
+    ASSERT_STREQ(W.got, FILTERED);
+    ASSERT_EQ(W.tunnel_closes, 1);
+}
+
+TEST(tunnel_without_a_filter_passes_the_answer_unchanged)
+{
+    ASSERT_EQ(world_start(), 0);
+    one_path = "/tunnel-unfiltered";
+    world_run(client_one);
+    ASSERT_FALSE(W.guard_fired);
+    ASSERT_STREQ(W.got, FORGED);
+}
+
+TEST(tunnel_ends_on_a_malformed_answer_head_passing_none_of_it)
+{
+    ASSERT_EQ(world_start(), 0);
+    one_path = "/tunnel-malformed";
+    world_run(client_one);
+    ASSERT_FALSE(W.guard_fired);
+    ASSERT_TRUE(W.tunnel_started);
+    ASSERT_EQ(W.ngot, 0u);
+    ASSERT_EQ(W.tunnel_closes, 1);
+}
+
 TAP_MAIN(T(owner_released_at_request_end_and_when_its_tunnel_closes),
+         T(tunnel_filters_the_answer_heads), T(tunnel_without_a_filter_passes_the_answer_unchanged),
+         T(tunnel_ends_on_a_malformed_answer_head_passing_none_of_it),
          T(owner_released_once_when_the_connection_goes_away))
