@@ -252,13 +252,40 @@ static int fs_mkdir_walk(const fs_root_t *r, char *rel, mode_t mode)
     return k < 0 ? k : 0;
 }
 
+/* What makes or moves entries for a sandbox goes with its fsuid and fsgid (this thread's only,
+ * put back before anything else runs on it): blocks a filesystem keeps for root (ext4's
+ * reserve) are never spent for a tenant (a red-team pass drained it with mkdirs of the files
+ * API), and its own permissions apply. Not deletes: the trash is root's. */
+typedef struct {
+    int uid, gid; /* before; -1: unchanged */
+} fs_ids_t;
+
+static fs_ids_t fs_ids_enter(const fs_root_t *r)
+{
+    if (r->uid == (uid_t)-1)
+        return (fs_ids_t){ -1, -1 };
+    int u = setfsuid(r->uid);
+    return (fs_ids_t){ u, setfsgid(r->gid) };
+}
+
+static void fs_ids_leave(fs_ids_t was)
+{
+    if (was.uid < 0)
+        return;
+    (void)setfsgid((gid_t)was.gid);
+    (void)setfsuid((uid_t)was.uid);
+}
+
 int fs_mkdir_all(const fs_root_t *r, const char *path, mode_t mode)
 {
     char buf[FS_PATH_MAX];
     int k = fs_prepare(r, path, buf, sizeof buf);
     if (k < 0)
         return k;
-    return fs_mkdir_walk(r, buf, mode);
+    fs_ids_t was = fs_ids_enter(r);
+    k = fs_mkdir_walk(r, buf, mode);
+    fs_ids_leave(was);
+    return k;
 }
 
 /* Create the parents of a prepared path. */
@@ -278,7 +305,19 @@ static int fs_mkdir_parents(const fs_root_t *r, const char *prepared, mode_t mod
 
 /* ---- write ------------------------------------------------------------------------------- */
 
+static int fs_open_write_ids(const fs_root_t *r, const char *path, const fs_write_opts_t *o,
+                             int *ret_fd);
+
 int fs_open_write(const fs_root_t *r, const char *path, const fs_write_opts_t *o, int *ret_fd)
+{
+    fs_ids_t was = fs_ids_enter(r);
+    int k = fs_open_write_ids(r, path, o, ret_fd);
+    fs_ids_leave(was);
+    return k;
+}
+
+static int fs_open_write_ids(const fs_root_t *r, const char *path, const fs_write_opts_t *o,
+                             int *ret_fd)
 {
     char buf[FS_PATH_MAX];
     _cleanup_close_ int fd = -EBADF;
@@ -630,7 +669,8 @@ int fs_rename(const fs_root_t *r, const char *from, const char *to, bool overwri
         return k;
     if (is_dot_name(na) || is_dot_name(nb))
         return -EINVAL;
-    if (renameat2(pa, na, pb, nb, overwrite ? 0 : RENAME_NOREPLACE) < 0)
-        return negative_errno();
-    return 0;
+    fs_ids_t was = fs_ids_enter(r);
+    k = renameat2(pa, na, pb, nb, overwrite ? 0 : RENAME_NOREPLACE) < 0 ? negative_errno() : 0;
+    fs_ids_leave(was);
+    return k;
 }

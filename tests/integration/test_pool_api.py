@@ -127,6 +127,16 @@ def test_uploads_never_spend_the_blocks_kept_for_root(make_host_server):
         status, _, body = files_request(sandbox_envd(a), "POST", "?path=/envd-upload", blob,
                                         {"Content-Type": "application/octet-stream"})
         assert status >= 400, ("ATTACK: an envd upload spent the blocks kept for root", status)
+        # nor directories made through either API (each takes a block): a red-team pass
+        # drained the whole reserve with mkdirs
+        st = os.statvfs(mnt)
+        before, left = st.f_bfree, st.f_bavail  # left: what the sandbox itself may still take
+        for i in range(40):
+            a.request("POST", f"/files/mkdir?path=/m{i}/n")
+            envd_fs(sandbox_envd(a), "MakeDir", {"path": f"/e{i}/f"})
+        os.sync()
+        spent = before - os.statvfs(mnt).f_bfree
+        assert spent <= left + 2, ("ATTACK: mkdirs spent the blocks kept for root", spent, left)
         st = os.statvfs(mnt)
         assert st.f_bfree * st.f_frsize > 512 * 1024, ("the reserve was spent", st)
     finally:
