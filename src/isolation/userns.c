@@ -35,27 +35,53 @@ int userns_write_maps(pid_t pid, uint32_t base, uint32_t count)
 
 int userns_create(uint32_t base, uint32_t count, int *ret_fd)
 {
-    int p[2];
+    int p[2], ready[2];
     if (pipe2(p, O_CLOEXEC) < 0)
         return negative_errno();
-    /* A holder process in a new user namespace; it waits until the maps are written and the
-     * namespace is held by an fd, then exits. */
-    pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, NULL, NULL, NULL, NULL);
-    if (pid < 0) {
+    if (pipe2(ready, O_CLOEXEC) < 0) {
         int r = negative_errno();
         safe_close(p[0]);
         safe_close(p[1]);
         return r;
     }
+    /* A holder process makes the new user namespace as host uid `base` (the run's root), not
+     * as root: the kernel charges what every uid of a namespace holds (inotify instances,
+     * POSIX message queue bytes, queued signals, ...) to its owner one level up too, so with
+     * root as every run's owner one run took all of root's and left none to the host's root
+     * processes nor to any other run. Nothing in the host's namespace runs as `base` (its
+     * owner would hold every capability in the run's namespace). The holder waits until the
+     * maps are written and the namespace is held by an fd, then exits. */
+    pid_t pid = fork();
+    if (pid < 0) {
+        int r = negative_errno();
+        safe_close(p[0]);
+        safe_close(p[1]);
+        safe_close(ready[0]);
+        safe_close(ready[1]);
+        return r;
+    }
     if (pid == 0) {
-        char c;
+        char c = 1;
         (void)close(p[1]);
+        (void)close(ready[0]);
+        if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, base, base, base) < 0 ||
+            syscall(SYS_setresuid, base, base, base) < 0 || unshare(CLONE_NEWUSER) < 0)
+            _exit(1);
+        if (write(ready[1], &c, 1) != 1)
+            _exit(1);
         while (read(p[0], &c, 1) < 0 && errno == EINTR)
             ;
         _exit(0);
     }
     safe_close(p[0]);
-    int r = userns_write_maps(pid, base, count);
+    safe_close(ready[1]);
+    char c;
+    ssize_t k;
+    do
+        k = read(ready[0], &c, 1);
+    while (k < 0 && errno == EINTR);
+    safe_close(ready[0]);
+    int r = k == 1 ? userns_write_maps(pid, base, count) : -EPERM;
     int fd = -1;
     if (r >= 0) {
         char path[64];

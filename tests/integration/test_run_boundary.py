@@ -16,6 +16,7 @@ The probes (tests/integration/hostile.py) run as one batch per run (each in a fo
 each is reported as its own test. A skip would hide an attack: nothing here skips.
 """
 import ctypes
+import errno
 import json
 import os
 import re
@@ -699,6 +700,60 @@ def test_setuid_file_made_in_run_is_not_host_root(attacker):
     # and inside, an unprivileged user running it stays unprivileged (nosuid, NO_NEW_PRIVS)
     res = rx(attacker, f"setpriv --reuid=65534 --regid=65534 --clear-groups {name} -u")
     assert res.out.strip() == "65534", f"ATTACK: a setuid binary raised a user in the run: {res}"
+
+
+INOTIFY_HOLD = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+def take():
+    n = 0
+    while n < 100000 and libc.inotify_init1(0) >= 0:
+        n += 1
+    return n, ctypes.get_errno()
+kids = []
+for uid in (1, 2, 3):  # the run's other uids: each counted against the namespace's owner too
+    pid = os.fork()
+    if pid == 0:
+        os.setresuid(uid, uid, uid)
+        n, e = take()
+        open("/tmp/inotify-%d" % uid, "w").write("%d %d" % (n, e))
+        time.sleep(25)
+        os._exit(0)
+    kids.append(pid)
+n, e = take()
+open("/tmp/inotify-0", "w").write("%d %d" % (n, e))
+time.sleep(25)
+"""
+
+
+def test_a_run_cannot_take_the_hosts_root_per_user_kernel_counters(attacker):
+    """Every uid of a run is also counted, one level up, against the owner of the run's user
+    namespace: with host root as every run's owner, one run took all of root's inotify
+    instances (and POSIX queue bytes, queued signals) and left none to the host's root nor to
+    other runs. The owner is the run's own block now. The run takes all it may (positive
+    control: it stops at EMFILE); meanwhile host root still makes inotify instances."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(in_run(attacker, "/tmp/inotify-hold.py"), "w") as f:
+        f.write(INOTIFY_HOLD)
+    rsh(attacker, "(python3 /tmp/inotify-hold.py >/dev/null 2>&1 &); sleep 0.2")
+    try:
+        assert wait_until(lambda: all(os.path.exists(in_run(attacker, f"/tmp/inotify-{u}"))
+                                      for u in range(4)), 20)
+        held = [open(in_run(attacker, f"/tmp/inotify-{u}")).read().split() for u in range(4)]
+        assert all(e == str(errno.EMFILE) for _, e in held), held  # it took all it could
+        fds = []
+        try:
+            for _ in range(10):
+                fd = libc.inotify_init1(0)
+                assert fd >= 0, ("ATTACK: a run took host root's inotify instances", held,
+                                 os.strerror(ctypes.get_errno()))
+                fds.append(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+    finally:
+        rx(attacker, "pkill -f inotify-hold.py; rm -f /tmp/inotify-*")
 
 
 def test_runs_get_disjoint_id_blocks(attacker, victim):
