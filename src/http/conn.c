@@ -355,6 +355,27 @@ int conn_stream_chunk(conn_t *c, const void *p, size_t n)
     return conn_stream_chunk_fill(c, n, copy_fill, &cc);
 }
 
+void conn_stream_pump(conn_t *c, const char *s, size_t len, size_t *off)
+{
+    while (!c->dead) {
+        while (*off < len && !conn_out_full(c)) {
+            size_t n = MIN(len - *off, (size_t)CONN_STREAM_PIECE);
+            if (conn_stream_chunk(c, s + *off, n) < 0) {
+                conn_abort(c);
+                return;
+            }
+            *off += n;
+        }
+        if (*off == len) {
+            conn_stream_end(c);
+            return;
+        }
+        conn_flush(c);
+        if (c->out.len >= CONN_OUT_LOW)
+            return;
+    }
+}
+
 int conn_stream_end(conn_t *c)
 {
     if (c->dead)

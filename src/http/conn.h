@@ -109,6 +109,12 @@ int conn_stream_begin(conn_t *c, int status, const char *content_type, const cha
 int conn_stream_chunk_fill(conn_t *c, size_t max, size_t (*fill)(void *ctx, char *dst), void *ctx);
 int conn_stream_chunk(conn_t *c, const void *p, size_t n);
 int conn_stream_end(conn_t *c);
+/* Go on with a body held whole in memory (s, len; *off bytes of it sent), in chunks of
+ * CONN_STREAM_PIECE: fill the output buffer and flush until the rest must wait for the peer
+ * (call again from on_drain, which comes back only once the buffer was above CONN_OUT_LOW),
+ * and end the stream once all is out. A connection that fails is aborted. */
+#define CONN_STREAM_PIECE (64 * 1024)
+void conn_stream_pump(conn_t *c, const char *s, size_t len, size_t *off);
 /* A response framed by someone else (a proxy): conn_raw_begin() starts it (and may clear
  * keep_alive: the head written after it must then say "Connection: close"), conn_raw_write()
  * queues bytes as they are (head and body), conn_raw_end() says the response is complete. */

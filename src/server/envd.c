@@ -179,30 +179,10 @@ void envd_end(envd_call_t *call) { envd_end_with(call, NULL); }
 /* A unary answer above this goes as a chunked stream under backpressure (a 50,000-entry
  * ListDir is ~10 MB, past what a connection holds: it was cut without an answer). */
 #define ENVD_REPLY_INLINE_MAX (1024 * 1024)
-#define ENVD_REPLY_CHUNK (64 * 1024)
 
-/* Fill the output buffer and flush until the rest must wait for the peer (on_drain comes back
- * once the buffer was above CONN_OUT_LOW, so stop only in that state). */
 static void envd_reply_pump(envd_call_t *call)
 {
-    conn_t *c = call->c;
-    while (!c->dead) {
-        while (call->reply_off < call->reply_len && !conn_out_full(c)) {
-            size_t n = MIN(call->reply_len - call->reply_off, (size_t)ENVD_REPLY_CHUNK);
-            if (conn_stream_chunk(c, call->reply + call->reply_off, n) < 0) {
-                conn_abort(c);
-                return;
-            }
-            call->reply_off += n;
-        }
-        if (call->reply_off == call->reply_len) {
-            conn_stream_end(c);
-            return;
-        }
-        conn_flush(c);
-        if (c->out.len >= CONN_OUT_LOW)
-            return;
-    }
+    conn_stream_pump(call->c, call->reply, call->reply_len, &call->reply_off);
 }
 
 void envd_reply(envd_call_t *call, json_t *j)

@@ -19,7 +19,6 @@
 /* JSON answers above this are sent as a chunked stream (a 50,000-entry listing is larger than
  * the connection's output cap). */
 #define FILES_JSON_INLINE_MAX (1024 * 1024)
-#define FILES_JSON_CHUNK (64 * 1024)
 
 /* Dedicated mode: the whole filesystem. Host mode: the sandbox home, resolved by descriptor
  * beneath it, following no symlink, and what is created belongs to the sandbox uid. */
@@ -153,28 +152,10 @@ typedef struct {
     listing_slot_t slot; /* a listing's, given back once sent */
 } json_stream_t;
 
-/* Fill the output buffer and flush, until the rest must wait for the peer: on_drain comes back
- * only after the buffer was above CONN_OUT_LOW, so stop only in that state. */
 static void json_stream_pump(conn_t *c)
 {
     json_stream_t *js = c->hdata;
-    while (!c->dead) {
-        while (js->off < js->len && !conn_out_full(c)) {
-            size_t n = MIN(js->len - js->off, (size_t)FILES_JSON_CHUNK);
-            if (conn_stream_chunk(c, js->s + js->off, n) < 0) {
-                conn_abort(c);
-                return;
-            }
-            js->off += n;
-        }
-        if (js->off == js->len) {
-            conn_stream_end(c);
-            return;
-        }
-        conn_flush(c);
-        if (c->out.len >= CONN_OUT_LOW)
-            return;
-    }
+    conn_stream_pump(c, js->s, js->len, &js->off);
 }
 
 static void json_stream_close(conn_t *c, bool aborted)
