@@ -284,6 +284,27 @@ def make_server():
         s.stop()
 
 
+@pytest.fixture
+def huge_dir(tmp_path, request):
+    """huge_dir(n): a directory of n empty files f000000..., on a tmpfs of its own (on ext4
+    without a journal, making hundreds of thousands of inodes soon after many were deleted, as
+    other tests do, takes minutes); unmounted after the test."""
+    def make(n):
+        d = tmp_path / "huge"
+        d.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=256m,nr_inodes={n + 1000}",
+                        "tmpfs", str(d)], check=True)
+        request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(d)], check=False))
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i in range(n):
+                os.close(os.open(f"f{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dfd))
+        finally:
+            os.close(dfd)
+        return d
+    return make
+
+
 # -- pool host mode ----------------------------------------------------------------------------
 
 HOME_SHARDS = ["%02x" % i for i in range(256)]

@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import stat
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -322,23 +321,11 @@ def test_list_pagination(server, tmp_path):
     assert len(j["entries"]) == 10 and j["truncated"] is False
 
 
-def test_a_huge_listing_lets_other_requests_through(server, tmp_path, request):
+def test_a_huge_listing_lets_other_requests_through(server, huge_dir):
     # 250,000 entries: read at once they held every other request for about half a second; a
     # listing reads a batch per turn of the loop, so a request sent while it runs is answered
     # first (the order is what is checked, not a time)
-    # on a tmpfs of its own: on ext4 without a journal, making 200,000 inodes soon after many
-    # were deleted (other tests) takes minutes
-    d = tmp_path / "huge"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,nr_inodes=400k", "tmpfs", str(d)],
-                   check=True)
-    request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(d)], check=False))
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for i in range(250000):
-            os.close(os.open(f"f{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dfd))
-    finally:
-        os.close(dfd)
+    d = huge_dir(250000)
     done = {}
 
     def lister():

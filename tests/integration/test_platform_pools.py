@@ -777,13 +777,10 @@ def swap_control(plat, env=None):
     return c
 
 
-def test_a_reservation_of_a_control_that_died_is_released(plat):
-    """The control process ends between reserving a slot and asking the host's agent (SBX_TEST_
-    CRASH_AT=control:pool:reserved). Its reservation must not hold the slot for ever: once its
-    heartbeat record is stale the reconciler drops it, and the slot is used again."""
-    pool = new_pool(plat, per_host=2, max_hosts=1)
-    (a,) = make_ok(plat, pool, 1)
-    swap_control(plat, {"SBX_TEST_CRASH_AT": "control:pool:reserved"})
+def create_through_a_control_that_dies_at(plat, pool, point):
+    """A create of one sandbox through a control process that ends (SIGKILL) at crash point
+    control:pool:<point>; then a control process of its own again."""
+    swap_control(plat, {"SBX_TEST_CRASH_AT": "control:pool:" + point})
     try:
         make(plat, pool, 1)
     except OSError:
@@ -791,6 +788,15 @@ def test_a_reservation_of_a_control_that_died_is_released(plat):
     assert _wait_until(lambda: not plat.control.proc.alive(), 20), plat.control.log()[-2000:]
     assert plat.control.proc.proc.returncode == 137
     swap_control(plat)
+
+
+def test_a_reservation_of_a_control_that_died_is_released(plat):
+    """The control process ends between reserving a slot and asking the host's agent (SBX_TEST_
+    CRASH_AT=control:pool:reserved). Its reservation must not hold the slot for ever: once its
+    heartbeat record is stale the reconciler drops it, and the slot is used again."""
+    pool = new_pool(plat, per_host=2, max_hosts=1)
+    (a,) = make_ok(plat, pool, 1)
+    create_through_a_control_that_dies_at(plat, pool, "reserved")
     wait_until(lambda: inspect(plat, pool)["hosts"][0]["free"] == 1, timeout=20,
                what="the dead control's reservation to be dropped")
     (b,) = make_ok(plat, pool, 1)  # the slot it held
@@ -809,14 +815,7 @@ def test_sandboxes_a_dead_control_made_but_never_recorded_do_not_fill_the_host(p
     so the pool's creates are not refused as full while the control shows free slots."""
     pool = new_pool(plat, per_host=2, max_hosts=1)
     (a,) = make_ok(plat, pool, 1)
-    swap_control(plat, {"SBX_TEST_CRASH_AT": "control:pool:made"})
-    try:
-        make(plat, pool, 1)
-    except OSError:
-        pass  # the crash cuts the answer
-    assert _wait_until(lambda: not plat.control.proc.alive(), 20), plat.control.log()[-2000:]
-    assert plat.control.proc.proc.returncode == 137
-    swap_control(plat)
+    create_through_a_control_that_dies_at(plat, pool, "made")
     t0 = time.monotonic()
 
     def made():

@@ -2,6 +2,7 @@
 """Pool host API (SBX_HOST_MODE=1): create/list/delete, capacity, bounds, environment,
 ownership, cwd, idle eviction, host shutdown, the Landlock floor, the mode gate, /health and
 per-sandbox process scoping. Needs root, like the pool host itself."""
+import contextlib
 import json
 import os
 import secrets
@@ -50,42 +51,54 @@ def test_create_count_and_capacity(make_host_server):
     assert s.json("GET", "/health")[1]["sandboxes"] == 4
 
 
-def test_a_full_homes_filesystem_is_said_not_taken_for_a_full_host(make_host_server):
-    """Homes on a filesystem whose inodes a sandbox used up: the creates that need a new home
-    are rejected with the reason (and a log line), never as if the host had no uid left.
-    Positive control: the first creates, on homes made before, work."""
+@contextlib.contextmanager
+def small_ext4(*mkfs_opts):
+    """A 16 MB ext4 loop-mounted for homes (mkfs.ext4 options as given); yields its mount
+    point, reachable by the sandbox uids; unmounted and removed after."""
     d = tempfile.mkdtemp(prefix="sbx-smallfs-")
     os.chmod(d, 0o711)
     img, mnt = d + "/fs.img", d + "/mnt"
     os.mkdir(mnt)
     subprocess.run(["truncate", "-s", "16M", img], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-N", "768", img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs_opts, img], check=True)
     subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
-    s = None
     try:
         os.chmod(mnt, 0o711)
-        os.mkdir(mnt + "/h", 0o711)  # sandboxes reach their homes through it
-        os.chmod(mnt + "/h", 0o711)
-        s = make_host_server(env={"SBX_HOMES_DIR": mnt + "/h", "SBX_CAPACITY": "64"})
-        a = s.sandbox()
-        r = a.run(["sh", "-c", "i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo $i"])
-        assert r.out.strip().isdigit() and int(r.out) > 0, (r, r.err)  # it filled the inodes left
-        reasons = set()
-        for _ in range(60):
-            st, j = s.create_raw({"count": 1})
-            assert st == 200, (st, j)
-            if j["rejected"]:
-                reasons.add(j.get("reason"))
-                break
-        assert reasons == {"no space left on the homes filesystem"}, \
-            ("a full homes filesystem was not said (or taken for no uid left)", reasons)
-        log, s = s.stop(), None
-        assert "no space left on the homes filesystem" in log, log[-2000:]
+        yield mnt
     finally:
-        if s:
-            s.stop()
         subprocess.run(["umount", "-l", mnt], check=False)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_full_homes_filesystem_is_said_not_taken_for_a_full_host(make_host_server):
+    """Homes on a filesystem whose inodes a sandbox used up: the creates that need a new home
+    are rejected with the reason (and a log line), never as if the host had no uid left.
+    Positive control: the first creates, on homes made before, work."""
+    s = None
+    with small_ext4("-N", "768") as mnt:
+        try:
+            os.mkdir(mnt + "/h", 0o711)  # sandboxes reach their homes through it
+            os.chmod(mnt + "/h", 0o711)
+            s = make_host_server(env={"SBX_HOMES_DIR": mnt + "/h", "SBX_CAPACITY": "64"})
+            a = s.sandbox()
+            r = a.run(["sh", "-c",
+                       "i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo $i"])
+            # it filled the inodes left
+            assert r.out.strip().isdigit() and int(r.out) > 0, (r, r.err)
+            reasons = set()
+            for _ in range(60):
+                st, j = s.create_raw({"count": 1})
+                assert st == 200, (st, j)
+                if j["rejected"]:
+                    reasons.add(j.get("reason"))
+                    break
+            assert reasons == {"no space left on the homes filesystem"}, \
+                ("a full homes filesystem was not said (or taken for no uid left)", reasons)
+            log, s = s.stop(), None
+            assert "no space left on the homes filesystem" in log, log[-2000:]
+        finally:
+            if s:
+                s.stop()
 
 
 def test_uploads_never_spend_the_blocks_kept_for_root(make_host_server):
@@ -93,57 +106,48 @@ def test_uploads_never_spend_the_blocks_kept_for_root(make_host_server):
     homes filesystem to the blocks ext4 keeps for root, an upload is refused too (it used to
     go on as root, into the reserve the host needs). Positive controls: the same upload works
     before, and root on the host can still write into the reserve."""
-    d = tempfile.mkdtemp(prefix="sbx-smallfs-")
-    os.chmod(d, 0o711)
-    img, mnt = d + "/fs.img", d + "/mnt"
-    os.mkdir(mnt)
-    subprocess.run(["truncate", "-s", "16M", img], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "10", img], check=True)
-    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
     s = None
-    try:
-        os.chmod(mnt, 0o711)
-        os.mkdir(mnt + "/h", 0o711)
-        s = make_host_server(env={"SBX_HOMES_DIR": mnt + "/h", "SBX_CAPACITY": "4"})
-        a = s.sandbox()
-        blob = os.urandom(256 * 1024)
-        assert a.write("before", blob)[0] == 200  # positive control
-        r = a.run(["sh", "-c", "dd if=/dev/zero of=fill bs=64k 2>&1; sync; df -k ."])
-        assert "No space left" in r.out, r
-        st = os.statvfs(mnt)
-        assert st.f_bavail * st.f_frsize < 64 * 1024, st  # nothing left for the sandbox...
-        assert st.f_bfree * st.f_frsize > 512 * 1024, st  # ...and the reserve untouched
-        # positive control: root on the host writes into the reserve
-        with open(mnt + "/root-file", "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.unlink(mnt + "/root-file")
-        os.sync()
-        status, _, body = a.write("upload", blob)
-        assert status >= 400, ("ATTACK: an upload spent the blocks kept for root", status)
-        assert b"space" in body.lower(), body
-        # envd's file upload (the E2B SDK's) likewise
-        status, _, body = files_request(sandbox_envd(a), "POST", "?path=/envd-upload", blob,
-                                        {"Content-Type": "application/octet-stream"})
-        assert status >= 400, ("ATTACK: an envd upload spent the blocks kept for root", status)
-        # nor directories made through either API (each takes a block): a red-team pass
-        # drained the whole reserve with mkdirs
-        st = os.statvfs(mnt)
-        before, left = st.f_bfree, st.f_bavail  # left: what the sandbox itself may still take
-        for i in range(40):
-            a.request("POST", f"/files/mkdir?path=/m{i}/n")
-            envd_fs(sandbox_envd(a), "MakeDir", {"path": f"/e{i}/f"})
-        os.sync()
-        spent = before - os.statvfs(mnt).f_bfree
-        assert spent <= left + 2, ("ATTACK: mkdirs spent the blocks kept for root", spent, left)
-        st = os.statvfs(mnt)
-        assert st.f_bfree * st.f_frsize > 512 * 1024, ("the reserve was spent", st)
-    finally:
-        if s:
-            s.stop()
-        subprocess.run(["umount", "-l", mnt], check=False)
-        shutil.rmtree(d, ignore_errors=True)
+    with small_ext4("-m", "10") as mnt:
+        try:
+            os.mkdir(mnt + "/h", 0o711)
+            s = make_host_server(env={"SBX_HOMES_DIR": mnt + "/h", "SBX_CAPACITY": "4"})
+            a = s.sandbox()
+            blob = os.urandom(256 * 1024)
+            assert a.write("before", blob)[0] == 200  # positive control
+            r = a.run(["sh", "-c", "dd if=/dev/zero of=fill bs=64k 2>&1; sync; df -k ."])
+            assert "No space left" in r.out, r
+            st = os.statvfs(mnt)
+            assert st.f_bavail * st.f_frsize < 64 * 1024, st  # nothing left for the sandbox...
+            assert st.f_bfree * st.f_frsize > 512 * 1024, st  # ...and the reserve untouched
+            # positive control: root on the host writes into the reserve
+            with open(mnt + "/root-file", "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.unlink(mnt + "/root-file")
+            os.sync()
+            status, _, body = a.write("upload", blob)
+            assert status >= 400, ("ATTACK: an upload spent the blocks kept for root", status)
+            assert b"space" in body.lower(), body
+            # envd's file upload (the E2B SDK's) likewise
+            status, _, body = files_request(sandbox_envd(a), "POST", "?path=/envd-upload", blob,
+                                            {"Content-Type": "application/octet-stream"})
+            assert status >= 400, ("ATTACK: an envd upload spent the blocks kept for root", status)
+            # nor directories made through either API (each takes a block): a red-team pass
+            # drained the whole reserve with mkdirs
+            st = os.statvfs(mnt)
+            before, left = st.f_bfree, st.f_bavail  # left: what the sandbox itself may still take
+            for i in range(40):
+                a.request("POST", f"/files/mkdir?path=/m{i}/n")
+                envd_fs(sandbox_envd(a), "MakeDir", {"path": f"/e{i}/f"})
+            os.sync()
+            spent = before - os.statvfs(mnt).f_bfree
+            assert spent <= left + 2, ("ATTACK: mkdirs spent the blocks kept for root", spent, left)
+            st = os.statvfs(mnt)
+            assert st.f_bfree * st.f_frsize > 512 * 1024, ("the reserve was spent", st)
+        finally:
+            if s:
+                s.stop()
 
 
 BIG_LISTING = """
