@@ -330,6 +330,9 @@ static void heartbeat_done(conn_t *c, const char *name)
         json_object_set_new(rec, "images", images);
     else if (json_object_get(b, "images"))
         log_warn("node %s: its image report does not parse; keeping the last one", name);
+    json_t *room = json_object_get(b, "disk_room_mb");
+    if (json_is_integer(room))
+        json_object_set_new(rec, "disk_room_mb", json_integer(json_integer_value(room)));
     json_object_set_new(rec, "last_seen_ms", json_integer(wall_ms()));
     char *v = json_dumps(rec, JSON_COMPACT);
     json_decref(rec);

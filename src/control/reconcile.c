@@ -35,6 +35,7 @@ typedef struct {
     char host[64];
     uint16_t port;
     int64_t capacity, load;
+    int64_t disk_room_mb; /* what its last heartbeat said its disk can take; INT64_MAX: unknown */
     bool live;
     bool has_image; /* reports the job's image */
 } node_info_t;
@@ -143,8 +144,11 @@ static size_t load_nodes(rec_t *rc, node_info_t *out, size_t max, const char *im
                         "capacity", &cap, "last_seen_ms", &seen) == 0 &&
             strlen(name) < CAP_ID_MAX && strlen(host) < 64) {
             node_info_t *ni = &out[k++];
+            json_t *room = json_object_get(j, "disk_room_mb");
             *ni = (node_info_t){ .port = (uint16_t)port,
                                  .capacity = cap,
+                                 .disk_room_mb =
+                                     json_is_integer(room) ? json_integer_value(room) : INT64_MAX,
                                  .live = now - seen < CTL_NODE_LIVE_MS,
                                  .has_image = node_rec_has_image(j, image) };
             memcpy(ni->name, name, strlen(name) + 1);
@@ -225,16 +229,19 @@ static void retire_prev(rec_t *rc, const char *id, runrec_t *rr, int64_t *rev)
     }
 }
 
-/* Placement: a live node with room and the job's image; the preferred one if it qualifies, never
- * `avoid`; else the least loaded. */
+/* Placement: a live node with room (a run less than its capacity, and disk for the flavor's:
+ * disk_mb, except on `kept`, which keeps the run's root in place) and the job's image; the
+ * preferred one if it qualifies, never `avoid`; else the least loaded. */
 static const node_info_t *place(node_info_t *nodes, size_t n, const char *prefer, const char *avoid,
-                                const char *only)
+                                const char *only, int64_t disk_mb, const char *kept)
 {
     const node_info_t *best = NULL;
     for (size_t i = 0; i < n; i++) {
         const node_info_t *ni = &nodes[i];
         if (!ni->live || !ni->has_image || ni->load >= ni->capacity ||
             (avoid && streq(ni->name, avoid)) || (only && !streq(ni->name, only)))
+            continue;
+        if (ni->disk_room_mb < disk_mb && !(kept && streq(ni->name, kept)))
             continue;
         if (prefer && streq(ni->name, prefer))
             return ni;
@@ -367,12 +374,18 @@ static void start_run(rec_t *rc, json_t *job, const char *ns, const char *id, ru
     }
     /* a resume stays where its root is (if that node can take it); a move never goes back to
      * the node it leaves, however often its install is tried */
+    json_int_t disk_mb =
+        json_integer_value(json_object_get(json_object_get(job, "flavor"), "disk_mb"));
     const node_info_t *ni =
         place(nodes, n, has_from && !move ? from.node : NULL, move && has_from ? from.node : NULL,
-              move && !streq(move_to, "*") ? move_to : NULL);
+              move && !streq(move_to, "*") ? move_to : NULL, disk_mb > 0 ? disk_mb : 0,
+              has_from ? from.node : NULL);
     if (!ni) {
-        char msg[160];
-        (void)snprintf(msg, sizeof msg, "waiting for a live node with room%s%s",
+        char msg[200];
+        (void)snprintf(msg, sizeof msg,
+                       "waiting for a live node with room (a run, and %lld MiB "
+                       "of disk)%s%s",
+                       (long long)(disk_mb > 0 ? disk_mb : 0),
                        streq(image, "host") ? "" : " and image ",
                        streq(image, "host") ? "" : image);
         job_patch(rc, ns, id, &(job_patch_t){ .message = msg });

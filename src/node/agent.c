@@ -179,9 +179,13 @@ static int do_heartbeat(node_t *n)
     pthread_mutex_lock(&n->keys_lock);
     memcpy(token, n->node_token, sizeof token);
     json_t *runs = n->runs_report ? json_deep_copy(n->runs_report) : json_array();
+    bool measured = n->runs_report != NULL;
+    json_int_t room = (json_int_t)n->disk_room_mb;
     pthread_mutex_unlock(&n->keys_lock);
     json_t *body =
         json_pack("{s:o,s:o}", "runs", runs ? runs : json_array(), "images", node_images_json(n));
+    if (body && measured)
+        json_object_set_new(body, "disk_room_mb", json_integer(room));
     json_t *resp = NULL;
     int r = body ? call(n, target, token, NULL, body, &resp) : -ENOMEM;
     json_decref(body);

@@ -26,6 +26,15 @@ bool disk_is_mounted(const char *dir)
            a.st_dev != b.st_dev;
 }
 
+uint64_t disk_unwritten(const char *img, uint64_t absent)
+{
+    struct stat st;
+    if (lstat(img, &st) < 0 || !S_ISREG(st.st_mode))
+        return absent;
+    uint64_t held = (uint64_t)st.st_blocks * 512;
+    return (uint64_t)st.st_size > held ? (uint64_t)st.st_size - held : 0;
+}
+
 int disk_create(const char *img, uint64_t bytes, uint32_t owner, sbx_err_t *err)
 {
     _cleanup_close_ int fd = open(img, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);

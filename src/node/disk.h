@@ -23,5 +23,8 @@ int disk_mount(const char *img, const char *dir, sbx_err_t *err);
 /* Detach whatever is mounted on dir (lazily: a run still holding it keeps it until it ends);
  * 0 if nothing was mounted. */
 int disk_umount(const char *dir);
+/* What img may still take of the node's disk as its run writes: its size less the blocks it
+ * holds; `absent` when there is no image (yet). */
+uint64_t disk_unwritten(const char *img, uint64_t absent);
 /* Whether a file system other than its parent's is mounted on dir. */
 bool disk_is_mounted(const char *dir);

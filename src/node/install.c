@@ -37,6 +37,15 @@ bool install_in_progress(node_t *n, const char *sandbox)
     return false;
 }
 
+uint64_t installs_unwritten(node_t *n, const run_t *skip)
+{
+    uint64_t sum = 0;
+    for (install_t *in = n->installs; in; in = in->next)
+        if (in->r && in->r != skip)
+            sum += run_disk_unwritten(in->r);
+    return sum;
+}
+
 static void install_free(void *p)
 {
     install_t *in = p;
@@ -47,8 +56,9 @@ static void install_free(void *p)
 
 /* What an install failure tells the control plane: 400, the spec is invalid; 422, the run
  * cannot be made from it (its image or command: a link where a mount goes, a missing
- * directory, a command that is not the agent or exits at once), which no retry fixes; 500,
- * anything else (resources, time), which a retry may fix. */
+ * directory, a command that is not the agent or exits at once), which no retry fixes; 507,
+ * the node's disk has no room for the flavor's disk (another node may); 500, anything else
+ * (resources, time), which a retry may fix. */
 static int install_status(int rc)
 {
     switch (-rc) {
@@ -62,6 +72,7 @@ static int install_status(int rc)
     case EXDEV:
     case ENOEXEC:
     case ESRCH: return HTTP_UNPROCESSABLE;
+    case ENOSPC: return HTTP_INSUFFICIENT_STORAGE; /* the node's disk: placed elsewhere */
     default: return HTTP_INTERNAL_ERROR;
     }
 }

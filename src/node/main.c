@@ -18,7 +18,8 @@ enum {
     OPT_PER_PRINCIPAL,
     OPT_MAX_UNAUTH,
     OPT_UNAUTH_HEAD,
-    OPT_CONTROL_SOURCE
+    OPT_CONTROL_SOURCE,
+    OPT_DISK_OVERCOMMIT
 };
 
 static void usage(FILE *f)
@@ -29,8 +30,11 @@ static void usage(FILE *f)
                "                [--id-range START:COUNT] [--images DIR] [--insecure-plain-http]\n"
                "                [--max-connections N] [--max-conns-per-source N]\n"
                "                [--control-source ADDR]... [--max-unauth-conns N]\n"
-               "                [--unauth-head-timeout-ms N]\n"
+               "                [--unauth-head-timeout-ms N] [--disk-overcommit N]\n"
                "Runs sandbox runs for sbx-control on this machine (needs root).\n"
+               "A run's disk (its flavor's size) is installed only where it fits beside the\n"
+               "others, each counted as full, in the free space of DIR's file system less\n"
+               "256 MiB; --disk-overcommit N (1..64, default 1) lets them promise N times it.\n"
                "The join material is the control plane's node-join.token:\n"
                "\"sbxjoin2.<token>.<control identity key>.<CA pin>\". The node speaks TLS 1.3\n"
                "(its key and certificate in DIR/tls) and trusts only the pinned CA.\n"
@@ -139,6 +143,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, httpd_config_t 
         { "control-source", required_argument, NULL, OPT_CONTROL_SOURCE },
         { "max-unauth-conns", required_argument, NULL, OPT_MAX_UNAUTH },
         { "unauth-head-timeout-ms", required_argument, NULL, OPT_UNAUTH_HEAD },
+        { "disk-overcommit", required_argument, NULL, OPT_DISK_OVERCOMMIT },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -146,7 +151,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, httpd_config_t 
     const char *join = NULL, *control_key = NULL;
     bool unauth_set = false;
     int o;
-    *cfg = (node_config_t){ .capacity = 64 };
+    *cfg = (node_config_t){ .capacity = 64, .disk_overcommit = 1 };
     *scfg = (httpd_config_t){ .head_timeout_ms = 10000,
                               .body_timeout_ms = 60000,
                               .write_timeout_ms = 120000,
@@ -172,6 +177,12 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, httpd_config_t 
             cfg->capacity = v;
             break;
         case 'i': r = idrange_parse(optarg, &cfg->id_start, &cfg->id_count); break;
+        case OPT_DISK_OVERCOMMIT:
+            r = parse_u64_str(optarg, 64, &v);
+            if (r >= 0 && v == 0)
+                r = -EINVAL;
+            cfg->disk_overcommit = (uint32_t)v;
+            break;
         case 'I': r = copy_str(cfg->images_dir, sizeof cfg->images_dir, optarg); break;
         case 'P': cfg->plain_http = true; break;
         case OPT_MAX_CONNS:

@@ -27,7 +27,8 @@ void node_crash_point(const node_t *n, const char *step)
     }
 }
 
-/* What the heartbeat thread tells the control plane: each run's identity and state. */
+/* What the heartbeat thread tells the control plane: each run's identity and state, and the
+ * room left for runs' disks. */
 static void report_runs(loop_t *l, timer_t_ *t)
 {
     node_t *n = t->data;
@@ -41,10 +42,12 @@ static void report_runs(loop_t *l, timer_t_ *t)
                            (json_int_t)r->id.generation, "activation", r->id.activation, "state",
                            st, "exit_status", r->exit_status, "leases", (json_int_t)r->n_leases));
     }
+    int64_t room = node_disk_room(n, NULL);
     if (arr) {
         pthread_mutex_lock(&n->keys_lock);
         json_decref(n->runs_report);
         n->runs_report = arr;
+        n->disk_room_mb = room >> 20; /* rounded down: never more than there is */
         pthread_mutex_unlock(&n->keys_lock);
     }
     (void)timer_arm(l, t, 500);

@@ -23,7 +23,8 @@
 
 #define NODE_MAX_EXPOSE 16
 #define NODE_INSTALL_BODY_MAX (1024 * 1024)
-#define RUN_DISK_DEFAULT_MB 4096          /* a run's disk when its flavor names none */
+#define RUN_DISK_DEFAULT_MB 4096 /* a run's disk when its flavor names none */
+#define NODE_DISK_KEEP_MB 256    /* of the node's disk never promised to runs (its logs, store) */
 #define NODE_BOUND_BODY_MAX (1024 * 1024) /* bodies whose digest a capability names, at most */
 
 typedef enum { RUN_RUNNING, RUN_PAUSED, RUN_EXITED } run_state_t;
@@ -55,8 +56,9 @@ struct run {
     cap_expose_t expose[NODE_MAX_EXPOSE];
     size_t n_expose;
     bool pool_host;
-    uint32_t id_base; /* the run's ids 0..65535 are host ids id_base.. (its user namespace) */
-    char image[64];   /* "host" or the name of an image of the node's --images */
+    uint32_t id_base;    /* the run's ids 0..65535 are host ids id_base.. (its user namespace) */
+    uint64_t disk_bytes; /* its disk's size (the flavor's) while it is being made */
+    char image[64];      /* "host" or the name of an image of the node's --images */
     char image_rootfs[PATH_MAX]; /* its verified rootfs (resolved at install), or "" */
     bool egress;                 /* network "egress": a firewall and pasta (egress.c) */
     pid_t pasta_pid;             /* its pasta, or 0; with the start time that names it */
@@ -102,6 +104,7 @@ typedef struct {
     uint8_t control_pk[CAP_PK_BYTES]; /* the control plane's identity, pinned at join */
     char advertise[128]; /* "http://127.0.0.1:port" as the control plane should call us */
     uint64_t capacity;
+    uint32_t disk_overcommit;      /* runs' disks may promise this many times the free space */
     uint32_t id_start, id_count;   /* subordinate ids for runs' user namespaces */
     char images_dir[PATH_MAX];     /* OCI image layouts (image.h); IMAGE_DEFAULT_DIR */
     bool plain_http;               /* --insecure-plain-http: no TLS (loopback only) */
@@ -144,8 +147,9 @@ typedef struct node {
     bool agent_started;
     volatile bool stopping;
     char node_token[128];
-    json_t *runs_report; /* what the next heartbeat reports (under keys_lock) */
-    install_t *installs; /* in progress */
+    json_t *runs_report;  /* what the next heartbeat reports (under keys_lock) */
+    int64_t disk_room_mb; /* and the room for runs' disks (node_disk_room), MiB */
+    install_t *installs;  /* in progress */
     timer_t_ report_t;
     node_images_t images;
     /* TLS (tlsid.c): the listener's context (swapped under tls_lock), the client's */
@@ -196,6 +200,13 @@ void node_load_runs(node_t *n);
 int run_state_archive_start(node_t *n, run_t *r, conn_t *c); /* answers c itself */
 void run_free(run_t *r);
 void run_unmount_disk(const run_t *r); /* nothing of the run uses its disk any more */
+/* What more the node's disk can take of runs' disks, in bytes (negative: it is promised past
+ * its free space): its free space less NODE_DISK_KEEP_MB (times --disk-overcommit), less what
+ * each run's disk but skip's may still grow into (its size less the blocks it holds; a disk being made counts whole). An
+ * install of a disk larger than that is refused (507), and heartbeats report it, so that the
+ * control plane places a run only where its flavor's disk fits. */
+int64_t node_disk_room(node_t *n, const run_t *skip);
+uint64_t run_disk_unwritten(const run_t *r); /* what r's disk may still take, in bytes */
 
 /* bridge.c: connect to the run's agent and verify who answers */
 int bridge_connect(const run_t *r, int *ret_fd, sbx_err_t *err);
@@ -214,6 +225,8 @@ void node_agent_stop(node_t *n);
  * install_start takes the request body already collected in c->body (its digest checked). */
 void install_start(node_t *n, conn_t *c, const cap_run_t *id);
 bool install_in_progress(node_t *n, const char *sandbox);
+/* What the disks of the runs being installed (but skip) may still take, in bytes. */
+uint64_t installs_unwritten(node_t *n, const run_t *skip);
 void install_abandon_all(node_t *n);
 
 /* ingress.c */

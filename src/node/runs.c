@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -586,6 +587,29 @@ void run_unmount_disk(const run_t *r)
         log_warn("run %s: cannot unmount its disk: %s", r->id.sandbox, strerror(-rc));
 }
 
+uint64_t run_disk_unwritten(const run_t *r)
+{
+    char img[PATH_MAX + 16];
+    if (path_join(img, sizeof img, r->dir, "disk.img") < 0)
+        return r->installing ? r->disk_bytes : 0;
+    /* not made yet: the whole disk is promised */
+    return disk_unwritten(img, r->installing ? r->disk_bytes : 0);
+}
+
+int64_t node_disk_room(node_t *n, const run_t *skip)
+{
+    char runs[PATH_MAX];
+    struct statvfs sv;
+    if (path_join(runs, sizeof runs, n->cfg.state_dir, "runs") < 0 || statvfs(runs, &sv) < 0)
+        return INT64_MAX; /* not known: the install itself meets a full disk */
+    int64_t room = ((int64_t)((uint64_t)sv.f_bavail * sv.f_frsize) - (NODE_DISK_KEEP_MB << 20)) *
+                   (int64_t)MAX(n->cfg.disk_overcommit, 1u);
+    for (const run_t *r = n->runs; r; r = r->next)
+        if (r != skip)
+            room -= (int64_t)run_disk_unwritten(r);
+    return room - (int64_t)installs_unwritten(n, skip);
+}
+
 /* A helper process (a tree removal, tar) the loop does not wait for: done() runs when it exits. */
 typedef struct helper helper_t;
 struct helper {
@@ -713,10 +737,6 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, sbx_err_t *err)
     bool keep_root = mode && streq(mode, "local");
     if (!(mode && streq(mode, "remote")))
         restore = NULL;
-    json_int_t disk_mb = 0;
-    (void)json_unpack(json_object_get(spec, "flavor"), "{s?I}", "disk_mb", &disk_mb);
-    if (disk_mb <= 0 || disk_mb > (json_int_t)16 << 20)
-        disk_mb = RUN_DISK_DEFAULT_MB;
     char root[PATH_MAX + 8], bridge[PATH_MAX + 8], img[PATH_MAX + 16];
     int rc = path_join(root, sizeof root, r->dir, "root");
     if (rc >= 0)
@@ -742,7 +762,7 @@ int run_install_dirs(node_t *n, run_t *r, json_t *spec, sbx_err_t *err)
      * the run's root (host id id_base); the node puts nothing else in it: the run's process
      * makes what a fresh tree needs from inside its namespaces */
     if (fresh)
-        rc = disk_create(img, (uint64_t)disk_mb << 20, r->id_base, err);
+        rc = disk_create(img, r->disk_bytes, r->id_base, err);
     if (rc >= 0 && access(img, F_OK) == 0)
         rc = disk_mount(img, root, err);
     if (rc < 0)
@@ -977,6 +997,23 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, sbx_err_t 
         rc = -ENAMETOOLONG;
     if (rc < 0) {
         return sbx_err(err, rc, "state directory path too long");
+    }
+    json_int_t disk_mb = 0;
+    (void)json_unpack(json_object_get(spec, "flavor"), "{s?I}", "disk_mb", &disk_mb);
+    if (disk_mb <= 0 || disk_mb > (json_int_t)16 << 20)
+        disk_mb = RUN_DISK_DEFAULT_MB;
+    r->disk_bytes = (uint64_t)disk_mb << 20;
+    /* the disk must fit beside every other run's, each as full as its flavor allows; a root
+     * kept in place (a local resume) is already counted as the old run's */
+    const char *restore =
+        json_string_value(json_object_get(json_object_get(spec, "restore"), "mode"));
+    bool kept = old && restore && streq(restore, "local");
+    int64_t room = node_disk_room(n, old);
+    if (!kept && room < disk_mb << 20) {
+        return sbx_err(err, -ENOSPC,
+                       "the node's disk has room for %lld MiB more of runs' disks; this "
+                       "run's is %lld MiB",
+                       (long long)(room > 0 ? room >> 20 : 0), (long long)disk_mb);
     }
     /* A sandbox keeps its id block on this node from run to run (its kept root is owned by
      * it); a new one takes a free block. */

@@ -2,11 +2,14 @@
 """A run's disk: its root is a file system of the flavor's size (a sparse image on the node), so
 a run that fills it gets ENOSPC and the node's disk is untouched; sparse files stay sparse
 across pause, resume and a move to another node; a run that failed to start lets go of its
-disk (loop device and mount) at once and of its directory when cancelled. Each refusal has a
-positive control."""
+disk (loop device and mount) at once and of its directory when cancelled; a run is placed only
+on a node whose disk has room for its flavor's disk. Each refusal has a positive control."""
 import glob
 import os
+import secrets
 import signal
+import subprocess
+import time
 
 import pytest
 
@@ -184,3 +187,82 @@ def test_runs_that_fail_to_start_or_exit_let_go_of_their_disks(plat):
     back = wait_until(lambda: disk_holds(under, [])[:2] == base[:2], 15, 0.1)
     assert back, (f"the node's loop devices and mounts did not return to what they were: "
                   f"{disk_holds(under, [])[:2]} != {base[:2]}")
+
+
+# ---- placement by disk -------------------------------------------------------------------------
+
+def test_runs_are_placed_only_where_their_flavors_disk_fits():
+    """A node reports the room its disk has for runs' disks (free space less 256 MiB, less
+    what every run's disk may still grow into); the control plane places a run only where its
+    flavor's disk fits, and the node itself refuses (507) an install whose disk does not. Here
+    the node's state is a 9 GiB tmpfs: two cpu-small runs (4 GiB disks) fit, a third waits
+    until one is cancelled (the positive control), and a direct install of a 4 GiB disk is
+    refused while one of 128 MiB is taken. A node started with --disk-overcommit 2 promises
+    twice its free space."""
+    p = Platform(nodes=())
+    try:
+        state = os.path.join(p.dir, "dk-tight")
+        os.makedirs(state)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9g,mode=0700", "sbx-test-tight",
+                        state], check=True)
+        node = p.add_node("dk-tight")
+
+        def room(name="dk-tight"):
+            rec = [x for x in p._nodes_json() if x["name"] == name]
+            return rec[0].get("disk_room_mb") if rec else None
+        assert wait_until(lambda: (room() or 0) > 8 << 10, 10), room()
+        empty = room()
+        a = p.create("dk", flavor="cpu-small")
+        b = p.create("dk", flavor="cpu-small")
+        assert wait_until(lambda: room() is not None and room() < 4096, 10), \
+            f"OVERCOMMIT: the node reports {room()} MiB of room with two 4 GiB disks on 9 GiB"
+        assert 0 <= room() < 1024, room()  # 9 GiB - 256 MiB - 2 x (4 GiB - what mkfs wrote)
+        assert node.health()["disk_room_mb"] == room() or abs(
+            node.health()["disk_room_mb"] - room()) < 64
+        # the control plane does not place a third: it waits, and the node hears of nothing
+        c = p.create("dk", wait=False, flavor="cpu-small")
+        waiting = wait_until(lambda: "4096 MiB of disk" in c.inspect().get("message", ""), 10)
+        assert waiting, f"OVERCOMMIT: the control plane placed a run past the disk: {c.inspect()}"
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            j = c.inspect()
+            assert "4096 MiB of disk" in j.get("message", "") and (
+                j.get("run") or {}).get("state") != "running", \
+                f"OVERCOMMIT: the control plane placed a run past the disk: {j}"
+            time.sleep(0.1)
+        assert not os.path.exists(node.run_dir(c.id))
+        # the node refuses such an install itself (a control plane whose view is stale)
+        tag = secrets.token_hex(4)
+        direct = dict(a.run(), sandbox=f"dk-direct-{tag}", generation=1,
+                      activation=f"a-d{tag}", instance=f"i-d{tag}")
+        target = f"/v1/runs/{direct['sandbox']}"
+        body = {"secrets": {"SBX_TOKEN": "x" * 32}}  # no flavor: the node's default, 4 GiB
+        r = node.request("PUT", target, p.mint(direct, "manage", method="PUT", target=target,
+                                                body=body), body)
+        assert r.status == 507 and "room for" in r.text and "4096 MiB" in r.text, \
+            f"OVERCOMMIT: the node installed a disk past its room: {r}"
+        assert not os.path.exists(node.run_dir(direct["sandbox"]))
+        # positive control: a disk that fits is installed
+        body = {"flavor": {"disk_mb": 128}, "secrets": {"SBX_TOKEN": "x" * 32}}
+        r = node.request("PUT", target, p.mint(direct, "manage", method="PUT", target=target,
+                                                body=body), body)
+        assert r.status == 201, r
+        r = node.request("DELETE", target, p.mint(direct, "manage", method="DELETE",
+                                                  target=target, body=""))
+        assert r.status in (200, 204), r
+        # positive control: once a is cancelled, c is placed there and runs
+        a.cancel()
+        c.wait_stage("RUNNING", timeout=30, node="dk-tight")
+        assert c.sh("echo placed") == "placed\n"
+        b.cancel()
+        c.cancel()
+        # --disk-overcommit 2: the same disk promises twice as much
+        loose = os.path.join(p.dir, "dk-loose")
+        os.makedirs(loose)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9g,mode=0700", "sbx-test-loose",
+                        loose], check=True)
+        p.add_node("dk-loose", args=["--disk-overcommit", "2"])
+        assert wait_until(lambda: room("dk-loose") is not None, 10)
+        assert abs(room("dk-loose") - 2 * empty) < 64, (room("dk-loose"), empty)
+    finally:
+        p.stop()
