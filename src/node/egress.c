@@ -38,24 +38,61 @@ static const char *const private4[] = { "10.0.0.0/8", "172.16.0.0/12", "192.168.
                                         "100.64.0.0/10" };
 static const char *const private6[] = { "fc00::/7" };
 
+/* addr & the mask of prefix bits, in place (len bytes) */
+static void mask_to_prefix(uint8_t *addr, size_t len, unsigned prefix)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned keep = prefix >= 8 * (i + 1) ? 8 : prefix > 8 * i ? prefix - 8 * (unsigned)i : 0;
+        addr[i] &= (uint8_t)(0xff00u >> keep);
+    }
+}
+
+static unsigned mask_bits(const uint8_t *mask, size_t len)
+{
+    unsigned n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += (unsigned)__builtin_popcount(mask[i]);
+    return n;
+}
+
+/* A set of the fixed elements, and of every address of the host (`what` HOST_ADDRS) or every
+ * network its interfaces are on (HOST_NETS) in `family`. */
+enum { HOST_NONE, HOST_ADDRS, HOST_NETS };
+
 static void put_set(FILE *f, const char *name, const char *type, const char *const *fixed, size_t n,
-                    int host_family)
+                    int family, int what)
 {
     fprintf(f, "  set %s {\n    type %s; flags interval; auto-merge\n    elements = { ", name,
             type);
     for (size_t i = 0; i < n; i++)
         fprintf(f, "%s%s", i ? ", " : "", fixed[i]);
-    /* every address of the host: a run must never reach the host itself */
     struct ifaddrs *ifa = NULL;
-    if (host_family && getifaddrs(&ifa) == 0) {
+    if (what != HOST_NONE && getifaddrs(&ifa) == 0) {
         for (struct ifaddrs *a = ifa; a; a = a->ifa_next) {
-            if (!a->ifa_addr || a->ifa_addr->sa_family != host_family)
+            if (!a->ifa_addr || a->ifa_addr->sa_family != family ||
+                (what == HOST_NETS && !a->ifa_netmask))
                 continue;
+            uint8_t addr[16], mask[16];
+            size_t len = family == AF_INET ? 4 : 16;
+            memcpy(addr,
+                   family == AF_INET
+                       ? (const void *)&((struct sockaddr_in *)a->ifa_addr)->sin_addr
+                       : (const void *)&((struct sockaddr_in6 *)a->ifa_addr)->sin6_addr,
+                   len);
             char s[INET6_ADDRSTRLEN];
-            const void *p = host_family == AF_INET
-                                ? (const void *)&((struct sockaddr_in *)a->ifa_addr)->sin_addr
-                                : (const void *)&((struct sockaddr_in6 *)a->ifa_addr)->sin6_addr;
-            if (inet_ntop(host_family, p, s, sizeof s))
+            if (what == HOST_NETS) {
+                memcpy(mask,
+                       family == AF_INET
+                           ? (const void *)&((struct sockaddr_in *)a->ifa_netmask)->sin_addr
+                           : (const void *)&((struct sockaddr_in6 *)a->ifa_netmask)->sin6_addr,
+                       len);
+                unsigned bits = mask_bits(mask, len);
+                if (bits < (family == AF_INET ? 8u : 16u))
+                    continue; /* not a neighbourhood: a point-to-point or odd link */
+                mask_to_prefix(addr, len, bits);
+                if (inet_ntop(family, addr, s, sizeof s))
+                    fprintf(f, ", %s/%u", s, bits);
+            } else if (inet_ntop(family, addr, s, sizeof s))
                 fprintf(f, ", %s", s);
         }
         freeifaddrs(ifa);
@@ -71,10 +108,13 @@ int egress_ruleset(json_t *allow, char **ret, sbx_err_t *err)
     if (!f)
         return sbx_err(err, -ENOMEM, "out of memory");
     fprintf(f, "table inet sbx {\n");
-    put_set(f, "deny4", "ipv4_addr", deny4, ELEMENTSOF(deny4), AF_INET);
-    put_set(f, "deny6", "ipv6_addr", deny6, ELEMENTSOF(deny6), AF_INET6);
-    put_set(f, "private4", "ipv4_addr", private4, ELEMENTSOF(private4), 0);
-    put_set(f, "private6", "ipv6_addr", private6, ELEMENTSOF(private6), 0);
+    /* every address of the host: a run must never reach the host itself */
+    put_set(f, "deny4", "ipv4_addr", deny4, ELEMENTSOF(deny4), AF_INET, HOST_ADDRS);
+    put_set(f, "deny6", "ipv6_addr", deny6, ELEMENTSOF(deny6), AF_INET6, HOST_ADDRS);
+    /* without an allow-list, neither private ranges nor the host's neighbours (the networks
+     * its interfaces are on, whatever their addresses: a gateway, other machines) */
+    put_set(f, "private4", "ipv4_addr", private4, ELEMENTSOF(private4), AF_INET, HOST_NETS);
+    put_set(f, "private6", "ipv6_addr", private6, ELEMENTSOF(private6), AF_INET6, HOST_NETS);
     fprintf(f, "  chain out {\n    type filter hook output priority 0; policy drop;\n"
                "    oif \"lo\" accept\n"
                "    ip daddr " EGRESS_DNS " meta l4proto { tcp, udp } th dport 53 accept\n"
@@ -240,8 +280,62 @@ int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, sbx_err
     return 0;
 }
 
+/* In a forked child (async-signal-safe calls only): detach every mount of this mount namespace
+ * whose mount point is below `dir` ("<dir>/..."), reading /proc/self/mountinfo a piece at a
+ * time. A detached mount takes the mounts below it along; their own lines then fail, which
+ * is fine. */
+static void detach_mounts_below(const char *dir)
+{
+    static char buf[65536];
+    size_t dlen = strlen(dir), have = 0;
+    int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    for (;;) {
+        ssize_t k = read(fd, buf + have, sizeof buf - 1 - have);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0 && have == 0)
+            break;
+        have += k > 0 ? (size_t)k : 0;
+        buf[have] = 0;
+        char *end = memchr(buf, '\n', have);
+        if (!end && k > 0 && have < sizeof buf - 1)
+            continue; /* a line not read whole yet */
+        if (!end)
+            end = buf + have; /* the last line, or one longer than the buffer: taken as is */
+        *end = 0;
+        /* field 5 is the mount point, with space, tab, newline and backslash as \ooo */
+        char *f = buf;
+        for (int i = 0; i < 4 && f; i++) {
+            f = strchr(f, ' ');
+            f = f ? f + 1 : NULL;
+        }
+        char *sp = f ? strchr(f, ' ') : NULL;
+        if (sp) {
+            *sp = 0;
+            char *o = f;
+            for (char *q = f; *q; q++) {
+                if (q[0] == '\\' && q[1] >= '0' && q[1] <= '3' && q[2] >= '0' && q[2] <= '7' &&
+                    q[3] >= '0' && q[3] <= '7') {
+                    *o++ = (char)((q[1] - '0') << 6 | (q[2] - '0') << 3 | (q[3] - '0'));
+                    q += 3;
+                } else
+                    *o++ = *q;
+            }
+            *o = 0;
+            if (strncmp(f, dir, dlen) == 0 && f[dlen] == '/')
+                (void)umount2(f, MNT_DETACH);
+        }
+        size_t used = (size_t)(end - buf) + (end < buf + have ? 1 : 0);
+        memmove(buf, buf + used, have - used);
+        have -= used;
+    }
+    (void)close(fd);
+}
+
 int egress_start(pid_t holder, uint32_t owner, json_t *allow, const char *tun_path,
-                 pid_t *ret_pasta, sbx_err_t *err)
+                 const char *detach, pid_t *ret_pasta, sbx_err_t *err)
 {
     _cleanup_free_ char *rules = NULL;
     int r = egress_ruleset(allow, &rules, err);
@@ -288,8 +382,10 @@ int egress_start(pid_t holder, uint32_t owner, json_t *allow, const char *tun_pa
         for (int sig = 1; sig < NSIG; sig++)
             (void)signal(sig, SIG_DFL);
         if (dup2(nul, 0) < 0 || dup2(nul, 1) < 0 || unshare(CLONE_NEWNS) < 0 ||
-            mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
-            mount(tun_path, "/dev/net/tun", NULL, MS_BIND, NULL) < 0)
+            mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+            _exit(126);
+        detach_mounts_below(detach); /* before the bind below: the tun node is in a run's dir */
+        if (mount(tun_path, "/dev/net/tun", NULL, MS_BIND, NULL) < 0)
             _exit(126);
         execve(PASTA, argv, environ);
         _exit(127);

@@ -38,7 +38,9 @@ int egress_netns_make(uint32_t owner, pid_t *ret_holder, int *ret_netns, sbx_err
  * host root), then pasta (as `owner`) joining the holder's namespaces; *ret_pasta is its pid.
  * tun_path: where the node may make a tun device node for pasta alone (a file in the run's
  * 0700 directory, given to `owner`), bound over /dev/net/tun in pasta's own mount namespace:
- * the host's /dev/net/tun permissions are never relied on nor changed.
+ * the host's /dev/net/tun permissions are never relied on nor changed. Every mount below
+ * `detach` (the node's runs: other runs' disks) is detached in that namespace first, so that
+ * pasta, living as long as its run, never holds another run's disk after the node lets go.
  * The caller reaps both and stops them with the run. */
 int egress_start(pid_t holder, uint32_t owner, json_t *allow, const char *tun_path,
-                 pid_t *ret_pasta, sbx_err_t *err);
+                 const char *detach, pid_t *ret_pasta, sbx_err_t *err);

@@ -926,8 +926,11 @@ int run_install_spawn(node_t *n, run_t *r, json_t *spec, sbx_err_t *err)
         pid_t pp;
         char tun[PATH_MAX + 8];
         (void)path_join(tun, sizeof tun, r->dir, "tun");
+        char runs[PATH_MAX + 8];
+        char real[PATH_MAX];
+        (void)path_join(runs, sizeof runs, n->cfg.state_dir, "runs");
         rc = egress_start(r->holder_pid, egress_owner(r), json_object_get(spec, "egress_allow"),
-                          tun, &pp, err);
+                          tun, realpath(runs, real) ? real : runs, &pp, err);
         if (rc < 0)
             return rc;
         r->pasta_pid = pp;

@@ -3,6 +3,7 @@
 cannot change, and pasta carrying its connections out. The outside world here is a network
 namespace this test makes, reached from the host over a veth pair (10.199.<n>.0/30): a server
 in it stands for a public service. Every refusal has a positive control on the same server."""
+import glob
 import os
 import secrets
 import subprocess
@@ -15,6 +16,10 @@ from sbxplatform import Platform
 
 NET = f"10.199.{secrets.randbelow(200) + 20}"
 HOST_IP, EXT_IP = f"{NET}.1", f"{NET}.2"
+# a second link to the outside on a network that is not private (TEST-NET-2): a neighbour of
+# the host, as a gateway or the machines of a public subnet are
+_Q = 4 * secrets.randbelow(64)
+PUB_NET, PUB_HOST_IP, PUB_IP = f"198.51.100.{_Q}/30", f"198.51.100.{_Q + 1}", f"198.51.100.{_Q + 2}"
 
 
 def sh(*args, check=True):
@@ -42,6 +47,7 @@ def outside():
     on the host's own end of the veth."""
     ns = f"sbxt-eg-{secrets.token_hex(3)}"
     hv, nv = f"sbxh{secrets.token_hex(2)}", f"sbxn{secrets.token_hex(2)}"
+    hv2, nv2 = f"sbxh{secrets.token_hex(2)}", f"sbxn{secrets.token_hex(2)}"
     sh("ip", "netns", "add", ns)
     procs = []
     try:
@@ -51,14 +57,23 @@ def outside():
         sh("ip", "-n", ns, "addr", "add", f"{EXT_IP}/30", "dev", nv)
         sh("ip", "-n", ns, "link", "set", nv, "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", hv2, "type", "veth", "peer", "name", nv2, "netns", ns)
+        sh("ip", "addr", "add", f"{PUB_HOST_IP}/30", "dev", hv2)
+        sh("ip", "link", "set", hv2, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{PUB_IP}/30", "dev", nv2)
+        sh("ip", "-n", ns, "link", "set", nv2, "up")
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", SERVER,
                                        EXT_IP]))
+        procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", SERVER,
+                                       PUB_IP]))
         canary = subprocess.Popen(["python3", "-c", SERVER.replace("(8080, 8081)", "(8090,)"),
                                    HOST_IP])
         procs.append(canary)
         ok = wait_until(lambda: sh("curl", "-s", "-m", "2", f"http://{EXT_IP}:8080/",
                                    check=False).stdout == "port 8080", 10)
         assert ok, "the outside server does not answer from the host"
+        assert wait_until(lambda: sh("curl", "-s", "-m", "2", f"http://{PUB_IP}:8080/",
+                                     check=False).stdout == "port 8080", 10)
         assert wait_until(lambda: sh("curl", "-s", "-m", "2", f"http://{HOST_IP}:8090/",
                                      check=False).stdout == "port 8090", 10)
         yield ns
@@ -67,6 +82,7 @@ def outside():
             p.kill()
             p.wait()
         sh("ip", "link", "del", hv, check=False)
+        sh("ip", "link", "del", hv2, check=False)
         sh("ip", "netns", "del", ns, check=False)
 
 
@@ -106,7 +122,15 @@ def test_without_a_list_private_ranges_and_the_host_stay_closed(plat):
     assert fetch(job, f"http://{HOST_IP}:8090/").startswith("refused")
     for url in ("http://127.0.0.1:8090/", "http://169.254.169.254/", f"http://[::1]:8090/"):
         assert fetch(job, url).startswith("refused"), url
-    # positive control: the same server through an allow-list (the test above) answers
+    # a neighbour of the host on a network that is not private (the host is on 198.51.100.x)
+    got = fetch(job, f"http://{PUB_IP}:8080/")
+    assert got.startswith("refused"), f"LEAK: a run reaches the host's neighbour: {got}"
+    # positive control: the same servers through an allow-list (and the test above) answer
+    job.cancel()
+    job = plat.create("eg", flavor="cpu-small", network="egress",
+                      egress_allow=[f"{PUB_IP}/32:8080"])
+    assert wait_until(lambda: fetch(job, f"http://{PUB_IP}:8080/") == "port 8080", 10), \
+        fetch(job, f"http://{PUB_IP}:8080/")
     job.cancel()
 
 
@@ -144,3 +168,40 @@ def test_allow_list_needs_egress_and_ipv6_entries_parse(plat):
                                                               "2001:db8:1::/48"]})
     assert r.status == 201, r
     plat.request("POST", f"/v1/jobs/eg/{r.json()['id']}/cancel")
+
+
+def loops_backing(job_id):
+    """Loop devices whose backing file is the disk of run `job_id` (in its directory, or in
+    the node's trash after a retire)."""
+    found = []
+    for f in glob.glob("/sys/block/loop*/loop/backing_file"):
+        try:
+            with open(f) as fh:
+                back = fh.read().strip()
+        except OSError:
+            continue
+        if f"/{job_id}/" in back or f"-{job_id}-" in back:
+            found.append(back)
+    return found
+
+
+def test_pasta_holds_no_other_runs_disk(plat):
+    """pasta lives in a mount namespace of its own, copied from the host's when its run starts:
+    the disks of the runs already there are detached in it, so a cancelled run's disk (its
+    mount and loop device) goes at once, not when the egress run ends. Positive control: the
+    node's own mount namespace has that disk mounted while its run runs."""
+    other = plat.create("eg", flavor="cpu-small")
+    node = other.node()
+    root = os.path.join(node.run_dir(other.id), "root")
+    assert os.path.ismount(root) and loops_backing(other.id)  # positive control
+    eg = plat.create("eg", flavor="cpu-small", network="egress")
+    pasta = node.run_record(eg.id)["pasta_pid"]
+    assert pasta > 0
+    with open(f"/proc/{pasta}/mountinfo") as f:
+        theirs = f.read()
+    assert "/dev/net/tun" in theirs  # it is pasta's own namespace
+    assert root not in theirs, f"LEAK: pasta holds another run's disk mount ({root})"
+    other.cancel()
+    gone = wait_until(lambda: not loops_backing(other.id), 10, 0.1)
+    assert gone, f"LEAK: a cancelled run's disk stays attached: {loops_backing(other.id)}"
+    eg.cancel()
