@@ -4,6 +4,7 @@
 SBX_BUILD selects the build directory (default: build/), so the same suite runs against the
 ASan+UBSan build in CI.
 """
+import contextlib
 import http.client
 import json
 import os
@@ -491,3 +492,22 @@ def pool_host():
     s = HostServer()
     yield s
     s.stop()
+
+
+@contextlib.contextmanager
+def small_ext4(*mkfs_opts):
+    """A 16 MB ext4 loop-mounted for homes (mkfs.ext4 options as given); yields its mount
+    point, reachable by the sandbox uids; unmounted and removed after."""
+    d = tempfile.mkdtemp(prefix="sbx-smallfs-")
+    os.chmod(d, 0o711)
+    img, mnt = d + "/fs.img", d + "/mnt"
+    os.mkdir(mnt)
+    subprocess.run(["truncate", "-s", "16M", img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs_opts, img], check=True)
+    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
+    try:
+        os.chmod(mnt, 0o711)
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", mnt], check=False)
+        shutil.rmtree(d, ignore_errors=True)

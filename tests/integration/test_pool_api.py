@@ -2,7 +2,6 @@
 """Pool host API (SBX_HOST_MODE=1): create/list/delete, capacity, bounds, environment,
 ownership, cwd, idle eviction, host shutdown, the Landlock floor, the mode gate, /health and
 per-sandbox process scoping. Needs root, like the pool host itself."""
-import contextlib
 import json
 import os
 import secrets
@@ -17,7 +16,8 @@ import urllib.parse
 
 import pytest
 
-from conftest import POOL_UID_BASE, POOL_UID_COUNT, Sandbox, homes_in, uid_pids, wait_until
+from conftest import (POOL_UID_BASE, POOL_UID_COUNT, Sandbox, homes_in, small_ext4, uid_pids,
+                      wait_until)
 from test_envd import files_request, sandbox_envd
 from test_envd import fs as envd_fs
 
@@ -49,25 +49,6 @@ def test_create_count_and_capacity(make_host_server):
     assert (st, j) == (200, {"sandboxes": [], "rejected": 1})
     assert len(s.list()) == 4
     assert s.json("GET", "/health")[1]["sandboxes"] == 4
-
-
-@contextlib.contextmanager
-def small_ext4(*mkfs_opts):
-    """A 16 MB ext4 loop-mounted for homes (mkfs.ext4 options as given); yields its mount
-    point, reachable by the sandbox uids; unmounted and removed after."""
-    d = tempfile.mkdtemp(prefix="sbx-smallfs-")
-    os.chmod(d, 0o711)
-    img, mnt = d + "/fs.img", d + "/mnt"
-    os.mkdir(mnt)
-    subprocess.run(["truncate", "-s", "16M", img], check=True)
-    subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs_opts, img], check=True)
-    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
-    try:
-        os.chmod(mnt, 0o711)
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", mnt], check=False)
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_full_homes_filesystem_is_said_not_taken_for_a_full_host(make_host_server):

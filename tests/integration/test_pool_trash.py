@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import POOL_UID_BASE, SERVER_BIN, homes_in, uid_pids, wait_until
+from conftest import POOL_UID_BASE, SERVER_BIN, homes_in, small_ext4, uid_pids, wait_until
 from test_envd import fs as envd_fs, sandbox_envd
 from test_spawner import children_named, nfds
 
@@ -273,6 +273,58 @@ def test_removals_wait_while_deletes_keep_coming(make_host_server):
     assert len(left) >= 18, left  # most still there right after the burst
     # positive control: all removed once the deletes stopped
     assert wait_until(lambda: trash_in(srv) == [], 10), trash_in(srv)
+
+
+def test_removals_go_at_once_on_a_filesystem_nine_tenths_full(make_host_server):
+    """Put off while deletes keep coming, except when the homes' filesystem has a tenth or
+    less of its blocks left: then each tree is removed as soon as it is named (its space is
+    what the next creates need). The same burst as above on a small ext4 filled to 95 %; the
+    test above, on a roomy filesystem, is the positive control."""
+    with small_ext4("-m", "0") as mnt:
+        homes = os.path.join(mnt, "h")
+        os.mkdir(homes, 0o711)
+        os.chmod(homes, 0o711)
+        srv = make_host_server(env={"SBX_HOMES_DIR": homes, "SBX_CAPACITY": "32"})
+        srv.homes = homes
+        sbs = srv.create(24)
+        for sb in sbs:
+            assert sb.run("true").code == 0
+        st = os.statvfs(mnt)
+        keep = st.f_blocks // 20  # 5 % left
+        fill = (st.f_bavail - keep) * st.f_frsize
+        with open(os.path.join(mnt, "filler"), "wb") as f:
+            f.write(b"\0" * fill)
+            os.fsync(f.fileno())
+        st = os.statvfs(mnt)
+        assert st.f_bavail < st.f_blocks // 10, (st.f_bavail, st.f_blocks)
+        for sb in sbs:
+            assert sb.delete()[0] == 200
+        left = trash_in(srv)
+        assert len(left) <= 6, f"removals put off on a full filesystem: {left}"
+        assert wait_until(lambda: trash_in(srv) == [], 10), trash_in(srv)
+
+
+def test_removals_go_at_once_past_a_backlog_of_1024(make_host_server):
+    """Put off while deletes keep coming, except past 1,024 trees waiting: then one goes for
+    each one named (as fast as the remover keeps up). 1,400 directories deleted one after
+    another through the files API (each a rename into the trash), within the 5 s a tree may
+    wait: many of the 376 past the backlog are gone when the burst ends. The burst of 24 above,
+    all still waiting right after, is the positive control for the deferral itself."""
+    srv = make_host_server()
+    (a,) = srv.create(1)
+    n = 1400
+    r = a.run(["sh", "-c", f"i=0; while [ $i -lt {n} ]; do mkdir d$i; i=$((i+1)); done"])
+    assert r.code == 0, r
+    start = time.monotonic()
+    for i in range(n):
+        st, _, body = a.request("DELETE", f"/files/delete?path=/d{i}&recursive=true")
+        assert st == 200, (i, st, body)
+    took = time.monotonic() - start
+    left = len(trash_in(srv))
+    if took < 4.5:  # else the 5 s bound removed the first ones anyway: nothing to tell
+        assert left <= n - 100, f"removals put off past the backlog: {left} of {n} waiting"
+    assert wait_until(lambda: trash_in(srv) == [], 20), len(trash_in(srv))
+    print(f"{n} deletes in {took:.2f} s, {left} waiting after them")
 
 
 def test_a_tenant_deleting_all_the_time_cannot_hold_a_siblings_removal(make_host_server):
