@@ -275,12 +275,14 @@ def test_removals_wait_while_deletes_keep_coming(make_host_server):
     assert wait_until(lambda: trash_in(srv) == [], 10), trash_in(srv)
 
 
-def test_removals_go_at_once_on_a_filesystem_nine_tenths_full(make_host_server):
+@pytest.mark.parametrize("full", ["blocks", "inodes"])
+def test_removals_go_at_once_on_a_filesystem_nine_tenths_full(make_host_server, full):
     """Put off while deletes keep coming, except when the homes' filesystem has a tenth or
-    less of its blocks left: then each tree is removed as soon as it is named (its space is
-    what the next creates need). The same burst as above on a small ext4 filled to 95 %; the
-    test above, on a roomy filesystem, is the positive control."""
-    with small_ext4("-m", "0") as mnt:
+    less of its blocks or inodes left: then each tree is removed as soon as it is named (its
+    space is what the next creates need). The same burst as above (20 ms apart) on a small
+    ext4 whose blocks or inodes are 95 % used; the test above, on a roomy filesystem, is the
+    positive control."""
+    with small_ext4("-m", "0", "-N", "1024") as mnt:
         homes = os.path.join(mnt, "h")
         os.mkdir(homes, 0o711)
         os.chmod(homes, 0o711)
@@ -290,17 +292,23 @@ def test_removals_go_at_once_on_a_filesystem_nine_tenths_full(make_host_server):
         for sb in sbs:
             assert sb.run("true").code == 0
         st = os.statvfs(mnt)
-        keep = st.f_blocks // 20  # 5 % left
-        fill = (st.f_bavail - keep) * st.f_frsize
-        with open(os.path.join(mnt, "filler"), "wb") as f:
-            f.write(b"\0" * fill)
-            os.fsync(f.fileno())
+        if full == "blocks":
+            fill = (st.f_bavail - st.f_blocks // 20) * st.f_frsize  # 5 % left
+            with open(os.path.join(mnt, "filler"), "wb") as f:
+                f.write(b"\0" * fill)
+                os.fsync(f.fileno())
+        else:
+            os.mkdir(os.path.join(mnt, "filler"))
+            for i in range(st.f_favail - st.f_files // 20):
+                open(os.path.join(mnt, "filler", str(i)), "w").close()
         st = os.statvfs(mnt)
-        assert st.f_bavail < st.f_blocks // 10, (st.f_bavail, st.f_blocks)
-        for sb in sbs:
+        assert (st.f_bavail if full == "blocks" else st.f_favail) < (
+            st.f_blocks if full == "blocks" else st.f_files) // 10, st
+        for sb in sbs:  # 20 ms apart: a pause the remover would not wait for, time to remove
             assert sb.delete()[0] == 200
+            time.sleep(0.02)
         left = trash_in(srv)
-        assert len(left) <= 6, f"removals put off on a full filesystem: {left}"
+        assert len(left) <= 4, f"removals put off on a full filesystem: {left}"
         assert wait_until(lambda: trash_in(srv) == [], 10), trash_in(srv)
 
 
