@@ -33,8 +33,9 @@ static void usage(FILE *f)
                "                [--unauth-head-timeout-ms N] [--disk-overcommit N]\n"
                "Runs sandbox runs for sbx-control on this machine (needs root).\n"
                "A run's disk (its flavor's size) is installed only where it fits beside the\n"
-               "others, each counted as full, in the free space of DIR's file system less\n"
-               "256 MiB; --disk-overcommit N (1..64, default 1) lets them promise N times it.\n"
+               "others, each counted as full, in N times the free space of DIR's file system\n"
+               "less 256 MiB (--disk-overcommit N, 1..64, default 4: sparse disks rarely fill;\n"
+               "1: no run filling its disk can fill the node's).\n"
                "The join material is the control plane's node-join.token:\n"
                "\"sbxjoin2.<token>.<control identity key>.<CA pin>\". The node speaks TLS 1.3\n"
                "(its key and certificate in DIR/tls) and trusts only the pinned CA.\n"
@@ -151,7 +152,7 @@ static int parse_args(int argc, char **argv, node_config_t *cfg, httpd_config_t 
     const char *join = NULL, *control_key = NULL;
     bool unauth_set = false;
     int o;
-    *cfg = (node_config_t){ .capacity = 64, .disk_overcommit = 1 };
+    *cfg = (node_config_t){ .capacity = 64, .disk_overcommit = 4 };
     *scfg = (httpd_config_t){ .head_timeout_ms = 10000,
                               .body_timeout_ms = 60000,
                               .write_timeout_ms = 120000,

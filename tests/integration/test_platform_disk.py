@@ -192,20 +192,20 @@ def test_runs_that_fail_to_start_or_exit_let_go_of_their_disks(plat):
 # ---- placement by disk -------------------------------------------------------------------------
 
 def test_runs_are_placed_only_where_their_flavors_disk_fits():
-    """A node reports the room its disk has for runs' disks (free space less 256 MiB, less
-    what every run's disk may still grow into); the control plane places a run only where its
-    flavor's disk fits, and the node itself refuses (507) an install whose disk does not. Here
-    the node's state is a 9 GiB tmpfs: two cpu-small runs (4 GiB disks) fit, a third waits
-    until one is cancelled (the positive control), and a direct install of a 4 GiB disk is
-    refused while one of 128 MiB is taken. A node started with --disk-overcommit 2 promises
-    twice its free space."""
+    """A node reports the room its disk has for runs' disks (free space less 256 MiB, times
+    --disk-overcommit, less what every run's disk may still grow into); the control plane
+    places a run only where its flavor's disk fits, and the node itself refuses (507) an
+    install whose disk does not. Here the node's state is a 9 GiB tmpfs and it runs with
+    --disk-overcommit 1: two cpu-small runs (4 GiB disks) fit, a third waits until one is
+    cancelled (the positive control), and a direct install of a 4 GiB disk is refused while
+    one of 128 MiB is taken. A node with the default promises four times its free space."""
     p = Platform(nodes=())
     try:
         state = os.path.join(p.dir, "dk-tight")
         os.makedirs(state)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9g,mode=0700", "sbx-test-tight",
                         state], check=True)
-        node = p.add_node("dk-tight")
+        node = p.add_node("dk-tight", args=["--disk-overcommit", "1"])
 
         def room(name="dk-tight"):
             rec = [x for x in p._nodes_json() if x["name"] == name]
@@ -256,13 +256,13 @@ def test_runs_are_placed_only_where_their_flavors_disk_fits():
         assert c.sh("echo placed") == "placed\n"
         b.cancel()
         c.cancel()
-        # --disk-overcommit 2: the same disk promises twice as much
+        # by default (--disk-overcommit 4) the same disk promises four times as much
         loose = os.path.join(p.dir, "dk-loose")
         os.makedirs(loose)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=9g,mode=0700", "sbx-test-loose",
                         loose], check=True)
-        p.add_node("dk-loose", args=["--disk-overcommit", "2"])
+        p.add_node("dk-loose", args=[])
         assert wait_until(lambda: room("dk-loose") is not None, 10)
-        assert abs(room("dk-loose") - 2 * empty) < 64, (room("dk-loose"), empty)
+        assert abs(room("dk-loose") - 4 * empty) < 64, (room("dk-loose"), empty)
     finally:
         p.stop()
