@@ -24,7 +24,8 @@ typedef struct {
     /* Drive the handshake: 0 when done, -EAGAIN (wait for the socket as io->want_write says),
      * or -errno (-EPROTO, -EPERM when the peer is not the one expected). */
     int (*handshake)(sockio_t *io);
-    /* Bytes the layer holds already decrypted: the socket will not report them. */
+    /* Bytes the layer holds that a read returns without the socket (decrypted, or whole
+     * records read ahead): the socket will not report them. */
     bool (*pending)(const sockio_t *io);
     /* Say "no more data" at the layer's level (best effort) before shutdown(SHUT_WR). */
     void (*close_notify)(sockio_t *io);

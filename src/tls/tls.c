@@ -38,6 +38,9 @@ typedef struct {
     char name[64]; /* "" = no name to check */
     uint8_t key_pin[TLS_PIN_BYTES];
     bool has_key_pin, notified;
+    /* the last read wanted more from the socket: what the layer holds is part of a record,
+     * which no read completes until the socket brings the rest */
+    bool starved;
 } tls_io_t;
 
 static __thread char last_error[256];
@@ -235,7 +238,10 @@ static int ssl_outcome(tls_io_t *t, int r)
 {
     int e = SSL_get_error(t->ssl, r);
     switch (e) {
-    case SSL_ERROR_WANT_READ: t->io.want_write = false; return -EAGAIN;
+    case SSL_ERROR_WANT_READ:
+        t->io.want_write = false;
+        t->starved = true;
+        return -EAGAIN;
     case SSL_ERROR_WANT_WRITE: t->io.want_write = true; return -EAGAIN;
     case SSL_ERROR_ZERO_RETURN: return 0;
     case SSL_ERROR_SYSCALL: {
@@ -257,6 +263,7 @@ static int tls_handshake(sockio_t *io)
     ERR_clear_error();
     int r = SSL_do_handshake(t->ssl);
     if (r == 1) {
+        t->starved = false;
         io->handshaken = true;
         io->want_write = false;
         return 0;
@@ -275,8 +282,10 @@ static ssize_t tls_recv(sockio_t *io, void *p, size_t n)
     }
     ERR_clear_error();
     int k = SSL_read(t->ssl, p, (int)MIN(n, (size_t)INT_MAX));
-    if (k > 0)
+    if (k > 0) {
+        t->starved = false;
         return k;
+    }
     return ssl_outcome(t, k);
 }
 
@@ -298,10 +307,15 @@ static ssize_t tls_send(sockio_t *io, const void *p, size_t n)
     return r == 0 ? -EPIPE : r;
 }
 
+/* Data a read would return without the socket: bytes decrypted already, or whole records read
+ * ahead. Bytes read ahead that are only part of a record (SSL_has_pending says yes to them
+ * too) count once a read has wanted more: until the socket brings the rest, another read
+ * returns nothing, and a caller that read again at once would never wait for the socket (three
+ * bytes of a record header held a daemon's loop spinning). */
 static bool tls_pending(const sockio_t *io)
 {
     const tls_io_t *t = (const tls_io_t *)io;
-    return SSL_has_pending(t->ssl) == 1;
+    return SSL_pending(t->ssl) > 0 || (!t->starved && SSL_has_pending(t->ssl) == 1);
 }
 
 static void tls_close_notify(sockio_t *io)

@@ -407,3 +407,45 @@ def test_one_client_connection_and_one_node_connection_carry_many_requests(plat)
         assert len(established(plat.control.port)) >= 1
     finally:
         c.close()
+
+
+def health_seconds(port, timeout=3):
+    """How long GET /v1/health takes on a new connection (None: no answer within timeout)."""
+    t0 = time.monotonic()
+    try:
+        r = http_request(port, "GET", "/v1/health", timeout=timeout)
+        return time.monotonic() - t0 if r.status == 200 else None
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("phase", ["hello", "app"])
+def test_part_of_a_tls_record_holds_nothing_up(plat, phase):
+    """A connection that sends the first three bytes of a TLS record (before the handshake, or
+    after it) and waits: the daemon waits for the rest on that connection alone, and serves
+    everyone else meanwhile (a red-team pass found the control plane's and the nodes' loops
+    spinning on it, serving nobody). Positive control: the same probe before the attack."""
+    for port in (plat.control.port, plat.nodes[0].port):
+        assert health_seconds(port) is not None  # positive control
+        a = socket.create_connection(("127.0.0.1", port), timeout=5)
+        try:
+            if phase == "app":  # a whole handshake, then raw bytes beside the TLS layer
+                ctx = ssl.create_default_context()
+                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+                inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+                obj = ctx.wrap_bio(inc, out, server_side=False)
+                for _ in range(20):
+                    try:
+                        obj.do_handshake()
+                        break
+                    except ssl.SSLWantReadError:
+                        a.sendall(out.read())
+                        inc.write(a.recv(65536))
+                a.sendall(out.read())
+            a.sendall(b"\x17\x03\x03" if phase == "app" else b"\x16\x03\x01")
+            time.sleep(0.3)
+            took = health_seconds(port)
+            assert took is not None and took < 2, \
+                f"LOCKUP: part of a TLS record held the daemon on port {port} ({took})"
+        finally:
+            a.close()
