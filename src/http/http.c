@@ -190,7 +190,22 @@ bool http_header_get(const http_request_t *req, const char *name, sv_t *ret)
     return false;
 }
 
-enum { CK_SIZE, CK_EXT, CK_SIZE_LF, CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_TRAILER, CK_TLINE, CK_END };
+enum {
+    CK_SIZE,
+    CK_EXT,
+    CK_SIZE_LF,
+    CK_DATA,
+    CK_DATA_CR,
+    CK_DATA_LF,
+    CK_TRAILER, /* at the start of a trailer line, or of the final empty line */
+    CK_TNAME,   /* a trailer field's name */
+    CK_TVALUE,  /* its value, up to CR */
+    CK_TLINE_LF,
+    CK_END
+};
+
+/* Trailers a chunked body may carry, in all: beyond, it is refused. */
+#define CK_TRAILERS_MAX 8192
 
 bool http_te_chunked(const http_request_t *req)
 {
@@ -212,6 +227,8 @@ ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done)
     *done = false;
     for (size_t i = 0; i < n;) {
         char ch = p[i];
+        if (k->st >= CK_TRAILER && ++k->trailer_bytes > CK_TRAILERS_MAX)
+            return -1;
         switch (k->st) {
         case CK_SIZE: {
             int v = hexval(ch);
@@ -227,10 +244,10 @@ ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done)
             i++;
             break;
         }
-        case CK_EXT:
+        case CK_EXT: /* visible characters, spaces and tabs up to CR (no bare LF, no CTL) */
             if (ch == '\r')
                 k->st = CK_SIZE_LF;
-            else if (ch == '\n')
+            else if (((unsigned char)ch < 0x20 && ch != '\t') || ch == 0x7f)
                 return -1;
             i++;
             break;
@@ -260,13 +277,37 @@ ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done)
             *k = (http_chunks_t){ .st = CK_SIZE };
             i++;
             break;
-        case CK_TRAILER: /* at the start of a trailer line, or of the final empty line */
-            k->st = ch == '\r' ? CK_END : CK_TLINE;
+        /* Trailer lines are fields (name ":" value CRLF) and nothing else: a line a relay took
+         * for a trailer while its client ends the body there (a bare LF) would let the rest
+         * pass as the client's next response (a red-team pass forged another run's answer
+         * that way). */
+        case CK_TRAILER:
+            if (ch == '\r')
+                k->st = CK_END;
+            else if (is_tchar((unsigned char)ch))
+                k->st = CK_TNAME;
+            else
+                return -1;
             i++;
             break;
-        case CK_TLINE:
-            if (ch == '\n')
-                k->st = CK_TRAILER;
+        case CK_TNAME:
+            if (ch == ':')
+                k->st = CK_TVALUE;
+            else if (!is_tchar((unsigned char)ch))
+                return -1;
+            i++;
+            break;
+        case CK_TVALUE:
+            if (ch == '\r')
+                k->st = CK_TLINE_LF;
+            else if (((unsigned char)ch < 0x20 && ch != '\t') || ch == 0x7f)
+                return -1;
+            i++;
+            break;
+        case CK_TLINE_LF:
+            if (ch != '\n')
+                return -1;
+            k->st = CK_TRAILER;
             i++;
             break;
         case CK_END:

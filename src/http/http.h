@@ -57,6 +57,9 @@ typedef struct {
     int st;
     uint64_t size;
     int digits;
+    uint32_t trailer_bytes;
 } http_chunks_t;
-/* Bytes of p that belong to the chunked body (all of n, or fewer when it ended: *done), or -1. */
+/* Bytes of p that belong to the chunked body (all of n, or fewer when it ended: *done), or -1
+ * when it is not one: chunk sizes in hex, extensions of visible characters, CRLF line ends
+ * only, trailers that are fields (name ":" value) and 8 KiB of them at most. */
 ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done);

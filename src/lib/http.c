@@ -323,8 +323,11 @@ static int read_line(http_conn_t *c, char *out, size_t cap, size_t *ret_len)
         if (nl)
             break;
     }
-    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r'))
-        n--;
+    /* CRLF ends a line, nothing else: a peer whose bare LF ended a line here while a relay on
+     * the way took it for part of one could frame a second response inside the first */
+    if (n < 2 || out[n - 2] != '\r' || memchr(out, '\r', n - 2))
+        return -EPROTO;
+    n -= 2;
     out[n] = 0;
     *ret_len = n;
     return 0;
@@ -430,13 +433,16 @@ static int read_chunked(http_conn_t *c, body_out_t *o)
         if (ll != 0)
             return -EPROTO;
     }
-    for (;;) { /* trailers */
+    for (int i = 0; i < 64; i++) { /* trailers: fields, 64 at most */
         int r = read_line(c, line, sizeof line, &ll);
         if (r < 0)
             return r;
         if (ll == 0)
             return 0;
+        if (!memchr(line, ':', ll) || line[0] == ' ' || line[0] == '\t' || line[0] == ':')
+            return -EPROTO;
     }
+    return -EPROTO;
 }
 
 static int send_request(http_conn_t *c, const http_req_t *rq, const char *hostport)

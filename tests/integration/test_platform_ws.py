@@ -165,6 +165,15 @@ class Http(BaseHTTPRequestHandler):
         if self.path.startswith("/forge"):
             self.forge()
             return
+        if self.path == "/split":  # a chunked answer whose "trailer" is a bare LF, then a
+            # response of its own: a client that ends the body at the bare LF would take it
+            # for the answer to its next request
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                             b"X-Service-Marker: svc\r\n\r\n1\r\nx\r\n0\r\n\n"
+                             b"HTTP/1.1 200 OK\r\nX-Forged: from-the-run\r\n"
+                             b"Content-Length: 0\r\n\r\n")
+            self.close_connection = True
+            return
         if self.path == "/sticky":  # an answer that keeps its connection, as a tunnel would
             self.send_response(200)
             self.send_header("Content-Length", "2")
@@ -752,3 +761,32 @@ def test_a_service_cannot_answer_with_the_platforms_verdict_headers(plat, wsjob)
         denied(ws.resp, 403, "protocol")
     finally:
         ws.close()
+
+
+def test_a_service_cannot_split_its_answer_into_a_second_one(plat, wsjob):
+    """A chunked answer ends at its last chunk and trailer fields ending in an empty line; a
+    service that puts a bare LF there, then a response of its own, had the relays pass those
+    bytes on as trailers, while the client (curl, Python, libsbx) ended the body at the bare LF
+    and read the forged response as the answer to its next request on the connection, even
+    one to another namespace's run (a red-team pass). Now the relay takes such an answer for
+    what it is, malformed: the client gets the bytes before it and the end of its connection
+    (or a 502 saying the request may have run), never the forged response. Positive control:
+    a well-formed answer of the same service arrives whole."""
+    raw = b""
+    with open_socket(plat.control.port, timeout=5) as s:
+        head = [f"GET {wsjob.path(f'/proxy/{HTTP_PORT}/split')} HTTP/1.1", "Host: x",
+                f"Authorization: Bearer {plat.admin}", f"X-Sandbox-Token: {wsjob.token}"]
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        try:
+            while d := s.recv(65536):
+                raw += d
+        except (ConnectionResetError, ssl.SSLEOFError, socket.timeout, TimeoutError):
+            pass
+    assert b"X-Forged" not in raw, f"SPLIT: the run's second response reached the client: {raw!r}"
+    # what it gets instead: the answer's head and what came before the bad line, then the end
+    # of the connection; or, where the whole answer arrived at once, an honest 502 (it ran)
+    assert (raw.startswith(b"HTTP/1.1 200 ") and b"X-Service-Marker: svc" in raw) or (
+        raw.startswith(b"HTTP/1.1 502 ") and b'"outcome":"unknown"' in raw), raw
+    # positive control: a well-formed answer of the same service on the same path
+    r = wsjob.proxy("GET", HTTP_PORT, "/sticky")
+    assert r.status == 200 and r.body == b"ok", r

@@ -425,11 +425,52 @@ TEST(chunked_bodies_decode)
     ASSERT_EQ(http_chunked_decode(huge, strlen(huge)), -EBADMSG);
 }
 
-TAP_MAIN(T(chunked_bodies_decode), T(simple_get), T(no_query_and_no_headers),
-         T(post_with_body_returns_head_length), T(header_value_whitespace_is_trimmed),
-         T(header_lookup_is_case_insensitive), T(connection_semantics), T(duplicate_headers),
-         T(conflicting_host_refused), T(bare_lf_and_bare_cr_refused), T(space_before_colon_refused),
-         T(obs_fold_refused), T(non_token_header_name_refused), T(bad_header_value_bytes_refused),
+/* Trailer lines are fields and nothing else: a line a client ends the body at must not be taken
+ * for one (the rest would pass as that client's next response), and they are bounded. */
+TEST(chunked_trailers_are_fields_only)
+{
+    char buf[16384];
+    size_t used;
+    /* positive control: fields, one with an empty value and a tab */
+    ASSERT_EQ(
+        scan_then_decode("1\r\nx\r\n0\r\nA: 1\r\nB-c:\t2\r\nD:\r\n\r\n", buf, sizeof buf, &used),
+        1);
+    /* a bare LF line, the forged response behind it, or any line that is not a field */
+    const char *bad[] = {
+        "1\r\nx\r\n0\r\n\nHTTP/1.1 200 OK\r\nX-Forged: 1\r\nContent-Length: 0\r\n\r\n",
+        "1\r\nx\r\n0\r\nHTTP/1.1 200 OK\r\n\r\n", /* a space in the name, no colon */
+        "1\r\nx\r\n0\r\nA: 1\nB: 2\r\n\r\n",      /* a bare LF inside */
+        "1\r\nx\r\n0\r\nA: 1\r\n folded\r\n\r\n", /* obs-fold */
+        "1\r\nx\r\n0\r\n: 1\r\n\r\n",             /* no name */
+        "1\r\nx\r\n0\r\nA: \x01\r\n\r\n",         /* a control character */
+        "1\r\nx\r\n0\r\nA: 1\r\r\n\r\n",          /* CR not before LF */
+        "1;a\nb\r\nx\r\n0\r\n\r\n",               /* a bare LF in an extension */
+        "1;a\x00\r\nx\r\n0\r\n\r\n", /* NUL in an extension (cut by strlen: incomplete) */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ssize_t r = scan_then_decode(bad[i], buf, sizeof buf, &used);
+        ASSERT_TRUE(r == -2 || (i == 8 && r == -3));
+    }
+    char ctl[] = "1;a\x01\r\nx\r\n0\r\n\r\n";
+    ASSERT_EQ(scan_then_decode(ctl, buf, sizeof buf, &used), -2);
+    /* 8 KiB of trailers at most */
+    char big[12000];
+    int n = snprintf(big, sizeof big, "0\r\nA: ");
+    memset(big + n, 'v', 9000);
+    memcpy(big + n + 9000, "\r\n\r\n", 5);
+    ASSERT_EQ(scan_then_decode(big, buf, sizeof buf, &used), -2);
+    n = snprintf(big, sizeof big, "0\r\nA: ");
+    memset(big + n, 'v', 8000);
+    memcpy(big + n + 8000, "\r\n\r\n", 5);
+    ASSERT_EQ(scan_then_decode(big, buf, sizeof buf, &used), 0);
+}
+
+TAP_MAIN(T(chunked_bodies_decode), T(chunked_trailers_are_fields_only), T(simple_get),
+         T(no_query_and_no_headers), T(post_with_body_returns_head_length),
+         T(header_value_whitespace_is_trimmed), T(header_lookup_is_case_insensitive),
+         T(connection_semantics), T(duplicate_headers), T(conflicting_host_refused),
+         T(bare_lf_and_bare_cr_refused), T(space_before_colon_refused), T(obs_fold_refused),
+         T(non_token_header_name_refused), T(bad_header_value_bytes_refused),
          T(content_length_values), T(content_length_with_transfer_encoding_refused),
          T(request_line_refusals), T(http_version_not_supported), T(too_many_headers),
          T(head_size_cap), T(incomplete_heads_need_more), T(pipelined_requests), T(reasons))
