@@ -694,10 +694,26 @@ static ssize_t conn_read(conn_t *c, size_t max, bool *ret_short)
     return n;
 }
 
+/* Whether the connection reads now: a head, a body someone takes or drains, or what comes
+ * after the answer of a connection being closed. */
+static bool conn_reading(const conn_t *c)
+{
+    return c->state == CS_HEAD || c->state == CS_DRAIN || c->state == CS_LINGER ||
+           conn_wants_body(c);
+}
+
 /* drained: the socket is known to hold nothing now (read no further until epoll says). */
 static void conn_process_input_from(conn_t *c, bool drained)
 {
     for (int rounds = 0; rounds < 64 && !c->dead; rounds++) {
+        if (c->state == CS_LINGER) {
+            c->linger_bytes += c->in.len;
+            buf_consume(&c->in, c->in.len);
+            if (c->linger_bytes > CONN_LINGER_MAX) {
+                conn_abort(c);
+                return;
+            }
+        }
         if (c->state == CS_HEAD && c->in.len > 0) {
             if (c->head_started_ms == 0)
                 c->head_started_ms = loop_now_ms(c->srv->loop);
@@ -728,8 +744,7 @@ static void conn_process_input_from(conn_t *c, bool drained)
                 continue;
             }
         }
-        bool want = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
-        if (!want)
+        if (!conn_reading(c))
             break;
         size_t room = c->state == CS_HEAD ? HTTP_MAX_HEAD + 1 - MIN(c->in.len, HTTP_MAX_HEAD)
                                           : CONN_READ_CHUNK;
@@ -777,12 +792,17 @@ static void conn_finish_response(void *p)
     c->resp_started = c->resp_done = false;
     free(c->head_copy);
     c->head_copy = NULL;
-    if (!c->keep_alive) {
+    if (!c->keep_alive || c->body_left > CONN_DRAIN_MAX) {
         sock_shutdown_write(c->fd, c->io);
-        conn_abort(c);
-        return;
-    }
-    if (c->body_left > CONN_DRAIN_MAX) {
+        /* bytes of the client's may still come (a body not read, a head refused): read them
+         * away a while before closing (a lingering close, as Apache and nginx do) */
+        if (c->body_left > 0 || c->in.len > 0 || c->status >= 400) {
+            c->state = CS_LINGER;
+            c->linger_bytes = 0;
+            c->linger_until_ms = loop_now_ms(c->srv->loop) + CONN_LINGER_MS;
+            conn_process_input(c);
+            return;
+        }
         conn_abort(c);
         return;
     }
@@ -811,7 +831,9 @@ static bool conn_idle(const conn_t *c) { return c->in.len == 0 && (!c->io || c->
 static bool conn_due(const conn_t *c, bool reading, bool writing, uint64_t *ret)
 {
     const httpd_config_t *cfg = &c->srv->cfg;
-    if (c->state == CS_HEAD)
+    if (c->state == CS_LINGER)
+        *ret = c->linger_until_ms;
+    else if (c->state == CS_HEAD)
         *ret = climit_head_due(c, conn_idle(c) ? c->last_progress_ms + cfg->keepalive_ms
                                                : c->head_started_ms + cfg->head_timeout_ms);
     else if (reading)
@@ -836,7 +858,7 @@ static void conn_update_interest(conn_t *c)
     if (c->dead)
         return;
     uint32_t ev = c->rdhup_ignored ? 0 : EPOLLRDHUP;
-    bool reading = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
+    bool reading = conn_reading(c);
     if (reading)
         ev |= EPOLLIN;
     if (c->out.len > 0 || c->file_left > 0 || (reading && c->io && c->io->want_write))
@@ -867,7 +889,7 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
     conn_t *c = t->data;
     (void)l;
     uint64_t now = loop_now_ms(c->srv->loop);
-    bool reading = c->state == CS_HEAD || c->state == CS_DRAIN || conn_wants_body(c);
+    bool reading = conn_reading(c);
     uint64_t due;
     if (!conn_due(c, reading, c->out.len > 0 || c->file_left > 0, &due))
         return;
@@ -875,7 +897,7 @@ static void conn_on_deadline(loop_t *l, timer_t_ *t)
         (void)timer_arm(c->srv->loop, &c->deadline, due - now);
         return;
     }
-    if (c->state == CS_HEAD && c->in.len == 0) {
+    if (c->state == CS_LINGER || (c->state == CS_HEAD && c->in.len == 0)) {
         conn_abort(c); /* idle keep-alive connection, or a handshake that did not finish */
         return;
     }

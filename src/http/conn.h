@@ -24,6 +24,11 @@ typedef struct conn conn_t;
 #define CONN_OUT_MAX (4 * 1024 * 1024)
 #define CONN_FILE_TURN (1024 * 1024) /* file bytes sent per turn of the loop, at most */
 #define CONN_DRAIN_MAX (1024 * 1024) /* unread body drained for keep-alive, at most */
+/* A connection closed with bytes of the client's still coming (a body refused, the rest of a bad
+ * head) reads them away for this long, this many at most, after its answer: closed at once,
+ * the kernel would answer them with RST, which can discard the answer in transit. */
+#define CONN_LINGER_MS 2000
+#define CONN_LINGER_MAX (64 * 1024 * 1024)
 
 typedef struct {
     /* Body bytes as they arrive. Return how many were taken (fewer pauses body reading until
@@ -54,7 +59,8 @@ struct conn {
     timer_t_ deadline;
     uint64_t last_progress_ms;
     uint64_t head_started_ms;
-    enum { CS_HEAD, CS_REQUEST, CS_FINISHING, CS_DRAIN, CS_CLOSING, CS_HIJACKED } state;
+    enum { CS_HEAD, CS_REQUEST, CS_FINISHING, CS_DRAIN, CS_LINGER, CS_CLOSING, CS_HIJACKED } state;
+    uint64_t linger_until_ms, linger_bytes; /* CS_LINGER: answered, written shut, reading away */
     bool rdhup_ignored;
     buf_t in;
     buf_t out;

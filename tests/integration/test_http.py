@@ -234,6 +234,35 @@ def test_exec_body_too_large(server):
         assert c.closed_by_peer(3)
 
 
+@pytest.mark.parametrize("what", ["body too large", "bad head"])
+def test_a_client_that_sends_everything_first_still_reads_the_refusal(server, what):
+    """A client that sends its whole request before reading (a 20 MiB exec body over the 16 MiB
+    cap; a head refused while more of the request follows) gets the refusal: the server reads
+    the rest away for a while after answering instead of closing on unread bytes, which made
+    the kernel answer RST and the client saw a reset, not the 413 (a red-team pass).
+    The server closes the connection after it (the positive control for the refusal itself is
+    the test above)."""
+    with RawConn(server, timeout=20) as c:
+        st = None
+        try:
+            if what == "body too large":
+                c.send(request_bytes("POST", "/v1/exec", token=server.token,
+                                     headers=[("Content-Length", str(20 << 20))],
+                                     content_length=False))
+                for _ in range(20):
+                    c.send(b"y" * (1 << 20))
+            else:  # a space before the colon is refused at once; 8 MiB of "body" follow it
+                c.send(b"POST /v1/exec HTTP/1.1\r\nHost: x\r\nContent-Length : 5\r\n\r\n")
+                for _ in range(8):
+                    c.send(b"z" * (1 << 20))
+            st, _, _ = c.response()
+        except (ConnectionResetError, BrokenPipeError) as e:
+            st = f"reset ({e})"
+        want = 413 if what == "body too large" else 400
+        assert st == want, f"RESET: the refusal was lost ({st})"
+        assert c.closed_by_peer(5)
+
+
 def test_exec_body_near_limit_accepted(server):
     # positive control: a 2 MiB JSON body is collected in full and used
     data = "y" * (2 * 1024 * 1024)
