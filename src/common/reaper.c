@@ -28,13 +28,15 @@ void reaper_remove(reaper_t *r, child_t *ch)
 void reaper_reap(reaper_t *r)
 {
     if (r->registered_only) {
-        for (child_t *ch = r->children, *next; ch; ch = next) {
-            next = ch->next;
+        for (child_t *ch = r->children; ch;) {
             int st;
-            if (waitpid(ch->pid, &st, WNOHANG) == ch->pid) {
+            if (ch->pid > 0 && waitpid(ch->pid, &st, WNOHANG) == ch->pid) {
                 reaper_remove(r, ch);
                 ch->on_exit(ch, st);
+                ch = r->children; /* its owner may have taken others off the list */
+                continue;
             }
+            ch = ch->next;
         }
         return;
     }

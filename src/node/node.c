@@ -220,7 +220,7 @@ void node_done(node_t *n)
         install_abandon_all(n);
     /* A node going down stops its runs (their roots stay): nothing runs unsupervised. */
     for (run_t *r = n->runs; r; r = r->next)
-        if (r->state == RUN_RUNNING)
+        if (r->state == RUN_RUNNING || r->pasta_pid > 0 || r->holder_pid > 0)
             run_stop(n, r);
     while (n->runs) {
         run_t *r = n->runs;

@@ -49,6 +49,7 @@ struct lease {
 };
 
 struct run {
+    struct node *node; /* whose run it is */
     cap_run_t id;
     run_state_t state;
     char dir[PATH_MAX];  /* <state>/runs/<sandbox> (0700) */

@@ -446,6 +446,9 @@ static void run_on_exit(child_t *ch, int wstatus)
     if (r->state == RUN_RUNNING) {
         r->state = RUN_EXITED;
         run_cut_leases(r);
+        /* nor its network: pasta and the namespace's holder end with it (they outlived it,
+         * and the node, a red-team pass found) */
+        pasta_stop(r->node, r);
         (void)run_save(r);
         /* nothing of the run uses its disk any more: its mount and loop device go now, not
          * when the run is retired (whatever needs the root again mounts it again) */
@@ -960,6 +963,7 @@ int run_install_prepare(node_t *n, const cap_run_t *id, json_t *spec, sbx_err_t 
     _cleanup_free_ run_t *r = calloc(1, sizeof *r);
     if (!r)
         return -ENOMEM;
+    r->node = n;
     r->stat_fd = -1;
     r->out_fd = r->log_fd = -1;
     r->id = *id;
@@ -1205,8 +1209,10 @@ void node_load_runs(node_t *n)
             continue;
         json_t *j = json_load_file(path, 0, NULL);
         run_t *r = calloc(1, sizeof *r);
-        if (r)
+        if (r) {
+            r->node = n;
             r->stat_fd = r->out_fd = r->log_fd = -1;
+        }
         json_int_t pid = 0, start = 0, dev = 0, ino = 0, sino = 0, idb = 0, ppid = 0, pstart = 0;
         json_int_t hpid = 0, hstart = 0;
         const char *state = "", *image = "host";

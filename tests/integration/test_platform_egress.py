@@ -6,6 +6,7 @@ in it stands for a public service. Every refusal has a positive control on the s
 import glob
 import os
 import secrets
+import signal
 import subprocess
 import time
 
@@ -205,3 +206,31 @@ def test_pasta_holds_no_other_runs_disk(plat):
     gone = wait_until(lambda: not loops_backing(other.id), 10, 0.1)
     assert gone, f"LEAK: a cancelled run's disk stays attached: {loops_backing(other.id)}"
     eg.cancel()
+
+
+def alive(pid, start):
+    """Whether process pid is still the one that started at `start` (clock ticks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[19]) == start
+
+
+def test_a_run_that_ends_by_itself_takes_its_network_helpers_along(plat):
+    """An egress run whose process ends on its own (its agent exits: an idle timeout set in
+    its environment, or here its pid 1 killed from the host) ends its pasta and its network
+    namespace's holder with it; they outlived the run, and the node, before (a red-team pass).
+    Positive control: both run while the run does."""
+    job = plat.create("eg", flavor="cpu-small", network="egress")
+    node = job.node()
+    rec = node.run_record(job.id)
+    helpers = [(rec["pasta_pid"], rec["pasta_start"]), (rec["holder_pid"], rec["holder_start"])]
+    assert all(p > 0 and alive(p, s) for p, s in helpers), (rec, helpers)  # positive control
+    os.kill(rec["pid"], signal.SIGKILL)
+    assert wait_until(lambda: (node.run_record(job.id) or {}).get("state") == "exited", 10)
+    gone = wait_until(lambda: not any(alive(p, s) for p, s in helpers), 10, 0.1)
+    assert gone, f"LEAK: the network helpers of a run that ended still run: {helpers}"
+    r = job.action("cancel")
+    assert r.status == 202, r
