@@ -255,11 +255,27 @@ static const char *create_body(control_t *ctl, json_t *b, json_t **ret_req, cons
     json_int_t timeout = E2B_DEFAULT_TIMEOUT_S;
     if (!json_is_object(b))
         return "expected a JSON object";
-    /* E2B's other fields (secure, autoPause, network, mcp, ...) are accepted and not used */
-    (void)json_unpack(b, "{s?s,s?I,s?o,s?o,s?o}", "templateID", &tpl, "timeout", &timeout,
-                      "metadata", &meta, "envVars", &env, "allow_internet_access", &inet);
-    if (!json_is_string(json_object_get(b, "templateID")) && json_object_get(b, "templateID"))
+    /* E2B's other fields (secure, autoPause, network, mcp, ...) are accepted and not used. Each
+     * field is read on its own, null as absent: a field of the wrong type is refused, never
+     * taken as absent with those after it (a float timeout once dropped a false
+     * allow_internet_access: a sandbox with internet it was asked not to have). */
+    json_t *jtpl = json_object_get(b, "templateID"), *jto = json_object_get(b, "timeout");
+    meta = json_object_get(b, "metadata");
+    env = json_object_get(b, "envVars");
+    inet = json_object_get(b, "allow_internet_access");
+    jtpl = json_is_null(jtpl) ? NULL : jtpl;
+    jto = json_is_null(jto) ? NULL : jto;
+    meta = json_is_null(meta) ? NULL : meta;
+    env = json_is_null(env) ? NULL : env;
+    inet = json_is_null(inet) ? NULL : inet;
+    if (jtpl && !json_is_string(jtpl))
         return "templateID: a string";
+    if (jtpl)
+        tpl = json_string_value(jtpl);
+    if (jto && !json_is_integer(jto))
+        return "timeout: an integer number of seconds, 1..604800";
+    if (jto)
+        timeout = json_integer_value(jto);
     if (timeout < 1 || timeout > 7 * 86400)
         return "timeout: 1..604800 seconds";
     if (inet && !json_is_boolean(inet))

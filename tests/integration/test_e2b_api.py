@@ -225,10 +225,16 @@ def test_the_namespace_of_keys_of_every_namespace_is_reserved(plat):
     ({"templateID": "base", "metadata": {"k": 1}}, "metadata"),
     ({"templateID": "base", "envVars": {"1X": "y"}}, "env"),
     ({"templateID": "base", "allow_internet_access": "yes"}, "allow_internet_access"),
+    # a field of the wrong type is refused, never dropped with those after it (a float timeout
+    # once dropped allow_internet_access: false, metadata and envVars, and made the sandbox)
+    ({"templateID": "base", "timeout": 300.5, "allow_internet_access": False}, "timeout"),
+    ({"templateID": "base", "timeout": "300", "allow_internet_access": False}, "timeout"),
+    ({"templateID": 7, "allow_internet_access": False}, "templateID"),
 ])
 def test_bad_create_requests_say_why(plat, body, words):
     r = e2b(plat, "POST", "/v2/sandboxes", body)
-    assert r.status == 400 and r.json()["code"] == 400 and words in r.json()["message"], r
+    assert r.status == 400 and r.json()["code"] == 400 and words in r.json()["message"], \
+        f"NOT REFUSED: {r}"
 
 
 # ---- chunked request bodies (the HTTP core: conn_collect_body) ---------------------------------
