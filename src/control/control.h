@@ -347,14 +347,23 @@ typedef struct {
     int status;
     json_t *json;      /* the answer's body */
     char headers[128]; /* extra header lines, or "" */
+    /* A task that waits for something (a sandbox to start) does not sleep on its worker: it
+     * sets again_ms, and fn(arg) runs again that much later, on any worker, with no answer
+     * given yet. client_gone: the client left (set before each run). */
+    unsigned again_ms;
+    bool client_gone;
 } work_result_t;
 typedef struct work_task work_task_t;
 typedef void (*work_fn)(worker_t *w, void *arg, work_result_t *res);
 int work_start(control_t *ctl);
 void work_stop(control_t *ctl);
-/* Run fn(arg) on a worker and answer c with its result (503 when too many wait); free_arg(arg)
- * afterwards in any case. */
-void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_arg)(void *));
+/* Run fn(arg) on a worker and answer c with its result; free_arg(arg) afterwards in any case.
+ * owner: whose task it is (a namespace): one owner has at most WORK_PER_OWNER_MAX tasks at
+ * once (429 beyond), all owners WORK_QUEUE_MAX (503 beyond); flags: those refusals' body shape
+ * (HTTP_BODY_CODE for E2B's). */
+#define WORK_PER_OWNER_MAX 32
+void work_submit(control_t *ctl, conn_t *c, const char *owner, unsigned flags, work_fn fn,
+                 void *arg, void (*free_arg)(void *));
 void work_answer(work_result_t *res, int status, json_t *j); /* steals j; NULL with 204 */
 /* An error answer (http_error_vjson(): flags HTTP_BODY_CODE for E2B's body shape). */
 void work_fail(work_result_t *res, int status, unsigned flags, const char *fmt, ...) _printf_(4, 5);

@@ -203,31 +203,45 @@ static json_t *listed_json(const control_t *ctl, json_t *job, bool detail)
 /* ---- waiting for a run (workers) -------------------------------------------------------------- */
 
 /* 0 once the sandbox runs; -ENOENT (gone), -ESRCH (its job ended) or -ETIMEDOUT, with err. */
-static int wait_running(worker_t *w, const char *ns, const char *id, sbx_err_t *err)
+/* One look at whether sandbox id runs: 0 yes, -EAGAIN not yet, else why not (err). */
+static int start_step(worker_t *w, const char *ns, const char *id, sbx_err_t *err)
 {
-    uint64_t deadline = monotonic_ms() + E2B_START_WAIT_MS;
-    unsigned pause_ms = 20;
-    for (;;) {
-        runrec_t rr;
-        json_t *job;
-        if (job_load(w->st, ns, id, &job, NULL) < 0)
-            return sbx_err(err, -ENOENT, "sandbox %s is gone", id);
-        job_stage_t st = STAGE_SCHEDULING;
-        (void)job_stage_of(job, &st);
-        if (job_stage_ended(st)) {
-            (void)sbx_err(err, -ESRCH, "sandbox %s could not start: %s", id, jstr(job, "message"));
-            json_decref(job);
-            return -ESRCH;
-        }
+    runrec_t rr;
+    json_t *job;
+    if (job_load(w->st, ns, id, &job, NULL) < 0)
+        return sbx_err(err, -ENOENT, "sandbox %s is gone", id);
+    job_stage_t st = STAGE_SCHEDULING;
+    (void)job_stage_of(job, &st);
+    if (job_stage_ended(st)) {
+        (void)sbx_err(err, -ESRCH, "sandbox %s could not start: %s", id, jstr(job, "message"));
         json_decref(job);
-        if (st == STAGE_RUNNING && runrec_load(w->st, id, &rr, NULL) == 0 && rr.state == RR_RUNNING)
-            return 0;
-        if (monotonic_ms() > deadline || w->ctl->stopping)
-            return sbx_err(err, -ETIMEDOUT, "sandbox %s did not start within %d s", id,
-                           E2B_START_WAIT_MS / 1000);
-        struct timespec ts = { 0, (long)pause_ms * 1000000L };
-        (void)nanosleep(&ts, NULL);
-        pause_ms = MIN(pause_ms * 2, 200u);
+        return -ESRCH;
+    }
+    json_decref(job);
+    if (st == STAGE_RUNNING && runrec_load(w->st, id, &rr, NULL) == 0 && rr.state == RR_RUNNING)
+        return 0;
+    return -EAGAIN;
+}
+
+/* A sandbox its creator will never hear of (it left, or was told the create timed out) is
+ * cancelled: it must not start later unseen, holding room for its whole timeout. */
+static void cancel_unseen(worker_t *w, const char *ns, const char *id)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int64_t rev;
+        json_t *job;
+        if (job_load(w->st, ns, id, &job, &rev) < 0)
+            return;
+        job_set_desired(job, DESIRED_CANCELED);
+        int r = job_save(w->st, ns, id, job, rev, NULL);
+        json_decref(job);
+        if (r != -ESTALE) {
+            if (r >= 0) {
+                log_info("e2b: sandbox %s/%s cancelled: its creator will not hear of it", ns, id);
+                control_kick(w->ctl);
+            }
+            return;
+        }
     }
 }
 
@@ -237,7 +251,27 @@ typedef struct {
     bool v2, resume;
     char *body;
     size_t body_len;
+    /* a task that waits (work.c: again_ms): since when it waits, how long it waits next */
+    bool waiting, resumed;
+    uint64_t deadline_ms;
+    unsigned pause_ms;
+    char tok[80]; /* a create's sandbox token, until it is answered */
 } e2b_arg_t;
+
+/* Wait (the task runs again later) until deadline: true while it should. */
+static bool wait_more(e2b_arg_t *a, work_result_t *res)
+{
+    if (!a->waiting) {
+        a->waiting = true;
+        a->deadline_ms = monotonic_ms() + E2B_START_WAIT_MS;
+        a->pause_ms = 20;
+    }
+    if (monotonic_ms() > a->deadline_ms)
+        return false;
+    res->again_ms = a->pause_ms;
+    a->pause_ms = MIN(a->pause_ms * 2, 200u);
+    return true;
+}
 
 static e2b_arg_t *new_arg(const principal_t *pr, const char *id);
 
@@ -245,6 +279,7 @@ static void arg_free(void *p)
 {
     e2b_arg_t *a = p;
     free(a->body);
+    sodium_memzero(a->tok, sizeof a->tok);
     free(a);
 }
 
@@ -317,10 +352,48 @@ static const char *create_body(control_t *ctl, json_t *b, json_t **ret_req, cons
     return *ret_req ? NULL : "out of memory";
 }
 
+/* A create's second part: until its sandbox runs (the task runs again while it waits). */
+static void create_wait(worker_t *w, e2b_arg_t *a, work_result_t *res)
+{
+    control_t *ctl = w->ctl;
+    if (res->client_gone) { /* nobody to tell its id and token to */
+        cancel_unseen(w, a->ns, a->id);
+        work_fail(res, HTTP_GATEWAY_TIMEOUT, HTTP_BODY_CODE, "the client left");
+        return;
+    }
+    sbx_err_t err;
+    int r = start_step(w, a->ns, a->id, &err);
+    if (r == -EAGAIN && !ctl->stopping && wait_more(a, res))
+        return;
+    if (r == -EAGAIN) {
+        cancel_unseen(w, a->ns, a->id);
+        work_fail(res, HTTP_GATEWAY_TIMEOUT, HTTP_BODY_CODE,
+                  "sandbox %s did not start within %d s (cancelled)", a->id,
+                  E2B_START_WAIT_MS / 1000);
+        return;
+    }
+    if (r < 0) {
+        work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "%s", err.msg);
+        return;
+    }
+    json_t *fresh;
+    if (job_load(w->st, a->ns, a->id, &fresh, NULL) == 0) {
+        work_answer(res, 201, sandbox_json(ctl, fresh, a->tok));
+        json_decref(fresh);
+    } else {
+        work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "sandbox %s: its record is gone",
+                  a->id);
+    }
+}
+
 static void create_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_arg_t *a = arg;
     control_t *ctl = w->ctl;
+    if (a->waiting) {
+        create_wait(w, a, res);
+        return;
+    }
     json_t *b = json_loadb(a->body ? a->body : "{}", a->body ? a->body_len : 2, 0, NULL);
     json_t *req = NULL, *job = NULL, *sec = NULL;
     const char *tpl = json_string_value(json_object_get(b, "templateID"));
@@ -356,8 +429,7 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
     } else {
         char id[25];
         random_hex(id, 12);
-        char tok[80];
-        (void)snprintf(tok, sizeof tok, "%s", jstr(sec, "SBX_TOKEN"));
+        (void)snprintf(a->tok, sizeof a->tok, "%s", jstr(sec, "SBX_TOKEN"));
         int r = job_insert(w->st, &ctl->seal, a->ns, a->principal, id, job, sec);
         if (r < 0) {
             work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "create: %s", strerror(-r));
@@ -365,22 +437,9 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
             log_info("e2b: sandbox %s/%s (template %s) created by %s", a->ns, id, tpl,
                      a->principal);
             control_kick(ctl);
-            r = wait_running(w, a->ns, id, &err); /* err is free: the request was taken */
-            if (r < 0) {
-                work_fail(res, r == -ETIMEDOUT ? HTTP_GATEWAY_TIMEOUT : HTTP_INTERNAL_ERROR,
-                          HTTP_BODY_CODE, "%s", err.msg);
-            } else {
-                json_t *fresh;
-                if (job_load(w->st, a->ns, id, &fresh, NULL) == 0) {
-                    work_answer(res, 201, sandbox_json(ctl, fresh, tok));
-                    json_decref(fresh);
-                } else {
-                    work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE,
-                              "sandbox %s: its record is gone", id);
-                }
-            }
+            (void)snprintf(a->id, sizeof a->id, "%s", id);
+            create_wait(w, a, res);
         }
-        sodium_memzero(tok, sizeof tok);
     }
     json_decref(job);
     json_decref(sec);
@@ -391,40 +450,32 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
 static void pause_wait_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_arg_t *a = arg;
-    uint64_t deadline = monotonic_ms() + E2B_START_WAIT_MS;
-    for (unsigned pause_ms = 20;; pause_ms = MIN(pause_ms * 2, 200u)) {
-        json_t *job;
-        if (job_load(w->st, a->ns, a->id, &job, NULL) < 0) {
-            work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s not found", a->id);
-            return;
-        }
-        job_stage_t st = STAGE_SCHEDULING;
-        (void)job_stage_of(job, &st);
-        json_decref(job);
-        if (st == STAGE_PAUSED) {
-            work_answer(res, 204, NULL);
-            return;
-        }
-        if (job_stage_ended(st)) {
-            work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s ended", a->id);
-            return;
-        }
-        if (monotonic_ms() > deadline || w->ctl->stopping) {
-            work_fail(res, HTTP_GATEWAY_TIMEOUT, HTTP_BODY_CODE,
-                      "sandbox %s did not pause within %d s", a->id, E2B_START_WAIT_MS / 1000);
-            return;
-        }
-        struct timespec ts = { 0, (long)pause_ms * 1000000L };
-        (void)nanosleep(&ts, NULL);
+    json_t *job;
+    if (job_load(w->st, a->ns, a->id, &job, NULL) < 0) {
+        work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s not found", a->id);
+        return;
     }
+    job_stage_t st = STAGE_SCHEDULING;
+    (void)job_stage_of(job, &st);
+    json_decref(job);
+    if (st == STAGE_PAUSED) {
+        work_answer(res, 204, NULL);
+        return;
+    }
+    if (job_stage_ended(st)) {
+        work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s ended", a->id);
+        return;
+    }
+    if (res->client_gone || (!w->ctl->stopping && wait_more(a, res)))
+        return; /* (the pause goes on without the client) */
+    work_fail(res, HTTP_GATEWAY_TIMEOUT, HTTP_BODY_CODE, "sandbox %s did not pause within %d s",
+              a->id, E2B_START_WAIT_MS / 1000);
 }
 
-/* connect / resume: resume a paused sandbox, wait until it runs, answer the Sandbox. */
 static void connect_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_arg_t *a = arg;
-    bool resumed = false;
-    for (int attempt = 0; attempt < 8; attempt++) {
+    for (int attempt = 0; !a->waiting && attempt < 8; attempt++) {
         json_t *job;
         int64_t rev;
         if (job_load(w->st, a->ns, a->id, &job, &rev) < 0 || !e2b_job(job) || !sandbox_state(job)) {
@@ -443,7 +494,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
                 work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "resume: %s", strerror(-r));
                 return;
             }
-            resumed = true;
+            a->resumed = true;
             control_kick(w->ctl);
             break;
         }
@@ -455,7 +506,12 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
         break;
     }
     sbx_err_t err;
-    int r = wait_running(w, a->ns, a->id, &err);
+    int r = start_step(w, a->ns, a->id, &err);
+    if (r == -EAGAIN && !res->client_gone && !w->ctl->stopping && wait_more(a, res))
+        return; /* (a resume goes on without the client) */
+    if (r == -EAGAIN)
+        r = sbx_err(&err, -ETIMEDOUT, "sandbox %s did not start within %d s", a->id,
+                    E2B_START_WAIT_MS / 1000);
     if (r < 0) {
         work_fail(res,
                   r == -ENOENT      ? HTTP_NOT_FOUND
@@ -475,7 +531,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
                   "sandbox %s: its access token cannot be read", a->id);
         return;
     }
-    work_answer(res, resumed ? 201 : 200, sandbox_json(w->ctl, job, jstr(sec, "SBX_TOKEN")));
+    work_answer(res, a->resumed ? 201 : 200, sandbox_json(w->ctl, job, jstr(sec, "SBX_TOKEN")));
     json_decref(sec);
     json_decref(job);
 }
@@ -713,7 +769,7 @@ static void change_done(conn_t *c)
             (void)snprintf(a->ns, sizeof a->ns, "%s", bx->ns);
             conn_set_handler(c, NULL, NULL);
             free(bx);
-            work_submit(ctl, c, pause_wait_fn, a, arg_free);
+            work_submit(ctl, c, a->ns, HTTP_BODY_CODE, pause_wait_fn, a, arg_free);
             return;
         }
         (void)conn_respond(c, 204, NULL, NULL, 0, NULL);
@@ -748,7 +804,7 @@ static void submit_done(conn_t *c)
     }
     memcpy(a->body, buf_head(&c->body), c->body.len);
     a->body_len = c->body.len;
-    work_submit(ctl, c, a->id[0] ? connect_fn : create_fn, a, arg_free);
+    work_submit(ctl, c, a->ns, HTTP_BODY_CODE, a->id[0] ? connect_fn : create_fn, a, arg_free);
 }
 
 static void submit_arg_close(conn_t *c, bool aborted)
@@ -781,7 +837,8 @@ static bool pooled_route(control_t *ctl, conn_t *c, const char *id, const char *
         }
         (void)snprintf(a->ns, sizeof a->ns, "%s", caller_ns(&pr));
         (void)snprintf(a->id, sizeof a->id, "%s", id);
-        work_submit(ctl, c, kill ? e2b_pool_kill_fn : e2b_pool_connect_fn, a, free);
+        work_submit(ctl, c, a->ns, HTTP_BODY_CODE, kill ? e2b_pool_kill_fn : e2b_pool_connect_fn, a,
+                    free);
         return true;
     }
     if (post && (streq(op, "timeout") || streq(op, "pause") || streq(op, "resume"))) {

@@ -590,7 +590,7 @@ static void alloc_body_done(conn_t *c)
     }
     memcpy(a->body, buf_head(&c->body), c->body.len);
     a->body_len = c->body.len;
-    work_submit(ctl, c, pool_alloc_fn, a, pool_alloc_arg_free);
+    work_submit(ctl, c, a->ns, 0, pool_alloc_fn, a, pool_alloc_arg_free);
 }
 
 static void alloc_arg_close(conn_t *c, bool aborted)
@@ -776,7 +776,7 @@ void route_pools(control_t *ctl, conn_t *c, sv_t rest)
         memcpy(a->ns, ns, strlen(ns) + 1);
         memcpy(a->pool, pool, strlen(pool) + 1);
         memcpy(a->id, id, strlen(id) + 1);
-        work_submit(ctl, c, pool_delete_fn, a, free);
+        work_submit(ctl, c, a->ns, 0, pool_delete_fn, a, free);
     } else {
         http_method_not_allowed(c, 0, "method not allowed");
     }

@@ -4,10 +4,17 @@
  * serving; a worker runs it with blocking calls and its own store handle; the answer comes back
  * to the loop through an eventfd, and is written only if the client is still there.
  *
+ * A task that waits (an E2B create until its sandbox runs: up to two minutes) asks to run again
+ * later (again_ms) instead of sleeping on its worker, one owner (namespace) has at most
+ * WORK_PER_OWNER_MAX tasks at once and holds at most half the workers at a time (a tenant's
+ * creates on a full platform held every worker for two minutes: a red-team pass).
+ *
  * Only the loop thread touches a task's connection: a client that leaves clears task->conn (its
- * handler's on_close), and the finished task is then just freed. */
+ * handler's on_close) and sets task->gone, which the task sees; the finished task is then just
+ * freed. */
 #include <sodium.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -17,10 +24,16 @@
 
 #define WORKERS 8
 #define WORK_QUEUE_MAX 256
+#define WORKERS_PER_OWNER (WORKERS / 2) /* the workers one owner's tasks may hold at once */
 
 struct work_task {
     struct work_task *next;
-    conn_t *conn; /* the loop thread's; NULL once the client left */
+    struct work_task *all_next; /* every task of the queue's (under its lock) */
+    conn_t *conn;               /* the loop thread's; NULL once the client left */
+    atomic_bool gone;           /* the client left (set by the loop, read by workers) */
+    uint64_t due_ms;            /* not run before (a task that waits: again_ms) */
+    bool running;               /* on a worker now */
+    char owner[64];
     work_fn fn;
     void *arg;
     void (*free_arg)(void *);
@@ -32,6 +45,7 @@ struct work_queue {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     work_task_t *todo, **todo_tail, *done;
+    work_task_t *all; /* every task not yet answered */
     size_t queued;
     bool stopping;
     pthread_t threads[WORKERS];
@@ -52,6 +66,47 @@ static void task_on_close(conn_t *c, bool aborted)
     work_task_t *t = c->hdata;
     (void)aborted;
     t->conn = NULL;
+    atomic_store(&t->gone, true);
+}
+
+static size_t owner_running(const work_queue_t *q, const char *owner)
+{
+    size_t n = 0;
+    for (const work_task_t *o = q->all; o; o = o->all_next)
+        n += o->running && streq(o->owner, owner);
+    return n;
+}
+
+/* The first task due now whose owner holds fewer than WORKERS_PER_OWNER workers, taken off the
+ * list and marked running; else NULL with *ret_wait_ms the time until the next is due (-1:
+ * none due later: wait for a signal). Under the lock. */
+static work_task_t *todo_take(work_queue_t *q, uint64_t now, int64_t *ret_wait_ms)
+{
+    *ret_wait_ms = -1;
+    for (work_task_t **pp = &q->todo, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+        work_task_t *t = *pp;
+        if (t->due_ms <= now && owner_running(q, t->owner) >= WORKERS_PER_OWNER)
+            continue; /* its owner's others finish first (they signal) */
+        if (t->due_ms <= now) {
+            t->running = true;
+            *pp = t->next;
+            if (!*pp)
+                q->todo_tail = prev ? &prev->next : &q->todo;
+            t->next = NULL;
+            return t;
+        }
+        int64_t w = (int64_t)(t->due_ms - now);
+        if (*ret_wait_ms < 0 || w < *ret_wait_ms)
+            *ret_wait_ms = w;
+    }
+    return NULL;
+}
+
+static void todo_append(work_queue_t *q, work_task_t *t)
+{
+    t->next = NULL;
+    *q->todo_tail = t;
+    q->todo_tail = &t->next;
 }
 static const handler_ops_t task_ops = { .on_close = task_on_close };
 
@@ -77,23 +132,43 @@ static void *worker_main(void *p)
         log_error("worker: store %s: %s", path, strerror(-r));
     for (;;) {
         pthread_mutex_lock(&q->lock);
-        while (!q->todo && !q->stopping)
-            pthread_cond_wait(&q->cond, &q->lock);
+        work_task_t *t = NULL;
+        while (!q->stopping) {
+            int64_t wait_ms;
+            t = todo_take(q, monotonic_ms(), &wait_ms);
+            if (t)
+                break;
+            if (wait_ms < 0) {
+                pthread_cond_wait(&q->cond, &q->lock);
+                continue;
+            }
+            struct timespec ts;
+            (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)wait_ms * 1000000u;
+            ts.tv_sec += (time_t)(ns / 1000000000u);
+            ts.tv_nsec = (long)(ns % 1000000000u);
+            (void)pthread_cond_timedwait(&q->cond, &q->lock, &ts);
+        }
         if (q->stopping) {
             pthread_mutex_unlock(&q->lock);
             break;
         }
-        work_task_t *t = q->todo;
-        q->todo = t->next;
-        if (!q->todo)
-            q->todo_tail = &q->todo;
         pthread_mutex_unlock(&q->lock);
-        t->next = NULL;
+        t->res.again_ms = 0;
+        t->res.client_gone = atomic_load(&t->gone);
         if (w.st)
             t->fn(&w, t->arg, &t->res);
         else
             work_fail(&t->res, HTTP_UNAVAILABLE, 0, "the control plane cannot open its store");
         pthread_mutex_lock(&q->lock);
+        t->running = false;
+        pthread_cond_broadcast(&q->cond);          /* a worker its owner held is free again */
+        if (t->res.again_ms > 0 && !q->stopping) { /* waits: run again later */
+            t->due_ms = monotonic_ms() + t->res.again_ms;
+            todo_append(q, t);
+            pthread_mutex_unlock(&q->lock);
+            continue;
+        }
         t->next = q->done;
         q->done = t;
         pthread_mutex_unlock(&q->lock);
@@ -144,6 +219,11 @@ static void on_done(loop_t *l, watcher_t *w, uint32_t ev)
         work_task_t *next = t->next;
         pthread_mutex_lock(&q->lock);
         q->queued--;
+        for (work_task_t **pp = &q->all; *pp; pp = &(*pp)->all_next)
+            if (*pp == t) {
+                *pp = t->all_next;
+                break;
+            }
         pthread_mutex_unlock(&q->lock);
         answer(t);
         task_free(t);
@@ -159,7 +239,11 @@ int work_start(control_t *ctl)
     q->ctl = ctl;
     q->todo_tail = &q->todo;
     pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->cond, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* due times are monotonic */
+    pthread_cond_init(&q->cond, &ca);
+    pthread_condattr_destroy(&ca);
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) {
         free(q);
@@ -202,7 +286,8 @@ void work_stop(control_t *ctl)
     ctl->work = NULL;
 }
 
-void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_arg)(void *))
+void work_submit(control_t *ctl, conn_t *c, const char *owner, unsigned flags, work_fn fn,
+                 void *arg, void (*free_arg)(void *))
 {
     work_queue_t *q = ctl->work;
     work_task_t *t = q ? calloc(1, sizeof *t) : NULL;
@@ -213,18 +298,29 @@ void work_submit(control_t *ctl, conn_t *c, work_fn fn, void *arg, void (*free_a
         return;
     }
     *t = (work_task_t){ .conn = c, .fn = fn, .arg = arg, .free_arg = free_arg };
+    atomic_init(&t->gone, false);
+    (void)snprintf(t->owner, sizeof t->owner, "%s", owner ? owner : "");
     pthread_mutex_lock(&q->lock);
-    if (q->queued >= WORK_QUEUE_MAX) {
+    size_t mine = 0;
+    for (work_task_t *o = q->all; o; o = o->all_next)
+        mine += streq(o->owner, t->owner);
+    if (q->queued >= WORK_QUEUE_MAX || mine >= WORK_PER_OWNER_MAX) {
         pthread_mutex_unlock(&q->lock);
         t->conn = NULL;
         task_free(t);
-        http_unavailable(c, HTTP_RETRY_SOON,
-                         "the control plane is busy with pool requests; try again");
+        if (mine >= WORK_PER_OWNER_MAX)
+            http_error(c, HTTP_TOO_MANY_REQUESTS, flags | HTTP_RETRY_SOON,
+                       "%d requests of this namespace are in progress already; try again",
+                       WORK_PER_OWNER_MAX);
+        else
+            http_unavailable(c, flags | HTTP_RETRY_SOON,
+                             "the control plane is busy with pool requests; try again");
         return;
     }
     q->queued++;
-    *q->todo_tail = t;
-    q->todo_tail = &t->next;
+    t->all_next = q->all;
+    q->all = t;
+    todo_append(q, t);
     pthread_cond_signal(&q->cond);
     pthread_mutex_unlock(&q->lock);
     conn_set_handler(c, &task_ops, t);

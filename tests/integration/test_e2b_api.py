@@ -452,3 +452,68 @@ def test_a_template_that_names_a_pool_makes_pooled_sandboxes(plat):
     # an unknown pool name is an image name: one no node has is refused
     r = e2b(plat, "POST", "/v2/sandboxes", {"templateID": "no-such-pool-or-image"})
     assert r.status in (400, 404) and r.json()["code"] == r.status, r
+
+
+def test_one_namespaces_waiting_creates_hold_nothing_of_the_others():
+    """A create answers once its sandbox runs, which on a full platform may be minutes. One
+    namespace's creates used to hold the control plane's eight workers while they waited (a
+    red-team pass: another tenant's pause took 118 s), and went on waiting after their clients
+    left, starting later unseen. Now a waiting create holds no worker, one namespace has at
+    most 32 requests in progress (429 beyond) and half the workers at once (a second
+    namespace's pool allocations, which wait on their workers for a pool host that cannot
+    start), and a create whose client left is cancelled. Positive control: B's connect,
+    answered at once."""
+    import threading
+    import time
+    p = Platform(nodes=("e2b-full",), node_args=["--capacity", "1"])
+    try:
+        a = p.token("e2b-fa", "team-fa", "write")
+        a2 = p.token("e2b-fa2", "team-fa2", "write")
+        b = p.token("e2b-fb", "team-fb", "write")
+        sid = create(p, key=b)["sandboxID"]  # the node's one run: the platform is full
+        statuses = []
+        # a second namespace whose pool allocations wait for a pool host that cannot start:
+        # those do sleep on their workers (at most half of them, whoever asks)
+        r = p.request("POST", "/v1/pools/team-fa2", {"name": "p", "per_host": 64, "max_hosts": 1},
+                      token=a2)
+        assert r.status == 201, r
+
+        def waiting_alloc():
+            try:
+                p.request("POST", "/v1/pools/team-fa2/p/sandboxes", {"count": 1}, token=a2,
+                          timeout=6)
+            except OSError:
+                pass
+
+        def waiting_create():
+            try:
+                r = e2b(p, "POST", "/v2/sandboxes", {"templateID": "base"}, key=a, timeout=6)
+                statuses.append(r.status)
+            except OSError:
+                statuses.append("gave up")  # the client leaves before the sandbox runs
+        threads = [threading.Thread(target=waiting_create) for _ in range(40)]
+        threads += [threading.Thread(target=waiting_alloc) for _ in range(10)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        try:
+            r = e2b(p, "POST", f"/sandboxes/{sid}/connect", {"timeout": 300}, key=b, timeout=15)
+        except OSError as e:
+            r = e
+        took = time.monotonic() - t0
+        assert not isinstance(r, OSError) and r.status in (200, 201) and took < 5, \
+            f"STARVED: another namespace's waiting creates held B's connect {took:.1f} s ({r})"
+        for t in threads:
+            t.join()
+        assert statuses.count(429) >= 8, f"OVER CAP: no 429 past 32 in progress: {statuses}"
+        assert statuses.count("gave up") >= 1, statuses
+
+        def a_jobs_cancelled():
+            jobs = p.request("GET", "/v1/jobs/team-fa").json()
+            return jobs and all(j.get("desired") == "canceled" for j in jobs)
+        assert wait_until(a_jobs_cancelled, 10), \
+            f"ORPHAN: creates whose clients left are not cancelled: " \
+            f"{[(j['id'], j.get('desired'), j.get('stage')) for j in p.request('GET', '/v1/jobs/team-fa').json()]}"
+    finally:
+        p.stop()
