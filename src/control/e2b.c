@@ -472,6 +472,28 @@ static void pause_wait_fn(worker_t *w, void *arg, work_result_t *res)
               a->id, E2B_START_WAIT_MS / 1000);
 }
 
+/* The end a connect or resume asks for (ms since the epoch): its `timeout` (seconds from now;
+ * E2B's Python SDK always sends one) or, for a paused sandbox whose end has passed, the
+ * default lifetime from now; 0: the end stays. -1: the body is not valid. */
+static int64_t connect_end(const e2b_arg_t *a, bool paused, int64_t end_now, const char **why)
+{
+    json_t *b = a->body_len ? json_loadb(a->body, a->body_len, 0, NULL) : json_object();
+    json_t *jto = json_object_get(b, "timeout");
+    int64_t now = wall_ms(), want = 0;
+    if (!json_is_object(b))
+        *why = "expected a JSON object";
+    else if (jto && !json_is_null(jto) &&
+             (!json_is_integer(jto) || json_integer_value(jto) < 1 ||
+              json_integer_value(jto) > 7 * 86400))
+        *why = "timeout: an integer number of seconds, 1..604800";
+    else if (jto && json_is_integer(jto))
+        want = now + json_integer_value(jto) * 1000;
+    else if (paused && end_now <= now)
+        want = now + E2B_DEFAULT_TIMEOUT_S * 1000;
+    json_decref(b);
+    return *why ? -1 : want;
+}
+
 static void connect_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_arg_t *a = arg;
@@ -484,8 +506,27 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
             return;
         }
         job_desired_t d;
-        if (job_desired_of(job, &d) == 0 && d == DESIRED_PAUSED) {
-            job_set_desired(job, DESIRED_RUNNING);
+        bool paused = job_desired_of(job, &d) == 0 && d == DESIRED_PAUSED;
+        /* the lifetime: timeout seconds from its start; a connect may only extend it */
+        int64_t started = jint(job, "started_ms") ?: jint(job, "created_ms");
+        const char *why = NULL;
+        int64_t end = connect_end(a, paused, started + jint(job, "timeout") * 1000, &why);
+        if (end < 0) {
+            json_decref(job);
+            work_fail(res, HTTP_BAD_REQUEST, HTTP_BODY_CODE, "connect: %s", why);
+            return;
+        }
+        if (a->resume && !paused) {
+            json_decref(job);
+            work_fail(res, HTTP_CONFLICT, HTTP_BODY_CODE, "sandbox %s is not paused", a->id);
+            return;
+        }
+        bool longer = end > started + jint(job, "timeout") * 1000;
+        if (longer)
+            json_object_set_new(job, "timeout", json_integer((end - started + 999) / 1000));
+        if (paused || longer) {
+            if (paused)
+                job_set_desired(job, DESIRED_RUNNING);
             int r = job_save(w->st, a->ns, a->id, job, rev, NULL);
             json_decref(job);
             if (r == -ESTALE)
@@ -494,15 +535,11 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
                 work_fail(res, HTTP_INTERNAL_ERROR, HTTP_BODY_CODE, "resume: %s", strerror(-r));
                 return;
             }
-            a->resumed = true;
+            a->resumed = paused;
             control_kick(w->ctl);
             break;
         }
         json_decref(job);
-        if (a->resume) {
-            work_fail(res, HTTP_CONFLICT, HTTP_BODY_CODE, "sandbox %s is not paused", a->id);
-            return;
-        }
         break;
     }
     sbx_err_t err;

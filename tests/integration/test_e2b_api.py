@@ -122,6 +122,23 @@ def test_sandbox_shapes_and_lifecycle(plat):
     assert r.status == 200, r  # running already
     job = plat.request("GET", f"/v1/jobs/e2b/{sid}").json()
     assert job["run"]["generation"] == 2, job  # resumed as a new generation
+    # a connect's timeout extends the lifetime to that long from now (never shortens it), and
+    # one that does not parse is 400 (it was ignored: a resume after the end answered 201 and
+    # the sandbox ended two seconds later)
+    import datetime
+
+    def end_in_s():
+        end = e2b(plat, "GET", f"/sandboxes/{sid}").json()["endAt"]
+        at = datetime.datetime.fromisoformat(end.replace("Z", "+00:00"))
+        return (at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    assert end_in_s() < 250
+    r = e2b(plat, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 3600}, timeout=150)
+    assert r.status == 200 and 3500 < end_in_s() <= 3601, (r, end_in_s())
+    r = e2b(plat, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 60}, timeout=150)
+    assert r.status == 200 and end_in_s() > 3500, end_in_s()  # not shortened
+    for bad in ({"timeout": "60"}, {"timeout": 1.5}, {"timeout": 0}, [1]):
+        r = e2b(plat, "POST", f"/v2/sandboxes/{sid}/connect", bad, timeout=150)
+        assert r.status == 400 and "connect" in r.json()["message"], (bad, r)
     # timeout: the job now ends about 5 s from now
     assert e2b(plat, "POST", f"/sandboxes/{sid}/timeout", {"timeout": 5}).status == 204
     # kill: 204, then 404 in E2B's shape (the SDK reads "code")
@@ -517,3 +534,21 @@ def test_one_namespaces_waiting_creates_hold_nothing_of_the_others():
             f"{[(j['id'], j.get('desired'), j.get('stage')) for j in p.request('GET', '/v1/jobs/team-fa').json()]}"
     finally:
         p.stop()
+
+
+def test_a_resume_after_the_sandboxs_end_gives_it_a_lifetime_again(plat):
+    """A paused sandbox whose lifetime ran out while paused: a connect without a timeout (E2B's
+    JS SDK sends none) resumes it for the default 300 s from now; it was resumed and ended two
+    seconds later (a red-team pass). Positive control: it runs and answers after the resume."""
+    import time
+    s = create(plat, timeout=4)
+    sid = s["sandboxID"]
+    assert e2b(plat, "POST", f"/sandboxes/{sid}/pause", {}).status == 204
+    time.sleep(5)  # past its end, paused
+    r = e2b(plat, "POST", f"/v2/sandboxes/{sid}/connect", {}, timeout=150)
+    assert r.status == 201, r
+    time.sleep(3)
+    d = e2b(plat, "GET", f"/sandboxes/{sid}")
+    assert d.status == 200 and d.json()["state"] == "running", \
+        f"ENDED: a resumed sandbox ended at its old end: {d}"
+    assert e2b(plat, "DELETE", f"/sandboxes/{sid}").status == 204
