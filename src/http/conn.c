@@ -796,7 +796,7 @@ static void conn_finish_response(void *p)
         sock_shutdown_write(c->fd, c->io);
         /* bytes of the client's may still come (a body not read, a head refused): read them
          * away a while before closing (a lingering close, as Apache and nginx do) */
-        if (c->body_left > 0 || c->in.len > 0 || c->status >= 400) {
+        if (c->body_left > 0 || c->in.len > 0 || c->status >= HTTP_BAD_REQUEST) {
             c->state = CS_LINGER;
             c->linger_bytes = 0;
             c->linger_until_ms = loop_now_ms(c->srv->loop) + CONN_LINGER_MS;
