@@ -366,6 +366,11 @@ static void envd_body_done(conn_t *c)
             envd_fail(call, CONNECT_UNIMPLEMENTED, "compressed messages are not supported");
             return;
         }
+        if (flags != 0) { /* end-stream is the server's; no other flag is defined */
+            envd_fail(call, CONNECT_INVALID_ARGUMENT,
+                      "a request envelope's flags must be 0 (got 0x%02x)", flags);
+            return;
+        }
         p += ENVD_ENVELOPE_HEADER;
         n = len;
     }
@@ -373,7 +378,11 @@ static void envd_body_done(conn_t *c)
     json_t *req = n == 0 ? json_object() : json_loadb(p, n, JSON_REJECT_DUPLICATES, &err);
     if (!req || !json_is_object(req)) {
         json_decref(req);
-        envd_fail(call, CONNECT_INVALID_ARGUMENT, "the message must be a JSON object");
+        if (!req)
+            envd_fail(call, CONNECT_INVALID_ARGUMENT, "the message is not valid JSON: %s",
+                      err.text); /* a duplicate key among them */
+        else
+            envd_fail(call, CONNECT_INVALID_ARGUMENT, "the message must be a JSON object");
         return;
     }
     if (call->stream) {

@@ -241,6 +241,29 @@ def test_protocol_errors(envd):
     assert r.status == 200
     flags, n = struct.unpack(">BI", body[:5])
     assert flags == 2 and json.loads(body[5:5 + n])["error"]["code"] == "invalid_argument"
+    # a request envelope with flags (end-stream is the server's; 0x80 is no flag at all): refused
+    # before anything runs, and a message with a duplicate key says so
+    msg = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "touch /tmp/flagged"]}})
+    for flag in (0x02, 0x80):
+        c = envd.conn()
+        c.request("POST", "/process.Process/Start",
+                  body=struct.pack(">BI", flag, len(msg)) + msg.encode(),
+                  headers=envd.headers({"Content-Type": STREAM_CT}))
+        body = c.getresponse().read()
+        flags, n = struct.unpack(">BI", body[:5])
+        err = json.loads(body[5:5 + n]).get("error", {})
+        assert flags == 2 and err.get("code") == "invalid_argument" and "flags" in err.get(
+            "message", ""), f"FLAGGED ENVELOPE TAKEN: {body[:300]!r}"
+    st, j = envd.unary("filesystem.Filesystem/Stat", None, raw=b'{"path": "/", "path": "/x"}')
+    assert st == 400 and "duplicate" in j["message"], j
+    # positive control: the same envelope without flags runs
+    c = envd.conn()
+    c.request("POST", "/process.Process/Start",
+              body=struct.pack(">BI", 0, len(msg)) + msg.encode(),
+              headers=envd.headers({"Content-Type": STREAM_CT}))
+    r = c.getresponse()
+    body = r.read()
+    assert r.status == 200 and b'"start"' in body and b'"error"' not in body, body[:300]
 
 
 def test_unary_chunked_body(envd, server):
