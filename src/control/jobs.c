@@ -30,6 +30,22 @@ static bool str_clean(json_t *v, size_t max)
     return strlen(s) == json_string_length(v); /* no NUL inside */
 }
 
+/* The agent's settings that are the platform's: where it listens, whether it is a pool host
+ * and how that confines its sandboxes, and test hooks. A job's env and secrets are also the
+ * agent's environment; its tunables (SBX_IDLE_TIMEOUT, SBX_CAPACITY, SBX_MAX_CONNECTIONS,
+ * SBX_LOG_LEVEL) stay the job's to set. */
+static bool env_reserved(const char *k)
+{
+    static const char *const names[] = { "SBX_LISTEN",        "SBX_HOST_MODE",
+                                         "SBX_BIND",          "SBX_PORT",
+                                         "SBX_POOL_UID_BASE", "SBX_POOL_UID_COUNT",
+                                         "SBX_HOMES_DIR",     "SBX_MIN_LANDLOCK_ABI" };
+    for (size_t i = 0; i < ELEMENTSOF(names); i++)
+        if (streq(k, names[i]))
+            return true;
+    return strncmp(k, "SBX_TEST_", 9) == 0;
+}
+
 const char *check_env(json_t *o, const char *what)
 {
     const char *k;
@@ -39,8 +55,7 @@ const char *check_env(json_t *o, const char *what)
     if (!json_is_object(o) || json_object_size(o) > 256)
         return what;
     json_object_foreach(o, k, v) {
-        if (!env_name_valid(k) || streq(k, "SBX_LISTEN") || streq(k, "SBX_HOST_MODE") ||
-            !str_clean(v, 64 * 1024))
+        if (!env_name_valid(k) || env_reserved(k) || !str_clean(v, 64 * 1024))
             return what;
     }
     return NULL;
@@ -180,10 +195,12 @@ static const char *job_validate(json_t *b, const char *default_image, json_t **r
             return "command: an array of strings";
         }
     }
-    if ((e = check_env(env, "env: names [A-Za-z_][A-Za-z0-9_]*, string values (SBX_LISTEN and "
-                            "SBX_HOST_MODE are the platform's: a pool host is mode \"pool\")")) ||
+    if ((e = check_env(env, "env: names [A-Za-z_][A-Za-z0-9_]*, string values (the agent's "
+                            "SBX_LISTEN, SBX_HOST_MODE, SBX_BIND, SBX_PORT, SBX_POOL_UID_*, "
+                            "SBX_HOMES_DIR, SBX_MIN_LANDLOCK_ABI and SBX_TEST_* are the "
+                            "platform's: a pool host is mode \"pool\")")) ||
         (e = check_env(secrets, "secrets: names [A-Za-z_][A-Za-z0-9_]*, string values (not "
-                                "SBX_LISTEN or SBX_HOST_MODE)")) ||
+                                "the agent's reserved SBX_* settings)")) ||
         (e = check_labels(labels, secrets)) || (expose && (e = check_expose(expose))) ||
         (timeout < 0 || timeout > 7 * 86400 ? (e = "timeout: 0..604800 seconds") : NULL)) {
         json_decref(fl);

@@ -1001,9 +1001,13 @@ def test_symlink_in_root_on_lifecycle(symlinked, name, stage):
 @pytest.mark.parametrize("body", [
     {"env": {"SBX_HOST_MODE": "1"}}, {"secrets_": {"SBX_HOST_MODE": "1"}},
     {"mode": "pool", "command": ["/bin/sh", "-c", "id"]}, {"mode": "bogus"},
-    {"env": {"SBX_HOST_MODE": "1"}, "command": ["/bin/sh"]}],
+    {"env": {"SBX_HOST_MODE": "1"}, "command": ["/bin/sh"]},
+    {"mode": "pool", "env": {"SBX_POOL_UID_BASE": "0"}},
+    {"mode": "pool", "env": {"SBX_MIN_LANDLOCK_ABI": "0"}},
+    {"env": {"SBX_PORT": "8080"}}, {"secrets_": {"SBX_TEST_CRASH_AT": "x"}}],
     ids=["env-host-mode", "secret-host-mode", "pool-with-command", "unknown-mode",
-         "env-host-mode-with-command"])
+         "env-host-mode-with-command", "pool-uid-base", "pool-landlock-abi", "agent-port",
+         "test-hook"])
 def test_pool_privileges_from_tenant_input(plat, tenants, body):
     b = dict(body)
     sec = {"SBX_TOKEN": secrets.token_hex(16)}
