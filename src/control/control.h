@@ -215,7 +215,8 @@ int control_heartbeat(store_t *st, const char *instance);
 int runrec_set_state(runrec_t *r, runrec_state_t to);
 int runrec_load(store_t *st, const char *job, runrec_t *ret, int64_t *ret_rev);
 int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, int64_t *ret_rev);
-/* A JSON object record: 0, -ENOENT, -EBADMSG (not an object), another -errno (the store); and
+/* A JSON object record: 0, -ENOENT, -EBADMSG (not an object), another -errno (the store; *ret
+ * is NULL on every failure); and
  * written by compare-and-swap against expect (STORE_REV_ABSENT: create only). */
 int record_load(store_t *st, const char *key, json_t **ret, int64_t *ret_rev);
 int record_save(store_t *st, const char *key, json_t *j, int64_t expect, int64_t *ret_rev);

@@ -207,7 +207,7 @@ static json_t *listed_json(const control_t *ctl, json_t *job, bool detail)
 static int start_step(worker_t *w, const char *ns, const char *id, sbx_err_t *err)
 {
     runrec_t rr;
-    json_t *job;
+    json_t *job = NULL;
     if (job_load(w->st, ns, id, &job, NULL) < 0)
         return sbx_err(err, -ENOENT, "sandbox %s is gone", id);
     job_stage_t st = STAGE_SCHEDULING;
@@ -229,7 +229,7 @@ static void cancel_unseen(worker_t *w, const char *ns, const char *id)
 {
     for (int attempt = 0; attempt < 8; attempt++) {
         int64_t rev;
-        json_t *job;
+        json_t *job = NULL;
         if (job_load(w->st, ns, id, &job, &rev) < 0)
             return;
         job_set_desired(job, DESIRED_CANCELED);
@@ -450,7 +450,7 @@ static void create_fn(worker_t *w, void *arg, work_result_t *res)
 static void pause_wait_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_arg_t *a = arg;
-    json_t *job;
+    json_t *job = NULL;
     if (job_load(w->st, a->ns, a->id, &job, NULL) < 0) {
         work_fail(res, HTTP_NOT_FOUND, HTTP_BODY_CODE, "sandbox %s not found", a->id);
         return;
@@ -498,7 +498,7 @@ static void connect_fn(worker_t *w, void *arg, work_result_t *res)
 {
     e2b_arg_t *a = arg;
     for (int attempt = 0; !a->waiting && attempt < 8; attempt++) {
-        json_t *job;
+        json_t *job = NULL;
         int64_t rev;
         if (job_load(w->st, a->ns, a->id, &job, &rev) < 0 || !e2b_job(job) || !sandbox_state(job)) {
             json_decref(job);
@@ -714,7 +714,7 @@ static void list_sandboxes(control_t *ctl, conn_t *c, const char *ns, bool v2)
 static json_t *load_sandbox(control_t *ctl, conn_t *c, const char *ns, const char *id,
                             int64_t *ret_rev)
 {
-    json_t *job;
+    json_t *job = NULL;
     if (!cap_id_valid(id) || job_load(ctl->store, ns, id, &job, ret_rev) < 0) {
         http_not_found(c, HTTP_BODY_CODE, "sandbox %s not found", id);
         return NULL;

@@ -210,6 +210,7 @@ int runrec_cas(store_t *st, const char *job, const runrec_t *r, int64_t expect, 
 int record_load(store_t *st, const char *key, json_t **ret, int64_t *ret_rev)
 {
     store_kv_t kv;
+    *ret = NULL; /* on every path: callers json_decref what they got */
     int r = store_get(st, key, &kv);
     if (r < 0)
         return r;
