@@ -227,6 +227,9 @@ int status_from_store_err(int r);
  * Retry-After: 1), logged with `what`. */
 void respond_store_err(conn_t *c, int r, const char *what, const char *fmt, ...) _printf_(4, 5);
 int job_load(store_t *st, const char *ns, const char *id, json_t **ret, int64_t *ret_rev);
+/* Ask for a job's end (desired canceled) by compare-and-swap: 0 (asked, or ended or asked
+ * already), -ENOENT, -EBUSY (too much contention), another -errno. */
+int job_cancel(store_t *st, const char *ns, const char *id);
 int job_save(store_t *st, const char *ns, const char *id, json_t *job, int64_t expect,
              int64_t *ret_rev);
 bool valid_name(const char *s, size_t max);

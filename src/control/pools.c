@@ -341,30 +341,6 @@ int pool_host_job_create(store_t *st, const seal_keys_t *seal, const char *defau
     return r;
 }
 
-int pool_job_cancel(store_t *st, const char *ns, const char *id)
-{
-    for (int attempt = 0; attempt < 8; attempt++) {
-        json_t *job;
-        int64_t rev;
-        int r = job_load(st, ns, id, &job, &rev);
-        if (r < 0)
-            return r;
-        job_stage_t stage;
-        job_desired_t desired;
-        if (job_stage_of(job, &stage) < 0 || job_desired_of(job, &desired) < 0 ||
-            desired == DESIRED_CANCELED || stage == STAGE_CANCELED || stage == STAGE_COMPLETED) {
-            json_decref(job);
-            return 0;
-        }
-        job_set_desired(job, DESIRED_CANCELED);
-        r = job_save(st, ns, id, job, rev, NULL);
-        json_decref(job);
-        if (r != -ESTALE)
-            return r;
-    }
-    return -EBUSY;
-}
-
 const char *pool_sandbox_host_key(json_t *s)
 {
     const char *k = jstr(s, "host_key");

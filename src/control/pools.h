@@ -95,7 +95,6 @@ int pool_host_token(store_t *st, const seal_keys_t *seal, const char *job, char 
 /* A new pool host's job, with the id its host record names already. */
 int pool_host_job_create(store_t *st, const seal_keys_t *seal, const char *default_image,
                          json_t *pool, const char *ns, const char *job_id, sbx_err_t *err);
-int pool_job_cancel(store_t *st, const char *ns, const char *id);
 /* What list and inspect show of a sandbox record (never its token). */
 json_t *pool_sandbox_view(json_t *s, const char *ns, const char *pool);
 /* The key of the host record a sandbox record was made on ("host_key"); NULL for a record from

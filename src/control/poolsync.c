@@ -402,7 +402,7 @@ static bool host_follow_job(store_t *st, json_t *pool, json_t *h, bool draining)
         (void)snprintf(reason, sizeof reason, "its pool host %s ended (%s%s%s)", job_id,
                        jstr(job, "stage"), *jstr(job, "message") ? ": " : "", jstr(job, "message"));
     if ((draining || streq(jstr(h, "state"), "retiring")) && r == 0 && !ended)
-        (void)pool_job_cancel(st, ns, job_id);
+        (void)job_cancel(st, ns, job_id);
     json_decref(job);
     if (!reason[0])
         return true;
@@ -499,7 +499,7 @@ static void pool_sync(control_t *ctl, store_t *st, const keyring_t *kr, pool_syn
             serving--;
             log_info("pool %s/%s: host %s empty for %lld s: retiring", ns, name, job,
                      (long long)jint(pool, "host_idle_s"));
-            (void)pool_job_cancel(st, ns, job);
+            (void)job_cancel(st, ns, job);
         }
     }
     json_decref(hosts);
@@ -541,7 +541,7 @@ static void orphan_records(store_t *st, const char *prefix, bool hosts)
             continue;
         json_t *rec = json_loadb(kvs[i].value, kvs[i].value_len, 0, NULL);
         if (hosts && json_is_object(rec))
-            (void)pool_job_cancel(st, ns, jstr(rec, "job"));
+            (void)job_cancel(st, ns, jstr(rec, "job"));
         if (!hosts && json_is_object(rec)) {
             char tkey[200];
             pool_token_key(tkey, sizeof tkey, ns, pool, jstr(rec, "id"));
