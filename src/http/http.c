@@ -15,6 +15,9 @@ static bool is_tchar(unsigned char c)
 
 static bool is_vchar(unsigned char c) { return c > 0x20 && c < 0x7F; }
 
+/* A byte of a field value (header or trailer) or a chunk extension: visible, space or tab. */
+static bool is_field_char(unsigned char c) { return is_vchar(c) || c == ' ' || c == '\t'; }
+
 /* Find the CRLF ending the line starting at `pos`; bare CR or LF is an error. */
 static int find_eol(const char *buf, size_t len, size_t pos, size_t *ret_eol)
 {
@@ -99,8 +102,7 @@ static int parse_header_line(sv_t line, http_header_t *h)
     while (end > i && (line.p[end - 1] == ' ' || line.p[end - 1] == '\t'))
         end--;
     for (size_t k = i; k < end; k++) {
-        unsigned char c = (unsigned char)line.p[k];
-        if (!(is_vchar(c) || c == ' ' || c == '\t'))
+        if (!is_field_char((unsigned char)line.p[k]))
             return -EBADMSG; /* control or non-ASCII byte */
     }
     h->value = sv_make(line.p + i, end - i);
@@ -244,10 +246,10 @@ ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done)
             i++;
             break;
         }
-        case CK_EXT: /* visible characters, spaces and tabs up to CR (no bare LF, no CTL) */
+        case CK_EXT: /* field characters up to CR (no bare LF, no control byte) */
             if (ch == '\r')
                 k->st = CK_SIZE_LF;
-            else if (((unsigned char)ch < 0x20 && ch != '\t') || ch == 0x7f)
+            else if (!is_field_char((unsigned char)ch))
                 return -1;
             i++;
             break;
@@ -300,7 +302,7 @@ ssize_t http_scan_chunks(http_chunks_t *k, const char *p, size_t n, bool *done)
         case CK_TVALUE:
             if (ch == '\r')
                 k->st = CK_TLINE_LF;
-            else if (((unsigned char)ch < 0x20 && ch != '\t') || ch == 0x7f)
+            else if (!is_field_char((unsigned char)ch))
                 return -1;
             i++;
             break;
