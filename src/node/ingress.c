@@ -509,13 +509,13 @@ static void route_health_node(node_t *n, conn_t *c)
     pthread_mutex_lock(&n->keys_lock);
     uint64_t version = n->keys_version;
     bool registered = n->registered;
+    int64_t room_mb = n->disk_room_mb; /* what the heartbeats report (report_runs) */
     pthread_mutex_unlock(&n->keys_lock);
     conn_respond_json(c, 200,
                       json_pack("{s:s,s:s,s:I,s:I,s:b,s:I,s:I}", "status", "ok", "node",
                                 n->cfg.name, "runs", (json_int_t)n->n_runs, "running",
                                 (json_int_t)running, "registered", registered, "keyset_version",
-                                (json_int_t)version, "disk_room_mb",
-                                (json_int_t)(node_disk_room(n, NULL) >> 20)));
+                                (json_int_t)version, "disk_room_mb", (json_int_t)room_mb));
 }
 
 void node_dispatch(conn_t *c)
