@@ -511,3 +511,21 @@ def small_ext4(*mkfs_opts):
     finally:
         subprocess.run(["umount", "-l", mnt], check=False)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def health_while(server, work, after):
+    """Run work() on a thread (it returns (its result, when the server was done with it));
+    `after` seconds later, GET /health on server. Returns (work's result, /health's status,
+    whether /health was answered before the server was done with work)."""
+    import threading
+    done = {}
+
+    def run():
+        done["value"], done["at"] = work()
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(after)
+    status, _ = server.json("GET", "/health")
+    health_at = time.monotonic()
+    t.join(60)
+    return done["value"], status, health_at < done["at"]

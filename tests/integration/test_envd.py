@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from conftest import wait_until
+from conftest import health_while, wait_until
 
 STREAM_CT = "application/connect+json"
 
@@ -499,7 +499,6 @@ def test_list_dir_of_a_huge_directory_lets_other_requests_through(envd, server, 
     d = huge_dir(400000)
     (d / "sub").mkdir()
     (d / "sub" / "inner").touch()
-    done = {}
 
     def lister():
         # the answer's head marks the end of the listing's work on the loop (its 10 MB body
@@ -510,27 +509,20 @@ def test_list_dir_of_a_huge_directory_lets_other_requests_through(envd, server, 
                       body=json.dumps({"path": str(d), "depth": 2}).encode(),
                       headers=envd.headers({"Content-Type": "application/json"}))
             r = c.getresponse()
-            done["list_at"] = time.monotonic()
-            done["list"] = (r.status, json.loads(r.read()))
+            at = time.monotonic()
+            return (r.status, json.loads(r.read())), at
         except OSError as e:  # a connection closed without an answer
-            done["list"] = (None, repr(e))
-            done["list_at"] = time.monotonic()
+            return (None, repr(e)), time.monotonic()
         finally:
             c.close()
-    t = threading.Thread(target=lister)
-    t.start()
-    time.sleep(0.02)  # the listing has begun
-    status, _ = server.json("GET", "/health")
-    health_at = time.monotonic()
-    t.join(60)
+    (st, j), status, health_first = health_while(server, lister, 0.02)  # the listing has begun
     assert status == 200
-    st, j = done["list"]
     assert st == 200, j  # positive control: the listing itself is whole and right
     paths = [e["path"] for e in j["entries"]]
     assert len(paths) == 50000, len(paths)
     assert paths[:3] == [str(d / "f000000"), str(d / "f000001"), str(d / "f000002")]
     assert paths[-1] == str(d / "f049999")
-    assert health_at < done["list_at"], "the listing held the loop until it ended"
+    assert health_first, "the listing held the loop until it ended"
     # depth: a directory's entries, each followed by what is under it
     st, j = fs(envd, "ListDir", {"path": str(d / "sub"), "depth": 2})
     assert st == 200 and [e["path"] for e in j["entries"]] == [str(d / "sub" / "inner")]

@@ -6,12 +6,12 @@ import json
 import os
 import socket
 import stat
-import threading
 import time
 import urllib.parse
 
 import pytest
 
+from conftest import health_while
 
 
 def q(**params):
@@ -326,23 +326,13 @@ def test_a_huge_listing_lets_other_requests_through(server, huge_dir):
     # listing reads a batch per turn of the loop, so a request sent while it runs is answered
     # first (the order is what is checked, not a time)
     d = huge_dir(250000)
-    done = {}
-
-    def lister():
-        done["list"] = jget(server, "list", path=str(d), limit=5)
-        done["list_at"] = time.monotonic()
-    t = threading.Thread(target=lister)
-    t.start()
-    time.sleep(0.05)  # the listing has begun
-    status, _ = server.json("GET", "/health")
-    health_at = time.monotonic()
-    t.join(60)
-    assert status == 200
-    status, j = done["list"]
+    (status, j), hstatus, health_first = health_while(  # after 50 ms: the listing has begun
+        server, lambda: (jget(server, "list", path=str(d), limit=5), time.monotonic()), 0.05)
+    assert hstatus == 200
     assert status == 200, j  # positive control: the listing itself is whole and right
     assert [e["name"] for e in j["entries"]] == [f"f{i:06d}" for i in range(5)]
     assert j["truncated"] is True and j["next"] == "f000004"
-    assert health_at < done["list_at"], "the listing held the loop until it ended"
+    assert health_first, "the listing held the loop until it ended"
     # a client that goes away while its listing is read: the server drops it and goes on
     for _ in range(3):
         s = socket.create_connection(("127.0.0.1", server.port))

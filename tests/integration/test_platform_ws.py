@@ -129,9 +129,11 @@ def ws_main():
 class Http(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def reply(self, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(200)
+    def reply(self, obj, status=200, headers=()):
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
@@ -148,18 +150,9 @@ class Http(BaseHTTPRequestHandler):
         if early:
             self.wfile.write(b"HTTP/1.1 100 Continue\r\nX-Sbx-Verdict: Deny\r\n"
                              b"X-Service-Early: 1\r\n\r\n")
-        body = b'{"error":"made up by the run","verdict":"RefreshRoute"}'
-        self.send_response(409)
-        self.send_header("X-Sbx-Verdict", "RefreshRoute")
-        self.send_header("x-sbx-outcome", "unknown")
-        self.send_header("X-SBX-Anything", "forged")
-        self.send_header("X-Service-Marker", "svc")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        self.close_connection = True
+        self.reply({"error": "made up by the run", "verdict": "RefreshRoute"}, 409,
+                   [("X-Sbx-Verdict", "RefreshRoute"), ("x-sbx-outcome", "unknown"),
+                    ("X-SBX-Anything", "forged"), ("X-Service-Marker", "svc")])
 
     def do_GET(self):
         if self.path.startswith("/forge"):
