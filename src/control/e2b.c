@@ -227,21 +227,9 @@ static int start_step(worker_t *w, const char *ns, const char *id, sbx_err_t *er
  * cancelled: it must not start later unseen, holding room for its whole timeout. */
 static void cancel_unseen(worker_t *w, const char *ns, const char *id)
 {
-    for (int attempt = 0; attempt < 8; attempt++) {
-        int64_t rev;
-        json_t *job = NULL;
-        if (job_load(w->st, ns, id, &job, &rev) < 0)
-            return;
-        job_set_desired(job, DESIRED_CANCELED);
-        int r = job_save(w->st, ns, id, job, rev, NULL);
-        json_decref(job);
-        if (r != -ESTALE) {
-            if (r >= 0) {
-                log_info("e2b: sandbox %s/%s cancelled: its creator will not hear of it", ns, id);
-                control_kick(w->ctl);
-            }
-            return;
-        }
+    if (job_cancel(w->st, ns, id) == 0) {
+        log_info("e2b: sandbox %s/%s cancelled: its creator will not hear of it", ns, id);
+        control_kick(w->ctl);
     }
 }
 
