@@ -46,7 +46,6 @@ struct work_queue {
     pthread_cond_t cond;
     work_task_t *todo, **todo_tail, *done;
     work_task_t *all; /* every task not yet answered */
-    size_t queued;
     bool stopping;
     pthread_t threads[WORKERS];
     int n_threads;
@@ -218,7 +217,6 @@ static void on_done(loop_t *l, watcher_t *w, uint32_t ev)
     while (t) {
         work_task_t *next = t->next;
         pthread_mutex_lock(&q->lock);
-        q->queued--;
         for (work_task_t **pp = &q->all; *pp; pp = &(*pp)->all_next)
             if (*pp == t) {
                 *pp = t->all_next;
@@ -301,10 +299,10 @@ void work_submit(control_t *ctl, conn_t *c, const char *owner, unsigned flags, w
     atomic_init(&t->gone, false);
     (void)snprintf(t->owner, sizeof t->owner, "%s", owner ? owner : "");
     pthread_mutex_lock(&q->lock);
-    size_t mine = 0;
-    for (work_task_t *o = q->all; o; o = o->all_next)
+    size_t all = 0, mine = 0;
+    for (work_task_t *o = q->all; o; o = o->all_next, all++)
         mine += streq(o->owner, t->owner);
-    if (q->queued >= WORK_QUEUE_MAX || mine >= WORK_PER_OWNER_MAX) {
+    if (all >= WORK_QUEUE_MAX || mine >= WORK_PER_OWNER_MAX) {
         pthread_mutex_unlock(&q->lock);
         t->conn = NULL;
         task_free(t);
@@ -317,7 +315,6 @@ void work_submit(control_t *ctl, conn_t *c, const char *owner, unsigned flags, w
                              "the control plane is busy with pool requests; try again");
         return;
     }
-    q->queued++;
     t->all_next = q->all;
     q->all = t;
     todo_append(q, t);
