@@ -86,12 +86,14 @@ static void put_set(FILE *f, const char *name, const char *type, const char *con
                            ? (const void *)&((struct sockaddr_in *)a->ifa_netmask)->sin_addr
                            : (const void *)&((struct sockaddr_in6 *)a->ifa_netmask)->sin6_addr,
                        len);
-                unsigned bits = mask_bits(mask, len);
-                if (bits < (family == AF_INET ? 8u : 16u))
+                egress_rule_t net = { .family = family, .prefix = mask_bits(mask, len) };
+                if (net.prefix < (family == AF_INET ? 8u : 16u))
                     continue; /* not a neighbourhood: a point-to-point or odd link */
-                mask_to_prefix(addr, len, bits);
-                if (inet_ntop(family, addr, s, sizeof s))
-                    fprintf(f, ", %s/%u", s, bits);
+                memcpy(net.addr, addr, len);
+                mask_to_prefix(net.addr, len, net.prefix);
+                char cidr[INET6_ADDRSTRLEN + 8];
+                egress_rule_addr(&net, cidr, sizeof cidr);
+                fprintf(f, ", %s", cidr);
             } else if (inet_ntop(family, addr, s, sizeof s))
                 fprintf(f, ", %s", s);
         }
