@@ -329,10 +329,10 @@ def test_removals_go_at_once_past_a_backlog_of_1024(make_host_server):
         assert st == 200, (i, st, body)
     took = time.monotonic() - start
     left = len(trash_in(srv))
-    if took < 4.5:  # else the 5 s bound removed the first ones anyway: nothing to tell
-        assert left <= n - 100, f"removals put off past the backlog: {left} of {n} waiting"
     assert wait_until(lambda: trash_in(srv) == [], 20), len(trash_in(srv))
-    print(f"{n} deletes in {took:.2f} s, {left} waiting after them")
+    if took >= 4.5:  # the 5 s bound removed the first ones anyway: this run tells nothing
+        pytest.skip(f"{n} deletes took {took:.1f} s here, near the 5 s bound")
+    assert left <= n - 100, f"removals put off past the backlog: {left} of {n} waiting"
 
 
 def test_a_tenant_deleting_all_the_time_cannot_hold_a_siblings_removal(make_host_server):
